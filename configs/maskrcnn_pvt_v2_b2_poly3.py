@@ -1,0 +1,7 @@
+# maskrcnn / pvt_v2_b2: polynomial attention x^3 scaled by 1/sqrt(N) (seed 000).
+# Everything else (recipe, GPUs x images per GPU, schedule) is maskrcnn_pvt_v2_b2_softmax.py.
+# Reported: no number in the anchors for this combination; compare with the softmax baseline.
+_base_ = './maskrcnn_pvt_v2_b2_softmax.py'
+model = dict(
+    backbone=dict(
+        attn_cfg=dict(_delete_=True, type='poly', degree=3)))

@@ -1,0 +1,15 @@
+# Semantic FPN, PVTv2-b2 backbone, softmax attention (the baseline), ADE20K 150 classes, crop 512x512.
+# Recipe (ADE20K): AdamW lr 6e-5, wd 0.01, 80k iterations, warm-up + poly, 8 GPUs x 2 images (total batch 16).
+# Reported: SemanticFPN: PVT-S v1 mIoU 39.8 (PVT paper); no PVTv2-b2 number in the anchors.
+_base_ = [
+    './_base_/models/semfpn.py', './_base_/datasets/ade20k_512.py',
+    './_base_/schedules/seg_80k_adamw.py', './_base_/default_runtime_seg.py'
+]
+model = dict(
+    backbone=dict(
+        type='SoftFreePVTv2',
+        arch='b2',
+        attn_cfg=dict(type='softmax'),
+        drop_path_rate=0.1,
+        init_cfg=None),
+    neck=dict(in_channels=[64, 128, 320, 512]))

@@ -1,0 +1,16 @@
+# Semantic FPN, Swin-T backbone, softmax attention (the baseline), ADE20K 150 classes, crop 512x512.
+# Recipe (ADE20K): AdamW lr 6e-5, wd 0.01, 80k iterations, warm-up + poly, 8 GPUs x 2 images (total batch 16).
+# Reported: no SemanticFPN number in the anchors for Swin-T.
+_base_ = [
+    './_base_/models/semfpn.py', './_base_/datasets/ade20k_512.py',
+    './_base_/schedules/seg_80k_adamw.py', './_base_/default_runtime_seg.py'
+]
+model = dict(
+    backbone=dict(
+        type='SoftFreeSwin',
+        arch='tiny',
+        attn_cfg=dict(type='softmax'),
+        drop_path_rate=0.3,
+        out_indices=(0, 1, 2, 3),
+        init_cfg=None),
+    neck=dict(in_channels=[96, 192, 384, 768]))

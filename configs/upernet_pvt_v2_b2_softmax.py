@@ -1,0 +1,16 @@
+# UperNet, PVTv2-b2 backbone, softmax attention (the baseline), ADE20K 150 classes, crop 512x512.
+# Recipe (ADE20K): AdamW lr 6e-5, wd 0.01, 160k iterations, warm-up + poly, 8 GPUs x 2 images (total batch 16).
+# Reported: no UperNet number in the anchors for PVTv2-b2.
+_base_ = [
+    './_base_/models/upernet.py', './_base_/datasets/ade20k_512.py',
+    './_base_/schedules/seg_160k_adamw.py', './_base_/default_runtime_seg.py'
+]
+model = dict(
+    backbone=dict(
+        type='SoftFreePVTv2',
+        arch='b2',
+        attn_cfg=dict(type='softmax'),
+        drop_path_rate=0.1,
+        init_cfg=None),
+    decode_head=dict(in_channels=[64, 128, 320, 512]),
+    auxiliary_head=dict(in_channels=320))

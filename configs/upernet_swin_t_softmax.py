@@ -1,0 +1,17 @@
+# UperNet, Swin-T backbone, softmax attention (the baseline), ADE20K 150 classes, crop 512x512.
+# Recipe (ADE20K): AdamW lr 6e-5, wd 0.01, 160k iterations, warm-up + poly, 8 GPUs x 2 images (total batch 16).
+# Reported: UperNet Swin-T mIoU 44.5 (Swin paper).
+_base_ = [
+    './_base_/models/upernet.py', './_base_/datasets/ade20k_512.py',
+    './_base_/schedules/seg_160k_adamw.py', './_base_/default_runtime_seg.py'
+]
+model = dict(
+    backbone=dict(
+        type='SoftFreeSwin',
+        arch='tiny',
+        attn_cfg=dict(type='softmax'),
+        drop_path_rate=0.3,
+        out_indices=(0, 1, 2, 3),
+        init_cfg=None),
+    decode_head=dict(in_channels=[96, 192, 384, 768]),
+    auxiliary_head=dict(in_channels=384))

@@ -1,0 +1,178 @@
+"""The one contract every attention kernel follows, and the helpers kernels share.
+
+A kernel maps ``q (B, h, Nq, d)``, ``k (B, h, Nk, d)``, ``v (B, h, Nk, dv)`` to ``(B, h, Nq, dv)`` and can
+show its explicit weight matrix ``A (B, h, Nq, Nk)`` with ``out == A @ v``. Backbones read the declared
+abilities (``supports_bias``, ``supports_mask``, ``complexity``) and never the kernel's type.
+
+This package imports torch only.
+"""
+import math
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+from torch import nn
+
+Scale = Union[None, float, torch.Tensor]
+
+
+class AttentionKernel(nn.Module):
+    """Base class. Subclasses implement ``_matrix`` (and usually a faster ``_forward``)."""
+
+    name: str = 'base'
+    supports_bias: bool = False
+    supports_mask: bool = False
+    complexity: str = 'quadratic'  # 'quadratic' | 'linear'
+    needs_hw: bool = False  # True when the kernel uses the (H, W) token grid
+
+    def __init__(self, num_heads: Optional[int] = None, head_dim: Optional[int] = None):
+        super().__init__()
+        if num_heads is not None and (not isinstance(num_heads, int) or num_heads < 1):
+            raise ValueError(f'{self.name}: num_heads must be a positive int, got {num_heads!r}')
+        if head_dim is not None and (not isinstance(head_dim, int) or head_dim < 1):
+            raise ValueError(f'{self.name}: head_dim must be a positive int, got {head_dim!r}')
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+
+    # ------------------------------------------------------------------ public API
+    def forward(self, q, k, v, hw=None, scale: Scale = None, bias=None, mask=None):
+        self._check(q, k, v, hw, scale, bias, mask)
+        return self._forward(q, k, v, hw, scale, bias, mask)
+
+    def attention_matrix(self, q, k, hw=None, scale: Scale = None, bias=None, mask=None):
+        self._check(q, k, None, hw, scale, bias, mask)
+        return self._matrix(q, k, hw, scale, bias, mask)
+
+    def extra_repr(self) -> str:
+        return f'num_heads={self.num_heads}, head_dim={self.head_dim}, complexity={self.complexity!r}'
+
+    # ------------------------------------------------------------------ to override
+    def _matrix(self, q, k, hw, scale, bias, mask):
+        raise NotImplementedError
+
+    def _forward(self, q, k, v, hw, scale, bias, mask):
+        a = self._matrix(q, k, hw, scale, bias, mask)
+        with no_autocast(v):
+            out = a.to(work_dtype(v)) @ v.to(work_dtype(v))
+        return out.to(v.dtype)
+
+    # ------------------------------------------------------------------ checks
+    def _check(self, q, k, v, hw, scale, bias, mask):
+        if q.dim() != 4 or k.dim() != 4:
+            raise ValueError(f'{self.name}: q and k must be (B, heads, N, head_dim), got shapes '
+                             f'{tuple(q.shape)} and {tuple(k.shape)}')
+        if q.shape[-1] != k.shape[-1] or q.shape[:2] != k.shape[:2]:
+            raise ValueError(f'{self.name}: q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch, '
+                             'heads and head_dim')
+        if v is not None and (v.dim() != 4 or v.shape[:3] != k.shape[:3]):
+            raise ValueError(f'{self.name}: v must be (B, heads, Nk, dv) matching k {tuple(k.shape)}, '
+                             f'got {tuple(v.shape)}')
+        if self.num_heads is not None and q.shape[1] != self.num_heads:
+            raise ValueError(f'{self.name}: built for num_heads={self.num_heads}, got q with {q.shape[1]} heads')
+        if self.head_dim is not None and q.shape[-1] != self.head_dim:
+            raise ValueError(f'{self.name}: built for head_dim={self.head_dim}, got q with head_dim {q.shape[-1]}')
+        if bias is not None and not self.supports_bias:
+            raise ValueError(f"attention kernel '{self.name}' cannot take an additive score bias (argument "
+                             "'bias'); leave the relative position bias out for this kernel, or use one of "
+                             'the kernels that support it (softmax, poly, relu, sigmoid, synthesizer)')
+        if mask is not None:
+            if not self.supports_mask:
+                raise ValueError(f"attention kernel '{self.name}' cannot honour an attention mask (argument "
+                                 "'mask')")
+            if mask.dtype != torch.bool:
+                raise TypeError(f"{self.name}: 'mask' must be a bool tensor (True = may attend), got {mask.dtype}")
+            _check_broadcast('mask', self.name, mask, q, k)
+        if bias is not None:
+            _check_broadcast('bias', self.name, bias, q, k)
+        if isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale <= 0:
+            raise ValueError(f'{self.name}: scale must be > 0, got {scale!r}')
+        if hw is not None:
+            check_hw(self.name, hw, q.shape[2])
+
+
+def _check_broadcast(arg, name, t, q, k):
+    target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    if t.dim() > 4:
+        raise ValueError(f"{name}: '{arg}' must broadcast to (B, h, Nq, Nk)={target}, got {tuple(t.shape)}")
+    shape = (1,) * (4 - t.dim()) + tuple(t.shape)
+    for s, n in zip(shape, target):
+        if s not in (1, n):
+            raise ValueError(f"{name}: '{arg}' of shape {tuple(t.shape)} does not broadcast to (B, h, Nq, Nk)="
+                             f'{target}')
+
+
+def check_hw(name: str, hw: Sequence[int], n: int) -> Tuple[int, int]:
+    if not (isinstance(hw, (tuple, list)) and len(hw) == 2 and all(isinstance(x, int) and x > 0 for x in hw)):
+        raise ValueError(f'{name}: hw must be a pair of positive ints (H, W), got {hw!r}')
+    if hw[0] * hw[1] != n:
+        raise ValueError(f'{name}: hw={tuple(hw)} gives {hw[0] * hw[1]} tokens but the input has N={n}; '
+                         'hw must satisfy H * W == N')
+    return int(hw[0]), int(hw[1])
+
+
+def resolve_hw(name: str, hw, n: int) -> Tuple[int, int]:
+    """The token grid: ``hw`` when given, else a square grid when N is a perfect square."""
+    if hw is not None:
+        return check_hw(name, hw, n)
+    r = math.isqrt(n)
+    if r * r != n:
+        raise ValueError(f'{name}: needs the token grid hw=(H, W) and N={n} is not a square; pass hw')
+    return r, r
+
+
+# ---------------------------------------------------------------------- numerics helpers
+def work_dtype(t: torch.Tensor) -> torch.dtype:
+    """float64 stays float64; everything else is computed in float32."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+class no_autocast:
+    """Switch autocast off for the device of ``t`` (numerically sensitive steps run in fp32)."""
+
+    def __init__(self, t: torch.Tensor):
+        self.ctx = torch.autocast(device_type=t.device.type, enabled=False)
+
+    def __enter__(self):
+        self.ctx.__enter__()
+
+    def __exit__(self, *exc):
+        return self.ctx.__exit__(*exc)
+
+
+def upcast(*ts):
+    return tuple(None if t is None else t.to(work_dtype(t)) for t in ts)
+
+
+def default_scale(scale: Scale, head_dim: int, like: torch.Tensor):
+    """The factor multiplying q.k: head_dim^-1/2 by default; a float; or a tensor broadcastable to
+    (B, h, 1, 1) (XCiT's learned per-head temperature)."""
+    if scale is None:
+        return head_dim ** -0.5
+    if isinstance(scale, torch.Tensor):
+        s = scale.to(like.dtype)
+        if s.dim() == 1:  # one value per head
+            s = s.view(1, -1, 1, 1)
+        return s
+    return float(scale)
+
+
+def scores(q, k, scale, bias=None):
+    """S = scale * q @ k^T (+ bias), in the working dtype of q."""
+    s = (q @ k.transpose(-2, -1)) * scale
+    if bias is not None:
+        s = s + bias.to(s.dtype)
+    return s
+
+
+def key_count(mask, q, k):
+    """N per row, shape broadcastable to (B, h, Nq, 1): the number of keys a row may look at."""
+    if mask is None:
+        return torch.full((1, 1, 1, 1), float(k.shape[2]), dtype=work_dtype(q), device=q.device)
+    m = mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2]) if mask.dim() == 4 else mask
+    return m.sum(-1, keepdim=True).to(work_dtype(q)).clamp_min(1.0)
+
+
+def apply_keep(a, mask):
+    """Masks act multiplicatively after non-softmax activations."""
+    if mask is None:
+        return a
+    return a * mask.to(a.dtype)

@@ -1,0 +1,132 @@
+"""Factorised (linear-complexity) kernels: ``linear`` (phi(q) phi(k)^T), ``efficient`` (Shen et al.) and
+``taylor`` (first-order Taylor expansion of exp, 1 + q^.k^).
+
+Without a mask each computes ``A @ v`` in O(N d dv) through ``k^T @ v`` and never builds ``A``. With a mask
+(Swin's shifted windows, padded keys) it builds ``A`` explicitly, O(Nq Nk d), with sums and normalisers taken
+over the valid keys of each row only, so a masked key gives exactly the output of deleting that key. None of
+them can take an additive score bias (a clear error).
+
+The score scale: these kernels have none. The ``scale`` argument of ``forward`` / ``attention_matrix`` is
+accepted, so that backbones can hand every kernel the same arguments, and ignored (linear and efficient use
+their feature maps, taylor L2-normalises q and k).
+"""
+import torch
+import torch.nn.functional as F
+
+from . import ATTENTION
+from .base import AttentionKernel, no_autocast, upcast, work_dtype
+
+FEATURE_MAPS = ('elu+1', 'relu')
+
+
+class _FactorisedAttention(AttentionKernel):
+    supports_bias = False
+    supports_mask = True  # through the explicit O(Nq Nk) path
+    complexity = 'linear'
+
+    def __init__(self, num_heads=None, head_dim=None):
+        super().__init__(num_heads, head_dim)
+
+    def _fast(self, q, k, v):
+        """``A @ v`` without a mask, in O(N d dv); inputs in the working dtype."""
+        raise NotImplementedError
+
+    def _explicit(self, q, k, mask):
+        """``A`` (B, h, Nq, Nk), honouring ``mask`` (None = every key); inputs in the working dtype."""
+        raise NotImplementedError
+
+    def _matrix(self, q, k, hw, scale, bias, mask):
+        q, k = upcast(q, k)
+        with no_autocast(q):  # sums and normalisers in fp32 (fp64 for fp64 inputs)
+            return self._explicit(q, k, mask)
+
+    def _forward(self, q, k, v, hw, scale, bias, mask):
+        dtype, wd = v.dtype, work_dtype(v)
+        with no_autocast(v):  # sums and normalisers in fp32 (fp64 for fp64 inputs)
+            q, k, v = q.to(wd), k.to(wd), v.to(wd)
+            if mask is None:
+                out = self._fast(q, k, v)
+            else:
+                out = self._explicit(q, k, mask) @ v
+        return out.to(dtype)
+
+
+@ATTENTION.register('linear')
+class LinearAttention(_FactorisedAttention):
+    """``out_i = phi(q_i)^T (sum_j phi(k_j) v_j^T) / (phi(q_i)^T sum_j phi(k_j) + eps)`` (Katharopoulos et al.).
+
+    Args:
+        feature_map ('elu+1' | 'relu'): phi.
+    """
+
+    eps = 1e-6
+
+    def __init__(self, num_heads=None, head_dim=None, feature_map='elu+1'):
+        super().__init__(num_heads, head_dim)
+        if feature_map not in FEATURE_MAPS:
+            raise ValueError(f'linear: feature_map must be one of {FEATURE_MAPS}, got {feature_map!r}')
+        self.feature_map = feature_map
+
+    def extra_repr(self) -> str:
+        return f'{super().extra_repr()}, feature_map={self.feature_map!r}'
+
+    def phi(self, x):
+        return F.elu(x) + 1.0 if self.feature_map == 'elu+1' else torch.relu(x)
+
+    def _fast(self, q, k, v):
+        qf, kf = self.phi(q), self.phi(k)
+        kv = kf.transpose(-2, -1) @ v  # (B, h, d, dv)
+        z = kf.sum(dim=2, keepdim=True)  # (B, h, 1, d)
+        den = (qf * z).sum(-1, keepdim=True) + self.eps
+        return (qf @ kv) / den
+
+    def _explicit(self, q, k, mask):
+        a = self.phi(q) @ self.phi(k).transpose(-2, -1)
+        if mask is not None:
+            a = a.masked_fill(~mask, 0.0)
+        return a / (a.sum(-1, keepdim=True) + self.eps)
+
+
+@ATTENTION.register('efficient')
+class EfficientAttention(_FactorisedAttention):
+    """``out = softmax_over_d(q) @ (softmax_over_N(k)^T @ v)`` (Shen et al. 2021); every row of ``A`` sums to 1.
+
+    With a mask the softmax over keys runs, for each row, over that row's valid keys only.
+    """
+
+    def _fast(self, q, k, v):
+        return torch.softmax(q, dim=-1) @ (torch.softmax(k, dim=2).transpose(-2, -1) @ v)
+
+    def _explicit(self, q, k, mask):
+        qs = torch.softmax(q, dim=-1)
+        if mask is None:
+            return qs @ torch.softmax(k, dim=2).transpose(-2, -1)
+        # A_ij = keep_ij sum_c qs_ic e_jc / sum_j' keep_ij' e_j'c, e = exp(k - max over keys) per channel
+        e = torch.exp(k - k.amax(dim=2, keepdim=True).detach())  # (B, h, Nk, d)
+        keep = mask.to(e.dtype).expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        den = keep @ e  # (B, h, Nq, d): the softmax normaliser of each row over its valid keys
+        # a row without any valid key has den = 0: keep it finite, its weights are zero anyway
+        den = den.clamp_min(torch.finfo(den.dtype).tiny)
+        return ((qs / den) @ e.transpose(-2, -1)) * keep
+
+
+@ATTENTION.register('taylor')
+class TaylorAttention(_FactorisedAttention):
+    """With L2-normalised ``q^``, ``k^``: ``A_ij = (1 + q^_i.k^_j) / sum_j (1 + q^_i.k^_j)``.
+
+    ``|q^.k^| <= 1`` so no weight is negative (rounding below zero is clamped on the explicit path).
+    """
+
+    def _fast(self, q, k, v):
+        qn, kn = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        num = v.sum(dim=2, keepdim=True) + qn @ (kn.transpose(-2, -1) @ v)
+        den = k.shape[2] + (qn * kn.sum(dim=2, keepdim=True)).sum(-1, keepdim=True)
+        # den >= 0; it is 0 only when every key points exactly away from the query: keep that row finite
+        return num / den.clamp_min(torch.finfo(den.dtype).tiny)
+
+    def _explicit(self, q, k, mask):
+        qn, kn = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        a = (1.0 + qn @ kn.transpose(-2, -1)).clamp_min(0.0)
+        if mask is not None:
+            a = a.masked_fill(~mask, 0.0)
+        return a / a.sum(-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)  # zero row when no valid key

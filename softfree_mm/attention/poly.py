@@ -1,0 +1,173 @@
+"""Polynomial attention (Rethinking Softmax, arXiv 2410.18613): ``A = c * S^p * keep``.
+
+``S = s * q @ k^T (+ bias)``; ``c = 1/sqrt(N)`` by default (N = keys the row may look at), or a fixed positive
+constant. Softmax bounds ``||A||_F`` by ``sqrt(N)``; ``c = 1/sqrt(N)`` keeps the polynomial map on the same
+footing (for q, k ~ N(0, 1) the Frobenius norm of ``A`` then grows like ``sqrt(N)``).
+
+Without bias and mask the power factorises through symmetric tensor powers,
+``(a . b)^p = sum_{|m| = p} multinomial(p; m) a^m b^m``, one feature per monomial of degree p in d variables
+(``M = C(d + p - 1, p)`` features instead of ``d^p``), so ``A @ v`` costs ``O(N M dv)`` instead of
+``O(N^2 (d + dv))``. ``forward`` takes that path whenever its flop count, computed from the static shapes, is
+the smaller one. ``p = 1`` is plain linear attention ``c * s * q @ (k^T @ v)``.
+"""
+import math
+from typing import Tuple
+
+import torch
+
+from . import ATTENTION
+from .base import AttentionKernel, default_scale, key_count, no_autocast, scores, work_dtype
+
+SCALE_OPTIONS = "'sqrt_n' (1/sqrt(number of keys a row may look at)) or a float > 0"
+
+# rows of one factorised chunk: keeps the (B, h, rows, M) monomial features to about 2^24 numbers
+_CHUNK_ELEMENTS = 1 << 24
+
+
+class _SaturatingCast(torch.autograd.Function):
+    """``x.to(dtype)`` that clamps to the target's finite range, forwards and backwards (for float16: a cubic
+    score of 60 is 216000, beyond float16's 65504; the result saturates instead of becoming inf)."""
+
+    @staticmethod
+    def forward(ctx, x, dtype):
+        ctx.src_dtype = x.dtype
+        return _clamp_to(x, dtype).to(dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _clamp_to(grad, ctx.src_dtype).to(ctx.src_dtype), None
+
+
+def _clamp_to(x, dtype):
+    if dtype == torch.float16 and x.dtype != torch.float16:
+        big = torch.finfo(torch.float16).max
+        return x.clamp(-big, big)
+    return x
+
+
+def saturating_cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cast that never turns a finite value (or its gradient) into inf when float16 is on either side."""
+    if x.dtype == dtype:
+        return x
+    if torch.float16 in (x.dtype, dtype):
+        return _SaturatingCast.apply(x, dtype)
+    return x.to(dtype)
+
+
+def monomial_features(x: torch.Tensor, degree: int, weighted: bool) -> torch.Tensor:
+    """All monomials of degree ``degree`` in the last dim of ``x``: (..., d) -> (..., C(d + p - 1, p)).
+
+    With ``weighted`` each monomial is multiplied by its multinomial coefficient, so that
+    ``monomial_features(a, p, True) . monomial_features(b, p, False) == (a . b)^p``.
+    """
+    d = x.shape[-1]
+    if degree == 1:
+        return x
+    idx = torch.combinations(torch.arange(d, device=x.device), r=degree, with_replacement=True)  # (M, p)
+    feat = x[..., idx[:, 0]]
+    for r in range(1, degree):
+        feat = feat * x[..., idx[:, r]]
+    if weighted:
+        # multinomial(p; m) = p! / prod_i m_i!, m_i = how often variable i appears in the monomial
+        counts = torch.nn.functional.one_hot(idx, d).sum(1).to(x.dtype)  # (M, d)
+        coef = torch.exp(math.lgamma(degree + 1) - torch.lgamma(counts + 1).sum(-1))
+        feat = feat * coef.round()
+    return feat
+
+
+@ATTENTION.register('poly')
+class PolyAttention(AttentionKernel):
+    """``A = c * S^p * keep`` with ``c = 1/sqrt(N)`` ('sqrt_n') or a fixed float.
+
+    Args:
+        num_heads, head_dim: optional, checked against the inputs when given.
+        degree (int >= 1): the power p (3 and 1 are the paper's).
+        scale ('sqrt_n' | float > 0): the constant c multiplying ``S^p``. Not the score scale ``s``, which is
+            the ``scale`` argument of ``forward`` (default head_dim^-1/2).
+    """
+
+    supports_bias = True
+    supports_mask = True
+    complexity = 'quadratic'  # the instance says 'linear' for degree 1
+
+    def __init__(self, num_heads=None, head_dim=None, degree=3, scale='sqrt_n'):
+        super().__init__(num_heads, head_dim)
+        if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
+            raise ValueError(f'poly: degree must be an int >= 1, got {degree!r}')
+        if isinstance(scale, str):
+            if scale != 'sqrt_n':
+                raise ValueError(f'poly: scale must be {SCALE_OPTIONS}; got {scale!r}')
+        elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (0 < scale < math.inf):
+            raise ValueError(f'poly: scale must be {SCALE_OPTIONS}; got {scale!r}')
+        self.degree = degree
+        self.scale = scale if isinstance(scale, str) else float(scale)
+        self.complexity = 'linear' if degree == 1 else 'quadratic'
+
+    def extra_repr(self) -> str:
+        return f'{super().extra_repr()}, degree={self.degree}, scale={self.scale!r}'
+
+    # ------------------------------------------------------------------ cost model (static shapes only)
+    def num_features(self, d: int) -> int:
+        return math.comb(d + self.degree - 1, self.degree)
+
+    def path_costs(self, nq: int, nk: int, d: int, dv: int) -> Tuple[int, int]:
+        """(explicit, factorised) multiply-adds per (batch, head)."""
+        p, m = self.degree, self.num_features(d)
+        explicit = nq * nk * (d + dv + p)
+        factorised = (nq + nk) * m * p + nk * m * dv + nq * m * dv
+        return explicit, factorised
+
+    def uses_factorised(self, q, k, v, bias=None, mask=None) -> bool:
+        if bias is not None or mask is not None:
+            return False
+        explicit, factorised = self.path_costs(q.shape[2], k.shape[2], q.shape[3], v.shape[3])
+        return factorised < explicit
+
+    # ------------------------------------------------------------------ paths
+    def _coef(self, mask, q, k):
+        if self.scale == 'sqrt_n':
+            if mask is None:
+                return k.shape[2] ** -0.5
+            return key_count(mask, q, k).rsqrt()
+        return self.scale
+
+    def _matrix(self, q, k, hw, scale, bias, mask):
+        wd = work_dtype(q)
+        with no_autocast(q):
+            q, k = saturating_cast(q, wd), saturating_cast(k, wd)
+            s = scores(q, k, default_scale(scale, q.shape[-1], q), bias)
+            # the power runs in fp32 (fp64 for fp64 inputs): |S| > 40 overflows S^3 in fp16
+            a = s.pow(self.degree) * self._coef(mask, q, k)
+            if mask is not None:
+                a = a.masked_fill(~mask, 0.0)  # masks act after the power, multiplicatively
+            return a
+
+    def _forward(self, q, k, v, hw, scale, bias, mask):
+        out_dtype = v.dtype
+        wd = work_dtype(v)
+        with no_autocast(v):
+            q, k, v = (saturating_cast(t, wd) for t in (q, k, v))
+            if self.uses_factorised(q, k, v, bias, mask):
+                out = self.factorised(q, k, v, scale)
+            else:
+                out = self._matrix(q, k, hw, scale, bias, mask) @ v
+            return saturating_cast(out, out_dtype)
+
+    def factorised(self, q, k, v, scale=None):
+        """``A @ v`` through degree-p monomial features, without bias or mask; O(N M dv) with
+        M = C(d + p - 1, p). Inputs are expected in the working dtype."""
+        p = self.degree
+        qs = q * default_scale(scale, q.shape[-1], q)  # (s q . k)^p: the score scale goes into q
+        b, h, nk, d = k.shape
+        m = self.num_features(d)
+        rows = max(1, _CHUNK_ELEMENTS // max(1, b * h * m))
+        kv = None
+        for start in range(0, nk, rows):  # sum_j phi(k_j) v_j^T, chunked over keys to bound memory
+            part = monomial_features(k[:, :, start:start + rows], p, False).transpose(-2, -1) @ \
+                v[:, :, start:start + rows]
+            kv = part if kv is None else kv + part
+        coef = self._coef(None, q, k)
+        outs = [monomial_features(qs[:, :, start:start + rows], p, True) @ kv
+                for start in range(0, q.shape[2], rows)]
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+        return out * coef

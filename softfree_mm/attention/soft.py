@@ -1,0 +1,176 @@
+"""SOFT: softmax-free attention with a Gaussian kernel and a Nystrom low-rank approximation (Lu et al. 2021).
+
+``K(a, b) = exp(-s/2 * |a - b|^2)`` (= exp(-|a - b|^2 / (2 sqrt(d))) at the default s = d^-1/2), keys tied to the
+queries, ``m`` landmark tokens ``L`` pooled from q on the (H, W) grid and
+
+    A = K(Q, L) @ pinv(K(L, L)) @ K(L, K),   out = K(Q, L) @ (pinv(K(L, L)) @ (K(L, K) @ v))   (O(N)),
+
+with the Moore-Penrose inverse by Newton iteration. SOFT++ (``normalized=True``) symmetrically normalises the
+inverse by the landmark kernel's degrees.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import ATTENTION
+from .base import AttentionKernel, default_scale, no_autocast, resolve_hw, upcast
+
+LANDMARK_OPS = ('conv', 'avgpool')
+
+
+def gaussian_kernel(a, b, scale):
+    """``exp(-scale/2 * |a_i - b_j|^2)`` as ``exp(s a.b - s|a|^2/2 - s|b|^2/2)``; call it in fp32 or fp64
+    (the expansion cancels large terms)."""
+    sq_a = (a * a).sum(-1, keepdim=True)
+    sq_b = (b * b).sum(-1, keepdim=True).transpose(-2, -1)
+    expo = scale * (a @ b.transpose(-2, -1)) - 0.5 * scale * (sq_a + sq_b)
+    return torch.exp(expo.clamp_max(0.0))  # exponent is <= 0 in exact arithmetic; clip rounding
+
+
+def newton_pinv(p, iters):
+    """Moore-Penrose inverse of the (.., m, m) matrices ``p`` by Newton iteration ``V <- 2V - V P V`` from
+    ``V0 = P^T / (||P||_1 ||P||_inf)``; alpha <= 1 / sigma_max(P)^2 makes the iteration converge. Run in fp32/fp64."""
+    norm_1 = p.abs().sum(-2).amax(-1)  # max column sum
+    norm_inf = p.abs().sum(-1).amax(-1)  # max row sum
+    alpha = (1.0 / (norm_1 * norm_inf)).unsqueeze(-1).unsqueeze(-1)
+    v = alpha * p.transpose(-2, -1)
+    for _ in range(iters):
+        v = 2.0 * v - v @ (p @ v)
+    return v
+
+
+def landmark_grid(hw, ratio, num_landmarks):
+    """The (mh, mw) landmark grid: ceil(H / ratio) x ceil(W / ratio), or about ``num_landmarks`` tokens with the
+    grid's aspect ratio (at least 1, at most H x W)."""
+    h, w = hw
+    if num_landmarks is None:
+        return -(-h // ratio), -(-w // ratio)
+    mh = min(h, max(1, int(round(math.sqrt(num_landmarks * h / w)))))
+    mw = min(w, max(1, int(round(num_landmarks / mh))))
+    return mh, mw
+
+
+@ATTENTION.register('soft')
+class SoftAttention(AttentionKernel):
+    """SOFT / SOFT++ Gaussian-kernel attention.
+
+    Args:
+        landmark_ratio: landmarks from ``ratio x ratio`` cells of the (H, W) grid (8 / 4 / 2 by stage officially);
+            the grid is padded (conv) or pooled with ceil (avgpool), so any H, W works and a grid smaller than the
+            ratio still gives one landmark. Ignored when ``num_landmarks`` is set.
+        num_landmarks: instead of a ratio, about this many landmarks on an adaptive pooled grid.
+        landmark_op: ``'conv'``: strided Conv2d over the h*d channels (kernel = stride = ratio) + LayerNorm (per
+            head, over head_dim) + GELU, as the paper; with ``num_landmarks``: adaptive average pooling, then a
+            learned 1x1 conv + LayerNorm + GELU. ``'avgpool'``: average pooling only, no parameters.
+        newton_iters: Newton iterations of the pseudo-inverse.
+        normalized: SOFT++: ``D^-1/2 pinv(K(L, L)) D^-1/2``.
+        tie_qk: keys tied to queries (the paper: the Gaussian attention matrix is then symmetric); k is ignored.
+            With False, the right factor is ``K(L, K)`` from the given k.
+
+    No bias, no mask. The landmark conv's weights need num_heads and head_dim.
+    """
+
+    supports_bias = False
+    supports_mask = False
+    complexity = 'linear'
+    needs_hw = True
+
+    def __init__(self, num_heads=None, head_dim=None, landmark_ratio=8, num_landmarks=None, landmark_op='conv',
+                 newton_iters=20, normalized=False, tie_qk=True):
+        super().__init__(num_heads, head_dim)
+        if landmark_op not in LANDMARK_OPS:
+            raise ValueError(f"soft: unknown landmark_op {landmark_op!r}; valid landmark ops: "
+                             f"{', '.join(LANDMARK_OPS)}")
+        if isinstance(landmark_ratio, bool) or not isinstance(landmark_ratio, int) or landmark_ratio < 1:
+            raise ValueError(f'soft: landmark_ratio must be a positive int, got {landmark_ratio!r}')
+        if num_landmarks is not None and (isinstance(num_landmarks, bool) or not isinstance(num_landmarks, int)
+                                          or num_landmarks < 1):
+            raise ValueError(f'soft: num_landmarks must be None or a positive int, got {num_landmarks!r}')
+        if isinstance(newton_iters, bool) or not isinstance(newton_iters, int) or newton_iters < 0:
+            raise ValueError(f'soft: newton_iters must be an int >= 0, got {newton_iters!r}')
+        for arg, val in (('normalized', normalized), ('tie_qk', tie_qk)):
+            if not isinstance(val, bool):
+                raise TypeError(f'soft: {arg} must be True or False, got {val!r}')
+        self.landmark_ratio = landmark_ratio
+        self.num_landmarks = num_landmarks
+        self.landmark_op = landmark_op
+        self.newton_iters = newton_iters
+        self.normalized = normalized
+        self.tie_qk = tie_qk
+        if landmark_op == 'conv':
+            if num_heads is None or head_dim is None:
+                raise ValueError("soft: landmark_op='conv' has learned weights and needs num_heads and head_dim "
+                                 f"(got num_heads={num_heads}, head_dim={head_dim}); pass both, or use "
+                                 "landmark_op='avgpool'")
+            c = num_heads * head_dim
+            size = 1 if num_landmarks is not None else landmark_ratio
+            self.landmark_conv = nn.Conv2d(c, c, size, stride=size)
+            self.landmark_norm = nn.LayerNorm(head_dim)
+
+    def extra_repr(self) -> str:
+        m = f'num_landmarks={self.num_landmarks}' if self.num_landmarks is not None else \
+            f'landmark_ratio={self.landmark_ratio}'
+        return (f'{super().extra_repr()}, {m}, landmark_op={self.landmark_op!r}, newton_iters={self.newton_iters}, '
+                f'normalized={self.normalized}, tie_qk={self.tie_qk}')
+
+    # ------------------------------------------------------------------ pieces
+    def landmarks(self, q, hw):
+        """(B, h, m, d) landmark tokens from q (B, h, N, d) on the (H, W) grid, in q's dtype."""
+        b, nh, n, d = q.shape
+        h, w = hw
+        grid = q.permute(0, 1, 3, 2).reshape(b, nh * d, h, w)
+        mh, mw = landmark_grid(hw, self.landmark_ratio, self.num_landmarks)
+        if self.num_landmarks is not None:
+            pooled = F.adaptive_avg_pool2d(grid, (mh, mw))
+        elif self.landmark_op == 'avgpool':
+            pooled = F.avg_pool2d(grid, self.landmark_ratio, self.landmark_ratio, ceil_mode=True)
+        else:
+            r = self.landmark_ratio
+            pooled = F.pad(grid, (0, mw * r - w, 0, mh * r - h))  # zero-pad to whole cells
+        if self.landmark_op == 'conv':
+            pooled = F.conv2d(pooled, self.landmark_conv.weight.to(q.dtype), self.landmark_conv.bias.to(q.dtype),
+                              stride=self.landmark_conv.stride)
+        lm = pooled.reshape(b, nh, d, mh * mw).permute(0, 1, 3, 2)
+        if self.landmark_op == 'conv':
+            lm = F.gelu(F.layer_norm(lm, (d,), self.landmark_norm.weight.to(q.dtype),
+                                     self.landmark_norm.bias.to(q.dtype), self.landmark_norm.eps))
+        return lm
+
+    def _factors(self, q, k, hw, scale):
+        """K(Q, L), the (normalised) pseudo-inverse of K(L, L) and K(L, K), in fp32 / fp64."""
+        if self.tie_qk and q.shape[2] != k.shape[2]:
+            raise ValueError(f'soft: tie_qk=True replaces the keys by the queries, so Nq must equal Nk; got '
+                             f'Nq={q.shape[2]}, Nk={k.shape[2]} (set tie_qk=False)')
+        grid = resolve_hw(self.name, hw, q.shape[2])
+        q, k = upcast(q, k)
+        if self.tie_qk:
+            k = q
+        s = default_scale(scale, q.shape[-1], q)
+        lm = self.landmarks(q, grid)
+        k_ql = gaussian_kernel(q, lm, s)  # (B, h, N, m)
+        k_ll = gaussian_kernel(lm, lm, s)  # (B, h, m, m)
+        k_lk = k_ql.transpose(-2, -1) if self.tie_qk else gaussian_kernel(lm, k, s)
+        inv = newton_pinv(k_ll, self.newton_iters)
+        if self.normalized:
+            # SOFT++: D = diag of the row sums of K(L, L) (the landmark kernel's degrees), as the official code
+            d_inv_sqrt = k_ll.sum(-1, keepdim=True).rsqrt()  # (B, h, m, 1), row sums >= 1 (diagonal is 1)
+            inv = d_inv_sqrt * inv * d_inv_sqrt.transpose(-2, -1)
+        return k_ql, inv, k_lk
+
+    # ------------------------------------------------------------------ API
+    def _matrix(self, q, k, hw, scale, bias, mask):
+        with no_autocast(q):  # Gaussian kernel and Newton iteration in fp32
+            k_ql, inv, k_lk = self._factors(q, k, hw, scale)
+            return k_ql @ inv @ k_lk
+
+    def _forward(self, q, k, v, hw, scale, bias, mask):
+        dtype = v.dtype
+        with no_autocast(q):  # Gaussian kernel and Newton iteration in fp32
+            k_ql, inv, k_lk = self._factors(q, k, hw, scale)
+            (v,) = upcast(v)
+            dt = torch.promote_types(k_ql.dtype, v.dtype)
+            k_ql, inv, k_lk, v = k_ql.to(dt), inv.to(dt), k_lk.to(dt), v.to(dt)
+            out = k_ql @ (inv @ (k_lk @ v))
+        return out.to(dtype)

@@ -1,0 +1,121 @@
+"""Synthesizer attention (Tay et al. 2021): attention logits that do not come from query-key dot products.
+
+* ``random``: a learned (h, L, L) logit table;
+* ``factorized_random``: ``R1 @ R2^T`` with R1, R2 (h, L, rank);
+* ``dense``: ``relu(q W1 + b1) W2 + b2`` maps each query (q stands in for x: both are linear maps of x) to L logits;
+* ``factorized_dense``: the same with a low-rank ``W2 = U V`` (U (d, rank), V (rank, L)).
+
+The table is sliced to the actual Nq x Nk (a length above ``max_len`` is an error); ``mix=True`` adds the
+dot-product scores ``S = s q.k^T``. Then the bias is added and ``A = softmax(logits)`` with masked keys at -inf
+(a row with no valid key gets zero weights). Fits fixed-size token sets: windows, XCiT's d_h x d_h matrix.
+"""
+import torch
+from torch import nn
+
+from . import ATTENTION
+from .base import AttentionKernel, default_scale, no_autocast, scores, upcast
+
+MODES = ('random', 'factorized_random', 'dense', 'factorized_dense')
+
+
+def masked_softmax(logits, mask):
+    """softmax over the last dim with masked entries at -inf; a row with no valid entry gives zeros (and finite
+    gradients). Call it in fp32 / fp64."""
+    if mask is None:
+        return torch.softmax(logits, dim=-1)
+    any_valid = mask.any(-1, keepdim=True)
+    logits = logits.masked_fill(~mask, float('-inf')).masked_fill(~any_valid, 0.0)
+    return torch.softmax(logits, dim=-1) * any_valid.to(logits.dtype)
+
+
+@ATTENTION.register('synthesizer')
+class SynthesizerAttention(AttentionKernel):
+    """Synthetic attention weights (see the module docstring). Needs num_heads and head_dim (learned weights).
+
+    Args:
+        mode: ``'random'``, ``'factorized_random'``, ``'dense'`` or ``'factorized_dense'``.
+        max_len: L, the longest token sequence (queries and keys) the learned logits cover.
+        rank: the factor rank of the factorized modes.
+        mix: add the dot-product scores ``s q.k^T`` to the synthetic logits.
+    """
+
+    supports_bias = True
+    supports_mask = True
+    complexity = 'quadratic'
+
+    def __init__(self, num_heads=None, head_dim=None, mode='random', max_len=256, rank=8, mix=False):
+        super().__init__(num_heads, head_dim)
+        if mode not in MODES:
+            raise ValueError(f"synthesizer: unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
+        for arg, val in (('max_len', max_len), ('rank', rank)):
+            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+                raise ValueError(f'synthesizer: {arg} must be a positive int, got {val!r}')
+        if not isinstance(mix, bool):
+            raise TypeError(f'synthesizer: mix must be True or False, got {mix!r}')
+        if num_heads is None or head_dim is None:
+            raise ValueError('synthesizer: the synthetic logits are learned weights and need num_heads and '
+                             f'head_dim (got num_heads={num_heads}, head_dim={head_dim}); pass both')
+        self.mode, self.max_len, self.rank, self.mix = mode, max_len, rank, mix
+        h, d, n = num_heads, head_dim, max_len
+        if mode == 'random':
+            self.table = nn.Parameter(torch.empty(h, n, n))
+        elif mode == 'factorized_random':
+            self.r1 = nn.Parameter(torch.empty(h, n, rank))
+            self.r2 = nn.Parameter(torch.empty(h, n, rank))
+        else:
+            self.w1 = nn.Parameter(torch.empty(h, d, d))
+            self.b1 = nn.Parameter(torch.zeros(h, 1, d))
+            if mode == 'dense':
+                self.w2 = nn.Parameter(torch.empty(h, d, n))
+            else:
+                self.u = nn.Parameter(torch.empty(h, d, rank))
+                self.w2 = nn.Parameter(torch.empty(h, rank, n))
+            self.b2 = nn.Parameter(torch.zeros(h, 1, n))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        if self.mode == 'random':
+            nn.init.trunc_normal_(self.table, std=0.02)
+        elif self.mode == 'factorized_random':
+            # the product R1 R2^T then has entries of std about 0.02
+            std = (0.02 / self.rank ** 0.5) ** 0.5
+            nn.init.trunc_normal_(self.r1, std=std)
+            nn.init.trunc_normal_(self.r2, std=std)
+        else:
+            nn.init.trunc_normal_(self.w1, std=self.head_dim ** -0.5)
+            inner = self.head_dim if self.mode == 'dense' else self.rank
+            if self.mode == 'factorized_dense':
+                nn.init.trunc_normal_(self.u, std=self.head_dim ** -0.5)
+            nn.init.trunc_normal_(self.w2, std=0.02 * inner ** -0.5)
+            nn.init.zeros_(self.b1)
+            nn.init.zeros_(self.b2)
+
+    def extra_repr(self) -> str:
+        return (f'{super().extra_repr()}, mode={self.mode!r}, max_len={self.max_len}, rank={self.rank}, '
+                f'mix={self.mix}')
+
+    def synthetic_logits(self, q, nk):
+        """(B or 1, h, Nq, Nk) logits in q's dtype."""
+        nq, dt = q.shape[2], q.dtype
+        if nq > self.max_len or nk > self.max_len:
+            raise ValueError(f'synthesizer: Nq={nq} and Nk={nk} tokens, but the learned logits cover at most '
+                             f'max_len={self.max_len}; raise max_len to at least {max(nq, nk)}')
+        if self.mode == 'random':
+            return self.table[:, :nq, :nk].to(dt).unsqueeze(0)
+        if self.mode == 'factorized_random':
+            return (self.r1[:, :nq].to(dt) @ self.r2[:, :nk].to(dt).transpose(-2, -1)).unsqueeze(0)
+        hidden = torch.relu(q @ self.w1.to(dt) + self.b1.to(dt))  # (B, h, Nq, d)
+        if self.mode == 'factorized_dense':
+            hidden = hidden @ self.u.to(dt)
+        return hidden @ self.w2[..., :nk].to(dt) + self.b2[..., :nk].to(dt)
+
+    def _matrix(self, q, k, hw, scale, bias, mask):
+        q, k = upcast(q, k)
+        with no_autocast(q):  # logits and softmax in fp32
+            logits = self.synthetic_logits(q, k.shape[2])
+            if self.mix:
+                logits = logits + scores(q, k, default_scale(scale, q.shape[-1], q))
+            if bias is not None:
+                logits = logits + bias.to(logits.dtype)
+            logits = logits.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+            return masked_softmax(logits, mask)

@@ -1,0 +1,525 @@
+"""Swin Transformer (Liu et al. 2021) whose window attention runs through any softfree_mm attention kernel.
+
+Layout (ours): ``patch_embed.{proj,norm}``, ``stages.{i}.downsample.{norm,reduction}`` (patch merging at the
+*start* of stage i > 0, as in timm), ``stages.{i}.blocks.{j}.{norm1,attn.qkv,attn.proj,
+attn.relative_position_bias_table,attn.kernel.*,norm2,mlp.fc1,mlp.fc2}``, one LayerNorm per output ``norm{i}``.
+
+Geometry, masks and padding:
+
+* Window stages pad the token grid bottom/right to a window multiple. Pad tokens are masked as *keys* (a query
+  never looks at them), so the values written into the padding change nothing. A pad query may look at itself
+  only (it is cropped afterwards); that keeps every row of the mask non-empty.
+* Shifted blocks roll by ``window // 2`` along each axis whose grid is larger than the window; the regions that
+  the roll brings together are separated by a boolean mask (True = may attend). Along an axis whose grid fits in
+  one window there is one window only, so no shift is made (as the official code and timm do at 7x7).
+* Both of those need a kernel with ``supports_mask``; a kernel without it in a window stage is refused at build
+  time (``layers.require_kernel_fit``). With ``global_window`` a stage's window is its whole token grid: nothing
+  is padded, nothing is shifted, no mask exists, so every kernel fits (the InLine set-up). The patch-merging
+  and patch-embedding zero padding of odd sizes is not attention padding and is the same as timm/mmdet.
+* The relative position bias ((2W-1)^2 x heads table) exists only in window stages whose kernel takes a bias;
+  global-window stages have no fixed window to index, and kernels that cannot take a bias get none (logged once).
+* Kernels that need the token grid get ``hw = (window_h, window_w)``.
+"""
+import copy
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint as cp
+from mmengine.logging import print_log
+from mmengine.model import BaseModule
+from timm.layers import DropPath, Mlp, trunc_normal_
+from torch import nn
+
+from ...attention import AttentionKernel, build_attention
+from ..layers import expand_attn_cfg, require_kernel_fit
+
+__all__ = ['SoftFreeSwin']
+
+ARCH_ZOO: Dict[str, dict] = {
+    'tiny': dict(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24)),
+    'small': dict(embed_dims=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24)),
+    'base': dict(embed_dims=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32)),
+    'large': dict(embed_dims=192, depths=(2, 2, 18, 2), num_heads=(6, 12, 24, 48)),
+}
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def _to_windows(x: torch.Tensor, wh: int, ww: int) -> torch.Tensor:
+    """(B, H, W, C) with H % wh == W % ww == 0 -> (B * nW, wh * ww, C), windows in row-major order."""
+    b, h, w, c = x.shape
+    x = x.view(b, h // wh, wh, w // ww, ww, c).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(-1, wh * ww, c)
+
+
+def _from_windows(x: torch.Tensor, wh: int, ww: int, h: int, w: int) -> torch.Tensor:
+    """Inverse of :func:`_to_windows`: (B * nW, wh * ww, C) -> (B, H, W, C)."""
+    c = x.shape[-1]
+    x = x.view(-1, h // wh, w // ww, wh, ww, c).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(-1, h, w, c)
+
+
+def _relative_position_index(wh: int, ww: int) -> torch.Tensor:
+    """(wh*ww, wh*ww) index into a (2wh-1)(2ww-1) table of relative offsets."""
+    ys, xs = torch.meshgrid(torch.arange(wh), torch.arange(ww), indexing='ij')
+    coords = torch.stack([ys.flatten(), xs.flatten()])  # (2, N)
+    rel = coords[:, :, None] - coords[:, None, :]  # (2, N, N)
+    return (rel[0] + wh - 1) * (2 * ww - 1) + (rel[1] + ww - 1)
+
+
+class WindowGeometry:
+    """How one stage cuts its (H, W) token grid into windows for one forward pass (pure data + masks)."""
+
+    def __init__(self, hw: Tuple[int, int], window: Optional[int], device):
+        h, w = hw
+        self.hw = (h, w)
+        if window is None:  # global window: the whole grid, no padding, no shift, no mask
+            self.window = (h, w)
+            self.padded = (h, w)
+            self.shift = (0, 0)
+        else:
+            self.window = (window, window)
+            self.padded = (-(-h // window) * window, -(-w // window) * window)
+            # no shift along an axis that holds a single window (it would only split that window)
+            self.shift = tuple(window // 2 if n > window else 0 for n in (h, w))
+        self.device = device
+        self._masks = {}
+
+    @property
+    def needs_pad(self) -> bool:
+        return self.padded != self.hw
+
+    def mask(self, shifted: bool) -> Optional[torch.Tensor]:
+        """(nW, 1, N, N) bool keep-mask for this geometry, or None when every key may be seen."""
+        shifted = shifted and any(self.shift)
+        if not shifted and not self.needs_pad:
+            return None
+        if shifted in self._masks:
+            return self._masks[shifted]
+        (hp, wp), (wh, ww), (sh, sw) = self.padded, self.window, self.shift
+        valid = torch.zeros(hp, wp, dtype=torch.bool, device=self.device)
+        valid[:self.hw[0], :self.hw[1]] = True
+        region = torch.zeros(hp, wp, dtype=torch.long, device=self.device)
+        if shifted:
+            valid = torch.roll(valid, shifts=(-sh, -sw), dims=(0, 1))
+            # label the regions in the shifted frame: tokens from different regions never meet
+            hs = [slice(0, hp - wh), slice(hp - wh, hp - sh), slice(hp - sh, hp)] if sh else [slice(0, hp)]
+            ws = [slice(0, wp - ww), slice(wp - ww, wp - sw), slice(wp - sw, wp)] if sw else [slice(0, wp)]
+            label = 0
+            for a in hs:
+                for b in ws:
+                    region[a, b] = label
+                    label += 1
+        valid_w = _to_windows(valid[None, :, :, None], wh, ww)[..., 0]  # (nW, N)
+        region_w = _to_windows(region[None, :, :, None], wh, ww)[..., 0]
+        keep = (region_w[:, :, None] == region_w[:, None, :]) & valid_w[:, None, :]
+        keep |= torch.eye(wh * ww, dtype=torch.bool, device=self.device)  # a pad query sees itself only
+        self._masks[shifted] = keep.unsqueeze(1)
+        return self._masks[shifted]
+
+
+# ---------------------------------------------------------------------------------------------- layers
+class PatchEmbed(nn.Module):
+    """Conv patchify (kernel = stride = patch) after zero padding bottom/right to a patch multiple; LayerNorm."""
+
+    def __init__(self, in_channels: int, dim: int, patch_size: int, patch_norm: bool):
+        super().__init__()
+        self.patch_size = patch_size
+        self.proj = nn.Conv2d(in_channels, dim, patch_size, patch_size)
+        self.norm = nn.LayerNorm(dim) if patch_norm else nn.Identity()
+
+    def forward(self, x):
+        p = self.patch_size
+        x = F.pad(x, (0, (-x.shape[-1]) % p, 0, (-x.shape[-2]) % p))
+        return self.norm(self.proj(x).permute(0, 2, 3, 1))  # (B, H, W, C)
+
+
+class PatchMerging(nn.Module):
+    """2x2 neighbours concatenated in the official order (0,0), (1,0), (0,1), (1,1) -> LayerNorm -> Linear."""
+
+    def __init__(self, dim: int, out_dim: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(4 * dim)
+        self.reduction = nn.Linear(4 * dim, out_dim, bias=False)
+
+    def forward(self, x):
+        h, w = x.shape[1:3]
+        x = F.pad(x, (0, 0, 0, w % 2, 0, h % 2))
+        x = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], dim=-1)
+        return self.reduction(self.norm(x))
+
+
+class WindowAttention(nn.Module):
+    """qkv -> kernel (with relative position bias when there is a table) -> proj, on (B*nW, N, C) windows."""
+
+    def __init__(self, dim: int, num_heads: int, window: Optional[int], attn_cfg: dict, qkv_bias: bool,
+                 with_bias_table: bool, proj_drop: float):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f'SoftFreeSwin: embed dims {dim} must be divisible by num_heads {num_heads}')
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.kernel = build_attention(attn_cfg, num_heads=num_heads, head_dim=self.head_dim)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+        if with_bias_table:
+            self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * window - 1) ** 2, num_heads))
+            self.register_buffer('relative_position_index', _relative_position_index(window, window),
+                                 persistent=False)
+        else:
+            self.relative_position_bias_table = None
+
+    def forward(self, x, mask=None, hw=None):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        bias = None
+        if self.relative_position_bias_table is not None:
+            bias = self.relative_position_bias_table[self.relative_position_index.view(-1)]
+            bias = bias.view(n, n, self.num_heads).permute(2, 0, 1).unsqueeze(0)
+        out = self.kernel(q, k, v, hw=hw, scale=None, bias=bias, mask=mask)
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
+
+
+class SwinBlock(nn.Module):
+    def __init__(self, dim, num_heads, window, shifted, attn_cfg, mlp_ratio, qkv_bias, drop, drop_path,
+                 with_bias_table, with_cp):
+        super().__init__()
+        self.shifted = shifted
+        self.with_cp = with_cp
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = WindowAttention(dim, num_heads, window, attn_cfg, qkv_bias, with_bias_table, drop)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
+
+    def _attend(self, x, geo: WindowGeometry):
+        b, h, w, c = x.shape
+        (hp, wp), (wh, ww) = geo.padded, geo.window
+        sh, sw = geo.shift if self.shifted else (0, 0)
+        x = F.pad(x, (0, 0, 0, wp - w, 0, hp - h))
+        if sh or sw:
+            x = torch.roll(x, shifts=(-sh, -sw), dims=(1, 2))
+        mask = geo.mask(self.shifted)
+        if mask is not None:
+            n_win = mask.shape[0]
+            mask = mask.unsqueeze(0).expand(b, -1, -1, -1, -1).reshape(b * n_win, *mask.shape[1:])
+        y = self.attn(_to_windows(x, wh, ww), mask=mask, hw=(wh, ww))
+        y = _from_windows(y, wh, ww, hp, wp)
+        if sh or sw:
+            y = torch.roll(y, shifts=(sh, sw), dims=(1, 2))
+        return y[:, :h, :w].contiguous()
+
+    def _forward(self, x, geo):
+        x = x + self.drop_path(self._attend(self.norm1(x), geo))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+    def forward(self, x, geo: WindowGeometry):
+        if self.with_cp and x.requires_grad:
+            return cp.checkpoint(self._forward, x, geo, use_reentrant=False)
+        return self._forward(x, geo)
+
+
+class SwinStage(nn.Module):
+    def __init__(self, in_dim, dim, depth, num_heads, window, attn_cfg, mlp_ratio, qkv_bias, drop, drop_paths,
+                 with_bias_table, with_cp, downsample: bool):
+        super().__init__()
+        self.window = window  # None = global window
+        self.downsample = PatchMerging(in_dim, dim) if downsample else None
+        self.blocks = nn.ModuleList([
+            SwinBlock(dim, num_heads, window, shifted=(window is not None and j % 2 == 1), attn_cfg=attn_cfg,
+                      mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop=drop, drop_path=drop_paths[j],
+                      with_bias_table=with_bias_table, with_cp=with_cp)
+            for j in range(depth)])
+
+    def forward(self, x):
+        if self.downsample is not None:
+            x = self.downsample(x)
+        geo = WindowGeometry(tuple(x.shape[1:3]), self.window, x.device)
+        for blk in self.blocks:
+            x = blk(x, geo)
+        return x
+
+
+# ---------------------------------------------------------------------------------------------- backbone
+def _per_stage(value, num: int, name: str, kind) -> list:
+    if isinstance(value, (list, tuple)):
+        if len(value) != num:
+            raise ValueError(f'SoftFreeSwin: {name}={value!r} has {len(value)} entries but the model has {num} '
+                             f'stages; give one value for all or exactly {num}')
+        vals = list(value)
+    else:
+        vals = [value] * num
+    for v in vals:
+        if not isinstance(v, kind):
+            raise TypeError(f'SoftFreeSwin: {name} entries must be {kind.__name__}, got {v!r}')
+    return vals
+
+
+class SoftFreeSwin(BaseModule):
+    """Swin Transformer backbone with swappable attention kernels.
+
+    Args:
+        arch: 'tiny' | 'small' | 'base' | 'large', or a dict with embed_dims, depths, num_heads.
+        embed_dims, depths, num_heads: override the preset.
+        attn_cfg: one kernel config (name or dict) for every stage, or a list with one per stage.
+        global_window: bool or one bool per stage; True = the window is the stage's whole token grid (no
+            shift, no padding, no mask, no relative position bias).
+        window_size: window side of the non-global stages (7).
+        out_indices: which stage outputs to return (NCHW, strides 4, 8, 16, 32), each through ``norm{i}``.
+        frozen_stages: -1 none; 0 the patch embedding; k >= 1 also stages 0..k-1 and their output norms.
+        with_cp: activation checkpointing per block (``use_reentrant=False``).
+        init_cfg: ``dict(type='Pretrained', checkpoint=..., prefix=None)`` loads official / timm / mmdet
+            Swin files through :func:`convert_swin`.
+    """
+
+    arch_zoo = ARCH_ZOO
+
+    def __init__(self,
+                 arch: Union[str, dict] = 'tiny',
+                 embed_dims: Optional[int] = None,
+                 depths: Optional[Sequence[int]] = None,
+                 num_heads: Optional[Sequence[int]] = None,
+                 attn_cfg: Union[str, dict, Sequence] = 'softmax',
+                 global_window: Union[bool, Sequence[bool]] = False,
+                 window_size: int = 7,
+                 mlp_ratio: float = 4.0,
+                 qkv_bias: bool = True,
+                 in_channels: int = 3,
+                 patch_size: int = 4,
+                 patch_norm: bool = True,
+                 drop_rate: float = 0.0,
+                 drop_path_rate: float = 0.1,
+                 out_indices: Sequence[int] = (0, 1, 2, 3),
+                 frozen_stages: int = -1,
+                 with_cp: bool = False,
+                 init_cfg: Optional[Union[dict, List[dict]]] = None):
+        super().__init__(init_cfg=init_cfg)
+        if isinstance(arch, str):
+            if arch not in ARCH_ZOO:
+                raise ValueError(f'SoftFreeSwin: unknown arch {arch!r}; valid archs: {", ".join(ARCH_ZOO)} '
+                                 '(or a dict with embed_dims, depths, num_heads)')
+            preset = dict(ARCH_ZOO[arch])
+        elif isinstance(arch, dict):
+            need = {'embed_dims', 'depths', 'num_heads'}
+            if set(arch) != need:
+                raise ValueError(f'SoftFreeSwin: an arch dict needs exactly the keys {sorted(need)}, '
+                                 f'got {sorted(arch)}')
+            preset = dict(arch)
+        else:
+            raise TypeError(f'SoftFreeSwin: arch must be a name ({", ".join(ARCH_ZOO)}) or a dict, got {arch!r}')
+        embed_dims = preset['embed_dims'] if embed_dims is None else embed_dims
+        depths = tuple(preset['depths'] if depths is None else depths)
+        num_heads = tuple(preset['num_heads'] if num_heads is None else num_heads)
+        num_stages = len(depths)
+        if len(num_heads) != num_stages:
+            raise ValueError(f'SoftFreeSwin: depths {depths} and num_heads {num_heads} must have the same length')
+        if not isinstance(window_size, int) or window_size < 1:
+            raise ValueError(f'SoftFreeSwin: window_size must be a positive int, got {window_size!r}')
+        out_indices = tuple(out_indices)
+        bad = [i for i in out_indices if not (isinstance(i, int) and 0 <= i < num_stages)]
+        if bad or not out_indices:
+            raise ValueError(f'SoftFreeSwin: out_indices {out_indices} must be non-empty stage indices in '
+                             f'0..{num_stages - 1}')
+        if not isinstance(frozen_stages, int) or not -1 <= frozen_stages <= num_stages:
+            raise ValueError(f'SoftFreeSwin: frozen_stages must be an int in -1..{num_stages}, '
+                             f'got {frozen_stages!r}')
+
+        self.arch = arch
+        self.depths = depths
+        self.num_heads = num_heads
+        self.window_size = window_size
+        self.out_indices = out_indices
+        self.frozen_stages = frozen_stages
+        self.with_cp = with_cp
+        dims = tuple(embed_dims * 2 ** i for i in range(num_stages))
+        self.embed_dims = dims
+        self.num_features = dims
+        self.out_channels = tuple(dims[i] for i in out_indices)
+
+        cfgs = expand_attn_cfg(attn_cfg, num_stages, 'stage', 'SoftFreeSwin')
+        global_window = _per_stage(global_window, num_stages, 'global_window', bool)
+        self.attn_cfgs = cfgs
+        self.global_window = tuple(global_window)
+
+        self.patch_embed = PatchEmbed(in_channels, embed_dims, patch_size, patch_norm)
+        self.drop_after_pos = nn.Dropout(drop_rate)
+        dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        no_bias = []
+        self.stages = nn.ModuleList()
+        for i in range(num_stages):
+            if global_window[i]:
+                cls = require_kernel_fit(cfgs[i], 'SoftFreeSwin', f'stage {i} (global window)')
+                window = None
+            else:
+                cls = require_kernel_fit(
+                    cfgs[i], 'SoftFreeSwin',
+                    f'stage {i} ({window_size}x{window_size} shifted windows, padded keys masked; '
+                    f'set global_window=True for this stage to use it without masks)', needs_mask=True)
+                window = window_size
+            with_bias_table = cls.supports_bias and window is not None
+            if not with_bias_table:
+                no_bias.append(f"stage {i} ('{cfgs[i]['type']}', "
+                               f"{'global window' if window is None else 'kernel takes no bias'})")
+            start = sum(depths[:i])
+            self.stages.append(SwinStage(
+                dims[i - 1] if i else dims[0], dims[i], depths[i], num_heads[i], window, cfgs[i], mlp_ratio,
+                qkv_bias, drop_rate, dpr[start:start + depths[i]], with_bias_table, with_cp, downsample=i > 0))
+        if no_bias:
+            print_log('SoftFreeSwin: no relative position bias table in ' + ', '.join(no_bias), logger='current')
+        for i in out_indices:
+            self.add_module(f'norm{i}', nn.LayerNorm(dims[i]))
+        self._init_default()
+        self._freeze_stages()
+
+    # ------------------------------------------------------------------ init / weights
+    def _init_default(self):
+        """trunc-normal(0.02) Linear weights, zero biases, unit LayerNorms, as the official code; kernels keep
+        their own initialisation."""
+        kernel_modules = {id(m) for k in self.modules() if isinstance(k, AttentionKernel) for m in k.modules()}
+        for m in self.modules():
+            if id(m) in kernel_modules:
+                continue
+            if isinstance(m, nn.Linear):
+                trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, WindowAttention) and m.relative_position_bias_table is not None:
+                trunc_normal_(m.relative_position_bias_table, std=0.02)
+
+    def init_weights(self):
+        cfg = self.init_cfg
+        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
+            from ..converters import load_pretrained
+            unknown = set(cfg) - {'type', 'checkpoint', 'prefix', 'map_location'}
+            if unknown or 'checkpoint' not in cfg:
+                raise ValueError(f"SoftFreeSwin: a Pretrained init_cfg takes 'checkpoint' (required), 'prefix', "
+                                 f"'map_location'; got {sorted(cfg)}")
+            load_pretrained(self, cfg['checkpoint'], convert_fn=convert_swin, prefix=cfg.get('prefix'),
+                            map_location=cfg.get('map_location', 'cpu'))
+            self._is_init = True
+            return
+        if cfg is None:
+            self._init_default()
+        super().init_weights()
+
+    # ------------------------------------------------------------------ freezing
+    def _freeze_stages(self):
+        if self.frozen_stages < 0:
+            return
+        frozen = [self.patch_embed]
+        for i in range(self.frozen_stages):
+            frozen.append(self.stages[i])
+            if i in self.out_indices:
+                frozen.append(getattr(self, f'norm{i}'))
+        for m in frozen:
+            m.eval()
+            for p in m.parameters():
+                p.requires_grad = False
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self._freeze_stages()
+        return self
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        if x.dim() != 4:
+            raise ValueError(f'SoftFreeSwin: expected images (B, C, H, W), got shape {tuple(x.shape)}')
+        x = self.drop_after_pos(self.patch_embed(x))
+        outs = []
+        for i, stage in enumerate(self.stages):
+            x = stage(x)
+            if i in self.out_indices:
+                outs.append(getattr(self, f'norm{i}')(x).permute(0, 3, 1, 2).contiguous())
+        return tuple(outs)
+
+    def get_layer_depth(self, param_name: str, prefix: str = '') -> Tuple[int, int]:
+        """(layer_id, max_layer_id) as mmpretrain's Swin: stem 0, block j of stage i at sum(depths[:i])+j+1,
+        the patch merging before stage i (after stage i-1 in mmpretrain's layout) at sum(depths[:i]),
+        everything else (output norms, head) last."""
+        num_layers = sum(self.depths) + 2
+        if not param_name.startswith(prefix):
+            return num_layers - 1, num_layers
+        name = param_name[len(prefix):]
+        if name.startswith('patch_embed'):
+            return 0, num_layers
+        if name.startswith('stages.'):
+            parts = name.split('.')
+            i = int(parts[1])
+            if parts[2] == 'downsample':
+                return sum(self.depths[:i]), num_layers
+            return sum(self.depths[:i]) + int(parts[3]) + 1, num_layers
+        return num_layers - 1, num_layers
+
+
+# ---------------------------------------------------------------------------------------------- conversion
+_BLOCK_KEYS = ('norm1.', 'norm2.', 'attn.qkv.', 'attn.proj.', 'attn.relative_position_bias_table', 'mlp.fc1.',
+               'mlp.fc2.')
+_MMDET_BLOCK = {'attn.w_msa.qkv.': 'attn.qkv.', 'attn.w_msa.proj.': 'attn.proj.',
+                'attn.w_msa.relative_position_bias_table': 'attn.relative_position_bias_table',
+                'ffn.layers.0.0.': 'mlp.fc1.', 'ffn.layers.1.': 'mlp.fc2.', 'norm1.': 'norm1.', 'norm2.': 'norm2.'}
+
+
+def _unfold_to_official(t: torch.Tensor) -> torch.Tensor:
+    """mmdet's nn.Unfold patch merging orders the 4C inputs channel-major (c, kh, kw); the official order is
+    part-major with parts (0,0), (1,0), (0,1), (1,1)."""
+    if t.dim() == 1:
+        c = t.shape[0] // 4
+        return t.view(c, 4)[:, [0, 2, 1, 3]].t().reshape(4 * c)
+    out, c = t.shape[0], t.shape[1] // 4
+    return t.view(out, c, 4)[:, :, [0, 2, 1, 3]].transpose(1, 2).reshape(out, 4 * c)
+
+
+def convert_swin(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """Official Swin release / timm / mmdet Swin layouts -> ours (pure function).
+
+    * official: ``layers.{i}.blocks.{j}.*``, ``layers.{i}.downsample.*`` after stage i, final ``norm``, ``head``.
+    * timm: the same names, but ``layers.{i}.downsample`` *before* stage i, ``head.fc``.
+    * mmdet: ``stages.{i}.blocks.{j}.attn.w_msa.*``, ``ffn.layers.*``, ``patch_embed.projection``,
+      ``stages.{i}.downsample`` after stage i with nn.Unfold channel order, ``norm{i}``.
+    Classifier heads, ``relative_position_index`` and ``attn_mask`` buffers are dropped; any other key is kept
+    unchanged so that loading reports it.
+    """
+    keys = list(state_dict)
+    is_mmdet = any('.w_msa.' in k or '.ffn.layers.' in k or k.startswith('patch_embed.projection') for k in keys)
+    is_layers = any(k.startswith('layers.') for k in keys)
+    if not is_mmdet and not is_layers:
+        return dict(state_dict)  # already ours
+    official = is_layers and any(k.startswith('layers.0.downsample.') for k in keys)
+    stage_ids = {int(k.split('.')[1]) for k in keys if k.startswith(('layers.', 'stages.'))}
+    last = max(stage_ids) if stage_ids else 3
+    out = {}
+    for k, v in state_dict.items():
+        if k.endswith(('relative_position_index', 'attn_mask')) or k.startswith('head.'):
+            continue
+        nk = k
+        if is_mmdet:
+            if k.startswith('patch_embed.projection.'):
+                nk = 'patch_embed.proj.' + k[len('patch_embed.projection.'):]
+            elif k.startswith('stages.'):
+                p = k.split('.')
+                if p[2] == 'downsample':
+                    nk = f'stages.{int(p[1]) + 1}.downsample.' + '.'.join(p[3:])
+                    v = _unfold_to_official(v)
+                elif p[2] == 'blocks':
+                    rest = '.'.join(p[4:])
+                    for old, new in _MMDET_BLOCK.items():
+                        if rest.startswith(old):
+                            nk = f'stages.{p[1]}.blocks.{p[3]}.' + new + rest[len(old):]
+                            break
+        else:
+            if k.startswith('layers.'):
+                p = k.split('.')
+                i = int(p[1])
+                if p[2] == 'downsample':
+                    nk = f'stages.{i + 1 if official else i}.downsample.' + '.'.join(p[3:])
+                else:
+                    nk = 'stages.' + '.'.join(p[1:])
+            elif k.startswith('norm.'):
+                nk = f'norm{last}.' + k[len('norm.'):]
+        out[nk] = v
+    return out

@@ -1,0 +1,459 @@
+"""XCiT (Cross-Covariance Image Transformer) with a swappable attention kernel inside cross-covariance attention.
+
+XCA attends over the channels of a head, not over tokens: with q, k, v of shape (B, h, d_h, N) (tokens L2-normalised
+over N), the weights form a d_h x d_h matrix ``softmax(q k^T * temperature)``. Any kernel that takes ``q, k, v`` can
+play that role: its "tokens" are the d_h channels and its "head_dim" is the token count N, which changes with the
+input size. Kernels are therefore built with ``head_dim=None`` and receive the learned per-head ``temperature`` (h, 1, 1)
+as their ``scale``. A kernel that needs a spatial grid (``needs_hw``) has none to use here and is refused at build.
+
+Two modes:
+- ``out_type='featmap'`` (detection / segmentation, default): the outputs of four blocks (``out_indices``, default
+  [3, 5, 7, 11] for 12 layers, [7, 11, 15, 23] for 24) go through the official stride-fixing adapter to strides
+  4, 8, 16, 32; no class-attention layers.
+- ``out_type='cls_token'`` (classification): two class-attention layers (softmax, as in the official model) and
+  the final norm; the output is the class token ``(B, C)`` for mmpretrain's ``LinearClsHead``.
+
+Padding: the conv patch embedding is a chain of stride-2, padding-1 3x3 convolutions, which maps any size H to
+ceil(H / 2) per step, so the token grid is ceil(H / p) x ceil(W / p) without padding the image. Every token's
+receptive field holds real pixels; there are no pad tokens, so nothing has to be masked (a test checks it).
+The stride-32 (and p8 stride-16/32) max-pools use ``ceil_mode=True`` so an odd grid keeps its last row/column;
+on even grids (224, 512 ...) this equals the official floor pooling.
+
+Parameter names follow timm's ``Xcit`` (which follows the official release), so timm checkpoints load as they are
+and ``convert_xcit`` maps the official layout (``pos_embeder``, fused class-attention ``qkv``).
+"""
+import math
+from collections import OrderedDict
+from typing import Dict, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint as cp
+from mmcv.cnn import build_norm_layer
+from mmengine.model import BaseModule
+from timm.layers import DropPath, Mlp, trunc_normal_
+from torch import nn
+
+from ...attention import build_attention, list_attentions
+from ..layers import expand_attn_cfg
+
+__all__ = ['SoftFreeXCiT']
+
+OWNER = 'SoftFreeXCiT'
+
+
+class FourierPositions(nn.Module):
+    """Sine/cosine features of the normalised (y, x) grid position, recomputed for every grid, then a 1x1 conv."""
+
+    def __init__(self, dim: int, hidden_dim: int = 32, temperature: float = 10000.):
+        super().__init__()
+        self.token_projection = nn.Conv2d(hidden_dim * 2, dim, kernel_size=1)
+        self.hidden_dim = hidden_dim
+        self.temperature = temperature
+
+    def forward(self, batch: int, h: int, w: int) -> torch.Tensor:
+        weight = self.token_projection.weight
+        # positions and frequencies in float32 (large exponents, sin/cos of large arguments)
+        ys = torch.arange(1, h + 1, device=weight.device, dtype=torch.float32)
+        xs = torch.arange(1, w + 1, device=weight.device, dtype=torch.float32)
+        ys = ys / (h + 1e-6) * (2 * math.pi)
+        xs = xs / (w + 1e-6) * (2 * math.pi)
+        i = torch.arange(self.hidden_dim, device=weight.device, dtype=torch.float32)
+        freq = self.temperature ** (2 * torch.div(i, 2, rounding_mode='floor') / self.hidden_dim)
+
+        def encode(pos):  # (L,) -> (L, hidden): sin on even slots, cos on odd slots, interleaved
+            a = pos[:, None] / freq
+            return torch.stack([a[:, 0::2].sin(), a[:, 1::2].cos()], dim=-1).flatten(1)
+
+        fy = encode(ys)[:, None, :].expand(h, w, self.hidden_dim)
+        fx = encode(xs)[None, :, :].expand(h, w, self.hidden_dim)
+        pos = torch.cat([fy, fx], dim=-1).permute(2, 0, 1)[None]  # (1, 2*hidden, H, W)
+        pos = self.token_projection(pos.to(weight.dtype))
+        return pos.expand(batch, -1, -1, -1)
+
+
+def _conv_bn(cin, cout, norm_cfg):
+    return nn.Sequential(nn.Conv2d(cin, cout, 3, stride=2, padding=1, bias=False),
+                         build_norm_layer(norm_cfg, cout)[1])
+
+
+class ConvPatchEmbed(nn.Module):
+    """log2(p) stride-2 3x3 conv + norm layers with GELU between them (channels D/8, D/4, D/2, D for p16)."""
+
+    def __init__(self, patch_size: int, in_channels: int, dim: int, norm_cfg: dict):
+        super().__init__()
+        steps = {16: 4, 8: 3}[patch_size]
+        chans = [in_channels] + [dim // 2 ** (steps - 1 - i) for i in range(steps)]
+        layers = []
+        for i in range(steps):
+            if i:
+                layers.append(nn.GELU())
+            layers.append(_conv_bn(chans[i], chans[i + 1], norm_cfg))
+        self.proj = nn.Sequential(*layers)
+
+    def forward(self, x):
+        x = self.proj(x)
+        return x.flatten(2).transpose(1, 2), (x.shape[2], x.shape[3])
+
+
+class LPI(nn.Module):
+    """Local patch interaction: depthwise 3x3 -> GELU -> norm -> depthwise 3x3 on the token grid."""
+
+    def __init__(self, dim: int, norm_cfg: dict):
+        super().__init__()
+        self.conv1 = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
+        self.act = nn.GELU()
+        self.bn = build_norm_layer(norm_cfg, dim)[1]
+        self.conv2 = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
+
+    def forward(self, x, hw):
+        b, n, c = x.shape
+        x = x.transpose(1, 2).reshape(b, c, hw[0], hw[1])
+        x = self.conv2(self.bn(self.act(self.conv1(x))))
+        return x.reshape(b, c, n).transpose(1, 2)
+
+
+class XCA(nn.Module):
+    """Cross-covariance attention with a swappable kernel over the d_h x d_h channel matrix."""
+
+    def __init__(self, dim: int, num_heads: int, attn_cfg: dict, qkv_bias: bool = True, where: str = ''):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f'{OWNER}: embed_dims={dim} must be divisible by num_heads={num_heads}')
+        self.num_heads = num_heads
+        self.head_channels = dim // num_heads
+        # per-head temperature; excluded from weight decay by name (paramwise_cfg custom_keys={'temperature': ...})
+        self.temperature = nn.Parameter(torch.ones(num_heads, 1, 1))
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.kernel = _build_xca_kernel(attn_cfg, num_heads, self.head_channels, where)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        # (B, N, 3C) -> (3, B, h, d_h, N): the kernel's "tokens" are the d_h channels of a head
+        qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_channels).permute(2, 0, 3, 4, 1)
+        q, k, v = qkv.unbind(0)
+        q = F.normalize(q, dim=-1)
+        k = F.normalize(k, dim=-1)
+        out = self.kernel(q, k, v, hw=None, scale=self.temperature, bias=None, mask=None)
+        out = out.permute(0, 3, 1, 2).reshape(b, n, c)
+        return self.proj(out)
+
+
+def _build_xca_kernel(cfg: dict, num_heads: int, head_channels: int, where: str):
+    name = cfg['type']
+    fitting = 'kernels that need no token grid, e.g. ' + ', '.join(
+        n for n in list_attentions() if not _class_needs_hw(n))
+    try:
+        kern = build_attention(cfg, num_heads=num_heads, head_dim=None)
+    except (ValueError, TypeError, KeyError) as e:
+        raise ValueError(f"{OWNER}: attention kernel '{name}' ({where}) cannot be used in cross-covariance "
+                         'attention: XCA builds kernels with head_dim=None because its "head_dim" is the token '
+                         f'count, which varies with the input size; building failed with: {e}') from None
+    if kern.needs_hw:
+        raise ValueError(f"{OWNER}: attention kernel '{name}' ({where}) needs the token grid (needs_hw=True), but "
+                         f'XCA attends over the {head_channels} channels of a head, which have no grid; use one of '
+                         f'the {fitting}')
+    # probe the exact XCA geometry once (d_h "tokens"), so e.g. a length-limited kernel fails here, not mid-training
+    probe = torch.randn(1, num_heads, head_channels, 4)
+    try:
+        with torch.no_grad():
+            kern(probe, probe, probe, hw=None, scale=torch.ones(num_heads, 1, 1), bias=None, mask=None)
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise ValueError(f"{OWNER}: attention kernel '{name}' ({where}) cannot attend over the "
+                         f'{head_channels} channels of an XCA head: {e}') from None
+    return kern
+
+
+def _class_needs_hw(name: str) -> bool:
+    from ...attention import kernel_class
+    return bool(kernel_class(name).needs_hw)
+
+
+class XCABlock(nn.Module):
+    def __init__(self, dim, num_heads, attn_cfg, mlp_ratio, qkv_bias, drop_path, eta, norm_cfg, where):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.attn = XCA(dim, num_heads, attn_cfg, qkv_bias, where)
+        self.norm3 = nn.LayerNorm(dim, eps=1e-6)
+        self.local_mp = LPI(dim, norm_cfg)
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.gamma1 = nn.Parameter(eta * torch.ones(dim))
+        self.gamma3 = nn.Parameter(eta * torch.ones(dim))
+        self.gamma2 = nn.Parameter(eta * torch.ones(dim))
+
+    def forward(self, x, hw: Tuple[int, int]):
+        x = x + self.drop_path(self.gamma1 * self.attn(self.norm1(x)))
+        x = x + self.drop_path(self.gamma3 * self.local_mp(self.norm3(x), hw))
+        x = x + self.drop_path(self.gamma2 * self.mlp(self.norm2(x)))
+        return x
+
+
+class ClassAttention(nn.Module):
+    """Softmax attention of the class token over all tokens (CaiT's class attention, kept softmax as official)."""
+
+    def __init__(self, dim, num_heads, qkv_bias):
+        super().__init__()
+        self.num_heads = num_heads
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.k = nn.Linear(dim, dim, bias=qkv_bias)
+        self.v = nn.Linear(dim, dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        h = self.num_heads
+        q = self.q(x[:, :1]).reshape(b, 1, h, c // h).transpose(1, 2)
+        k = self.k(x).reshape(b, n, h, c // h).transpose(1, 2)
+        v = self.v(x).reshape(b, n, h, c // h).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k, v)
+        return self.proj(out.transpose(1, 2).reshape(b, 1, c))
+
+
+class ClassAttentionBlock(nn.Module):
+    def __init__(self, dim, num_heads, mlp_ratio, qkv_bias, eta, tokens_norm):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.attn = ClassAttention(dim, num_heads, qkv_bias)
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU)
+        self.gamma1 = nn.Parameter(eta * torch.ones(dim))
+        self.gamma2 = nn.Parameter(eta * torch.ones(dim))
+        self.tokens_norm = tokens_norm
+
+    def forward(self, x):
+        xn = self.norm1(x)
+        x = x + self.gamma1 * torch.cat([self.attn(xn), xn[:, 1:]], dim=1)
+        if self.tokens_norm:
+            x = self.norm2(x)
+        else:
+            x = torch.cat([self.norm2(x[:, :1]), x[:, 1:]], dim=1)
+        cls = self.gamma2 * self.mlp(x[:, :1])
+        return x + torch.cat([cls, torch.zeros_like(x[:, 1:])], dim=1)
+
+
+class SoftFreeXCiT(BaseModule):
+    """XCiT backbone whose XCA layers use any attention kernel of ``softfree_mm.attention`` that fits XCA.
+
+    Args:
+        arch: 't12' | 's12' | 's24' | 'm24' (embed dims / depth / heads / LayerScale eta); explicit arguments
+            below override the preset.
+        patch_size: 16 or 8.
+        attn_cfg: one kernel config for every XCA layer, or a list with one per layer.
+        out_type: 'featmap' (four NCHW maps at strides 4/8/16/32) or 'cls_token' (class token, for classifiers).
+        out_indices: the four blocks feeding strides 4, 8, 16, 32 (featmap mode); default per depth.
+        frozen_stages: -1 none; 0 the patch embedding and positions; k >= 1 also blocks 0..k-1.
+        norm_cfg: norm of the conv stem, LPI and adapter (default SyncBN, as the official detection code).
+        with_cp: activation checkpointing per block.
+    """
+
+    arch_zoo = {
+        't12': dict(embed_dims=192, depth=12, num_heads=4, eta=1.0),
+        's12': dict(embed_dims=384, depth=12, num_heads=8, eta=1.0),
+        's24': dict(embed_dims=384, depth=24, num_heads=8, eta=1e-5),
+        'm24': dict(embed_dims=512, depth=24, num_heads=8, eta=1e-5),
+    }
+    default_out_indices = {12: (3, 5, 7, 11), 24: (7, 11, 15, 23)}
+    OUT_TYPES = ('featmap', 'cls_token')
+
+    def __init__(self,
+                 arch: str = 's12',
+                 patch_size: int = 16,
+                 in_channels: int = 3,
+                 embed_dims: Optional[int] = None,
+                 depth: Optional[int] = None,
+                 num_heads: Optional[int] = None,
+                 eta: Optional[float] = None,
+                 mlp_ratio: float = 4.,
+                 qkv_bias: bool = True,
+                 attn_cfg: Union[str, dict, Sequence] = 'softmax',
+                 out_type: str = 'featmap',
+                 out_indices: Optional[Sequence[int]] = None,
+                 cls_attn_layers: int = 2,
+                 tokens_norm: bool = True,
+                 drop_path_rate: float = 0.,
+                 norm_cfg: dict = dict(type='SyncBN', requires_grad=True),
+                 frozen_stages: int = -1,
+                 with_cp: bool = False,
+                 init_cfg: Optional[dict] = None):
+        super().__init__(init_cfg=init_cfg)
+        if arch not in self.arch_zoo:
+            raise ValueError(f'{OWNER}: unknown arch {arch!r}; valid archs: {", ".join(self.arch_zoo)}')
+        preset = self.arch_zoo[arch]
+        embed_dims = preset['embed_dims'] if embed_dims is None else embed_dims
+        depth = preset['depth'] if depth is None else depth
+        num_heads = preset['num_heads'] if num_heads is None else num_heads
+        eta = preset['eta'] if eta is None else eta
+        if patch_size not in (8, 16):
+            raise ValueError(f'{OWNER}: patch_size must be 16 or 8, got {patch_size!r}')
+        if out_type not in self.OUT_TYPES:
+            raise ValueError(f'{OWNER}: unknown out_type {out_type!r}; valid: {", ".join(self.OUT_TYPES)}')
+        if embed_dims % 8 or embed_dims % num_heads:
+            raise ValueError(f'{OWNER}: embed_dims={embed_dims} must be divisible by 8 (conv stem) and by '
+                             f'num_heads={num_heads}')
+        if out_indices is None:
+            if depth not in self.default_out_indices and out_type == 'featmap':
+                raise ValueError(f'{OWNER}: no default out_indices for depth={depth} (defaults exist for '
+                                 f'{sorted(self.default_out_indices)}); pass four block indices')
+            out_indices = self.default_out_indices.get(depth, ())
+        out_indices = tuple(int(i) for i in out_indices)
+        if out_type == 'featmap' and (len(out_indices) != 4 or list(out_indices) != sorted(set(out_indices))
+                                      or not all(0 <= i < depth for i in out_indices)):
+            raise ValueError(f'{OWNER}: out_indices must be four increasing block indices in [0, {depth - 1}] '
+                             f'(the blocks feeding strides 4, 8, 16, 32), got {out_indices}')
+        if not -1 <= frozen_stages <= depth:
+            raise ValueError(f'{OWNER}: frozen_stages must be in [-1, {depth}], got {frozen_stages}')
+
+        self.arch = arch
+        self.patch_size = patch_size
+        self.embed_dims = embed_dims
+        self.depth = self.num_layers = depth
+        self.num_heads = num_heads
+        self.out_type = out_type
+        self.out_indices = out_indices
+        self.frozen_stages = frozen_stages
+        self.with_cp = with_cp
+        attn_cfgs = expand_attn_cfg(attn_cfg, depth, 'layer', OWNER)
+        self.attn_cfgs = attn_cfgs
+
+        self.patch_embed = ConvPatchEmbed(patch_size, in_channels, embed_dims, norm_cfg)
+        self.pos_embed = FourierPositions(embed_dims)
+        # official XCiT uses a constant drop-path rate for every block
+        dpr = [drop_path_rate] * depth
+        self.blocks = nn.ModuleList([
+            XCABlock(embed_dims, num_heads, attn_cfgs[i], mlp_ratio, qkv_bias, dpr[i], eta, norm_cfg,
+                     where=f'layer {i}') for i in range(depth)])
+
+        if out_type == 'cls_token':
+            self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dims))
+            self.cls_attn_blocks = nn.ModuleList([
+                ClassAttentionBlock(embed_dims, num_heads, mlp_ratio, qkv_bias, eta, tokens_norm)
+                for _ in range(cls_attn_layers)])
+            self.norm = nn.LayerNorm(embed_dims, eps=1e-6)
+            self.out_channels = (embed_dims,)
+        else:
+            d = embed_dims
+            if patch_size == 16:
+                self.fpn1 = nn.Sequential(nn.ConvTranspose2d(d, d, 2, stride=2), build_norm_layer(norm_cfg, d)[1],
+                                          nn.GELU(), nn.ConvTranspose2d(d, d, 2, stride=2))
+                self.fpn2 = nn.Sequential(nn.ConvTranspose2d(d, d, 2, stride=2))
+                self.fpn3 = nn.Identity()
+                self.fpn4 = nn.MaxPool2d(2, stride=2, ceil_mode=True)
+            else:
+                self.fpn1 = nn.Sequential(nn.ConvTranspose2d(d, d, 2, stride=2))
+                self.fpn2 = nn.Identity()
+                self.fpn3 = nn.MaxPool2d(2, stride=2, ceil_mode=True)
+                self.fpn4 = nn.MaxPool2d(4, stride=4, ceil_mode=True)
+            self.out_channels = (d,) * 4
+        self.num_features = self.out_channels
+        self._init_params()
+        self._freeze_stages()
+
+    # ------------------------------------------------------------------ init / freeze
+    def _init_params(self):
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                trunc_normal_(m.weight, std=.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+        if self.out_type == 'cls_token':
+            trunc_normal_(self.cls_token, std=.02)
+
+    def init_weights(self):
+        cfg = self.init_cfg
+        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
+            from ..converters import load_pretrained
+            load_pretrained(self, cfg['checkpoint'], convert_fn=convert_xcit, prefix=cfg.get('prefix'))
+            self._is_init = True
+            return
+        super().init_weights()
+
+    def _frozen_modules(self):
+        if self.frozen_stages < 0:
+            return []
+        return [self.patch_embed, self.pos_embed, *self.blocks[:self.frozen_stages]]
+
+    def _freeze_stages(self):
+        for m in self._frozen_modules():
+            m.eval()
+            for p in m.parameters():
+                p.requires_grad = False
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self._freeze_stages()
+        return self
+
+    # ------------------------------------------------------------------ forward
+    def _run_block(self, blk, x, hw):
+        if self.with_cp and self.training and x.requires_grad:
+            return cp.checkpoint(blk, x, hw, use_reentrant=False)
+        return blk(x, hw)
+
+    def forward(self, x):
+        b = x.shape[0]
+        x, hw = self.patch_embed(x)
+        x = x + self.pos_embed(b, hw[0], hw[1]).flatten(2).transpose(1, 2)
+        feats = []
+        for i, blk in enumerate(self.blocks):
+            x = self._run_block(blk, x, hw)
+            if self.out_type == 'featmap' and i in self.out_indices:
+                feats.append(x.transpose(1, 2).reshape(b, self.embed_dims, hw[0], hw[1]))
+            if self.out_type == 'featmap' and i == self.out_indices[-1]:
+                break  # later blocks feed no output
+        if self.out_type == 'cls_token':
+            x = torch.cat([self.cls_token.expand(b, -1, -1), x], dim=1)
+            for blk in self.cls_attn_blocks:
+                x = cp.checkpoint(blk, x, use_reentrant=False) if (
+                    self.with_cp and self.training and x.requires_grad) else blk(x)
+            return (self.norm(x)[:, 0],)
+        ops = (self.fpn1, self.fpn2, self.fpn3, self.fpn4)
+        return tuple(op(f) for op, f in zip(ops, feats))
+
+    # ------------------------------------------------------------------ optimiser helpers
+    def get_layer_depth(self, param_name: str, prefix: str = ''):
+        """(layer_id, max_layer_id) as mmpretrain's VisionTransformer: stem 0, block i -> i + 1, rest last."""
+        num_layers = self.depth + 2
+        if not param_name.startswith(prefix):
+            return num_layers - 1, num_layers
+        name = param_name[len(prefix):]
+        if name.startswith(('patch_embed', 'pos_embed', 'cls_token')):
+            depth = 0
+        elif name.startswith('blocks.'):
+            depth = int(name.split('.')[1]) + 1
+        else:
+            depth = num_layers - 1
+        return depth, num_layers
+
+    def no_weight_decay_keys(self):
+        """Parameter-name fragments to exclude from weight decay (mmengine paramwise_cfg custom_keys)."""
+        return ('temperature', 'pos_embed', 'cls_token')
+
+
+# ---------------------------------------------------------------------- checkpoint conversion
+def convert_xcit(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """Official XCiT release (``pos_embeder``, fused class-attention ``qkv``) or timm ``Xcit`` -> our layout.
+
+    Pure and idempotent: our layout (= timm's) passes through unchanged. The classifier ``head`` is dropped.
+    Official detection checkpoints (``backbone.`` prefix is removed by ``unwrap_state_dict``) keep their
+    ``fpn1``..``fpn4`` keys, which match ours.
+    """
+    out = OrderedDict()
+    for k, v in state_dict.items():
+        if k.startswith('head.') or k.startswith('head_drop'):
+            continue
+        if k.startswith('pos_embeder.'):
+            k = 'pos_embed.' + k[len('pos_embeder.'):]
+        if k.startswith('cls_attn_blocks.') and '.attn.qkv.' in k:
+            prefix, suffix = k.split('.attn.qkv.')
+            parts = v.reshape(3, -1, *v.shape[1:]) if v.dim() > 1 else v.reshape(3, -1)
+            for j, name in enumerate('qkv'):
+                out[f'{prefix}.attn.{name}.{suffix}'] = parts[j].clone()
+            continue
+        out[k] = v
+    return out

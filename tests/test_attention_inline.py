@@ -1,0 +1,213 @@
+"""InLine attention: the formula, the local residual, masks, injectivity, dtypes, errors."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from softfree_mm.attention import build_attention
+
+B, H, D = 2, 2, 8
+F64 = torch.float64
+
+
+def rand(*shape, dtype=F64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=F64).to(dtype)
+
+
+def qkv(n, dtype=F64, dv=D, seed=0):
+    return rand(B, H, n, D, dtype=dtype, seed=seed), rand(B, H, n, D, dtype=dtype, seed=seed + 1), \
+        rand(B, H, n, dv, dtype=dtype, seed=seed + 2)
+
+
+def reference_linear_part(q, k, phi, s, keep=None):
+    """A_ij = s/N phi(q_i).phi(k_j) + (1 - s phi(q_i).mean_j phi(k_j)) / N over the kept keys, written per row."""
+    fq, fk = phi(q), phi(k)
+    nq, nk = q.shape[2], k.shape[2]
+    a = torch.zeros(q.shape[0], q.shape[1], nq, nk, dtype=F64)
+    for i in range(nq):
+        sel = torch.ones(nk, dtype=torch.bool) if keep is None else keep[i]
+        n = int(sel.sum())
+        if n == 0:
+            continue
+        kbar = fk[:, :, sel].mean(2)  # (B, h, d)
+        dots = (fq[:, :, i:i + 1] * fk).sum(-1)  # (B, h, Nk)
+        row = s / n * dots + (1 - s * (fq[:, :, i] * kbar).sum(-1, keepdim=True)) / n
+        a[:, :, i] = row * sel
+    return a
+
+
+def reference_residual(kern, k, v, hw):
+    """The local residual written independently: per-head 1x1 convs on the mean key token as einsums, then one
+    3x3 Conv2d per (sample, head) with zero padding over v's channels."""
+    b, h, n, d = k.shape
+    conv1, conv2 = kern.residual[0], kern.residual[2]
+    kbar = k.mean(2)  # (B, h, d)
+    w1 = conv1.weight.to(F64).view(h, d, d)  # per head: out d x in d
+    hid = F.gelu(torch.einsum('hoi,bhi->bho', w1, kbar) + conv1.bias.to(F64).view(h, d))
+    w2 = conv2.weight.to(F64).view(h, 9, d)
+    r = torch.einsum('hoi,bhi->bho', w2, hid) + conv2.bias.to(F64).view(h, 9)  # (B, h, 9)
+    dv = v.shape[-1]
+    grid = v.reshape(b * h, hw[0], hw[1], dv).permute(0, 3, 1, 2).reshape(1, b * h * dv, hw[0], hw[1])
+    weight = r.reshape(b * h, 1, 3, 3).repeat_interleave(dv, dim=0)
+    out = F.conv2d(grid, weight, padding=1, groups=b * h * dv)
+    return out.reshape(b * h, dv, n).permute(0, 2, 1).reshape(b, h, n, dv)
+
+
+PHI = {'identity': lambda x: x, 'relu': torch.relu, 'exp': torch.exp}
+
+
+@pytest.mark.parametrize('feature_map', ['identity', 'relu', 'exp'])
+def test_matrix_and_forward_match_plain_formula(feature_map):
+    kern = build_attention(dict(type='inline', feature_map=feature_map, local_residual=False))
+    q, k, v = qkv(12)
+    ref = reference_linear_part(q, k, PHI[feature_map], D ** -0.5)
+    torch.testing.assert_close(kern.attention_matrix(q, k), ref, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(kern(q, k, v), ref @ v, rtol=1e-10, atol=1e-12)
+
+
+def test_rows_sum_to_one_and_weights_can_be_negative():
+    kern = build_attention(dict(type='inline', local_residual=False))
+    q, k, _ = qkv(10)
+    a = kern.attention_matrix(q, k)
+    torch.testing.assert_close(a.sum(-1), torch.ones_like(a.sum(-1)))
+    assert (a < 0).any()
+
+
+def test_residual_matches_per_head_conv2d_reference_on_non_square_grid():
+    torch.manual_seed(0)
+    kern = build_attention('inline', num_heads=H, head_dim=D)  # float32 parameters, float64 input
+    hw = (3, 5)
+    q, k, v = qkv(15, dv=6)
+    out = kern(q, k, v, hw=hw)
+    assert out.dtype == F64
+    expected = reference_linear_part(q, k, PHI['identity'], D ** -0.5) @ v + reference_residual(kern, k, v, hw)
+    torch.testing.assert_close(out, expected, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize('use_mask', [False, True])
+def test_forward_equals_matrix_times_v_including_residual(use_mask):
+    torch.manual_seed(0)
+    kern = build_attention('inline', num_heads=H, head_dim=D)
+    q, k, v = qkv(12)
+    mask = (torch.rand(B, 1, 12, 12, generator=torch.Generator().manual_seed(3)) > 0.3) if use_mask else None
+    if use_mask:
+        assert (~mask).any() and mask.any()
+    a = kern.attention_matrix(q, k, hw=(3, 4), mask=mask)
+    torch.testing.assert_close(kern(q, k, v, hw=(3, 4), mask=mask), a @ v, rtol=1e-10, atol=1e-12)
+
+
+def test_all_true_mask_equals_no_mask_with_residual():
+    torch.manual_seed(0)
+    kern = build_attention('inline', num_heads=H, head_dim=D)
+    q, k, v = qkv(16)  # 4 x 4: the square grid is implied
+    full = torch.ones(16, 16, dtype=torch.bool)
+    torch.testing.assert_close(kern(q, k, v, mask=full), kern(q, k, v), rtol=1e-10, atol=1e-12)
+
+
+def test_masked_key_equals_deleted_key():
+    kern = build_attention(dict(type='inline', local_residual=False))
+    q, k, v = qkv(9)
+    keep = torch.ones(9, dtype=torch.bool)
+    keep[[2, 7]] = False
+    mask = keep.view(1, 1, 1, 9)
+    out_masked = kern(q, k, v, mask=mask)
+    out_deleted = kern(q, k[:, :, keep], v[:, :, keep])
+    torch.testing.assert_close(out_masked, out_deleted, rtol=1e-10, atol=1e-12)
+    # and the explicit rows over the valid keys still sum to one, the masked columns are zero
+    a = kern.attention_matrix(q, k, mask=mask)
+    assert a[..., ~keep].abs().max() == 0
+    torch.testing.assert_close(a.sum(-1), torch.ones_like(a.sum(-1)))
+
+
+def test_row_without_valid_key_gives_zero_output():
+    kern = build_attention(dict(type='inline', local_residual=False))
+    q, k, v = qkv(6)
+    mask = torch.ones(6, 6, dtype=torch.bool)
+    mask[1] = False
+    out = kern(q, k, v, mask=mask)
+    assert torch.isfinite(out).all() and out[:, :, 1].abs().max() == 0
+
+
+def test_inline_is_injective_where_linear_relu_is_not():
+    q, k, _ = qkv(8)
+    q = q.abs()  # relu features of q and 2q then differ only by the factor 2
+    inline = build_attention(dict(type='inline', local_residual=False))
+    a1, a2 = inline.attention_matrix(q, k), inline.attention_matrix(2 * q, k)
+    assert (a1 - a2).abs().amax(-1).min() > 1e-6  # every row differs
+    linear = build_attention(dict(type='linear', feature_map='relu'))
+    torch.testing.assert_close(linear.attention_matrix(q, k), linear.attention_matrix(2 * q, k))
+
+
+def test_tensor_scale_per_head_matches_float_scale():
+    kern = build_attention(dict(type='inline', local_residual=False))
+    q, k, v = qkv(8)
+    temp = torch.tensor([0.3, 1.7], dtype=F64)
+    out = kern(q, k, v, scale=temp.view(H, 1, 1))
+    for head in range(H):
+        ref = kern(q[:, head:head + 1], k[:, head:head + 1], v[:, head:head + 1], scale=float(temp[head]))
+        torch.testing.assert_close(out[:, head:head + 1], ref)
+
+
+def test_flags_and_needs_hw_follows_local_residual():
+    with_res = build_attention('inline', num_heads=H, head_dim=D)
+    without = build_attention(dict(type='inline', local_residual=False))
+    assert with_res.needs_hw and not without.needs_hw
+    assert with_res.complexity == 'linear' and with_res.supports_mask and not with_res.supports_bias
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, F64, torch.bfloat16, torch.float16])
+def test_dtypes_return_input_dtype_and_stay_finite_at_scores_60(dtype):
+    torch.manual_seed(0)
+    kern = build_attention('inline', num_heads=H, head_dim=D)
+    q, k, v = qkv(16)
+    s = (q @ k.transpose(-2, -1)) * D ** -0.5
+    q = q * (60 / s.abs().max())  # scores up to +-60
+    q, k, v = (t.to(dtype).requires_grad_() for t in (q, k, v))
+    out = kern(q, k, v)
+    assert out.dtype == dtype and torch.isfinite(out).all()
+    out.float().square().mean().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+def test_bf16_autocast_gives_finite_outputs_and_grads():
+    torch.manual_seed(0)
+    kern = build_attention('inline', num_heads=H, head_dim=D)
+    q, k, v = (t.float().requires_grad_() for t in qkv(16))
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = kern(q, k, v)
+        out.float().sum().backward()
+    assert torch.isfinite(out).all()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+    assert all(torch.isfinite(p.grad).all() for p in kern.parameters())
+
+
+def test_gradcheck_float64_with_residual():
+    torch.manual_seed(0)
+    kern = build_attention('inline', num_heads=1, head_dim=3).double()
+    q, k, v = (rand(1, 1, 4, 3, seed=i).requires_grad_() for i in range(3))
+    assert torch.autograd.gradcheck(lambda a, b, c: kern(a, b, c, hw=(2, 2)), (q, k, v))
+
+
+def test_compiles_fullgraph():
+    torch.manual_seed(0)
+    kern = build_attention('inline', num_heads=H, head_dim=D)
+    q, k, v = (t.float() for t in qkv(12))
+    compiled = torch.compile(kern, fullgraph=True, backend='aot_eager')
+    torch.testing.assert_close(compiled(q, k, v, hw=(3, 4)), kern(q, k, v, hw=(3, 4)))
+
+
+def test_errors_name_the_bad_value():
+    with pytest.raises(ValueError, match="feature_map 'elu'.*identity, relu, exp"):
+        build_attention(dict(type='inline', feature_map='elu', local_residual=False))
+    with pytest.raises(ValueError, match='needs num_heads and head_dim'):
+        build_attention('inline')
+    kern = build_attention('inline', num_heads=H, head_dim=D)
+    q, k, v = qkv(12)
+    with pytest.raises(ValueError, match="bias"):
+        kern(q, k, v, hw=(3, 4), bias=torch.zeros(12, 12))
+    with pytest.raises(ValueError, match='N=12 is not a square; pass hw'):
+        kern(q, k, v)
+    with pytest.raises(ValueError, match='Nq=6 and Nk=12'):
+        kern(q[:, :, :6], k, v, hw=(2, 3))
+    with pytest.raises(TypeError, match="unknown argument.*'residual'"):
+        build_attention(dict(type='inline', residual=False))

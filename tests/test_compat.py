@@ -1,0 +1,99 @@
+"""The named repairs of softfree_mm.compat, each checked against the real failure it repairs."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import softfree_mm  # noqa: F401  (applies the repairs)
+from softfree_mm import compat
+
+
+def _toy_runner(work_dir, max_epochs=1, resume=False, load_from=None):
+    from mmengine.model import BaseModel
+    from mmengine.runner import Runner
+
+    class Toy(BaseModel):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 1)
+
+        def forward(self, inputs, targets=None, mode='tensor'):
+            x = torch.stack(inputs) if isinstance(inputs, list) else inputs
+            out = self.lin(x)
+            if mode == 'loss':
+                t = torch.stack(targets) if isinstance(targets, list) else targets
+                return dict(loss=((out.squeeze(-1) - t) ** 2).mean())
+            return out
+
+    data = [dict(inputs=torch.tensor([float(i), 1.0]), targets=torch.tensor(float(i) * 0.5)) for i in range(8)]
+    return Runner(model=Toy(), work_dir=str(work_dir),
+                  train_dataloader=dict(dataset=data, sampler=dict(type='DefaultSampler', shuffle=False),
+                                        batch_size=4, collate_fn=dict(type='default_collate')),
+                  optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01)),
+                  train_cfg=dict(by_epoch=True, max_epochs=max_epochs),
+                  default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=1)),
+                  resume=resume, load_from=load_from, default_scope='mmengine')
+
+
+def test_mmengine_checkpoint_loads_with_default_weights_only(tmp_path):
+    runner = _toy_runner(tmp_path, max_epochs=1)
+    runner.train()
+    ckpt = tmp_path / 'epoch_1.pth'
+    assert ckpt.exists()
+    # the file really holds the types the repair allow-lists (else this test would prove nothing)
+    raw = torch.load(ckpt, weights_only=False)
+    hub = raw['message_hub']
+    assert any(type(v).__name__ == 'HistoryBuffer' for v in hub['log_scalars'].values())
+    loaded = torch.load(ckpt)  # weights_only=True is torch's default since 2.6
+    assert loaded['meta']['epoch'] == 1
+    for k, v in raw['state_dict'].items():
+        assert torch.equal(loaded['state_dict'][k], v)
+
+
+def test_resume_continues_from_saved_epoch(tmp_path):
+    _toy_runner(tmp_path, max_epochs=1).train()
+    runner = _toy_runner(tmp_path, max_epochs=2, resume=True)
+    runner.train()
+    assert runner.epoch == 2 and (tmp_path / 'epoch_2.pth').exists()
+
+
+def test_allow_list_still_refuses_arbitrary_objects(tmp_path):
+    path = tmp_path / 'evil.pth'
+    torch.save({'obj': subprocess.Popen}, path)
+    with pytest.raises(Exception, match='weights_only|Unsupported global'):
+        torch.load(path)
+
+
+def test_numpy_scalars_round_trip(tmp_path):
+    path = tmp_path / 'np.pth'
+    obj = {'a': np.float64(1.5), 'b': np.int64(3), 'arr': np.arange(3, dtype=np.float32)}
+    torch.save(obj, path)
+    out = torch.load(path)
+    assert out['a'] == 1.5 and out['b'] == 3 and np.array_equal(out['arr'], obj['arr'])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='the repair is about machines without CUDA')
+def test_init_dist_on_cpu_uses_gloo_and_skips_set_device(tmp_path):
+    script = tmp_path / 'dist_init.py'
+    script.write_text(
+        'import softfree_mm, torch, torch.distributed as dist\n'
+        'from mmengine.dist import init_dist\n'
+        "init_dist('pytorch', backend='nccl')\n"
+        't = torch.ones(1) * (dist.get_rank() + 1)\n'
+        'dist.all_reduce(t)\n'
+        "print('BACKEND', dist.get_backend(), 'SUM', float(t))\n"
+        'dist.destroy_process_group()\n')
+    env = dict(os.environ, OMP_NUM_THREADS='1')
+    res = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node=2',
+                          '--master_port=29731', str(script)], capture_output=True, text=True, env=env, timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.count('BACKEND gloo SUM 3.0') == 2
+
+
+def test_repairs_are_named_and_applied_once():
+    assert compat.APPLIED == ['allow_mmengine_checkpoint_types', 'init_dist_without_cuda']
+    assert compat.apply_all() == compat.APPLIED
