@@ -10,7 +10,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import ATTENTION
-from .base import AttentionKernel, default_scale, no_autocast, resolve_hw, upcast
+from .base import AttentionKernel, default_scale, resolve_hw, upcast, work_dtype
+
+
+def _autocast_off(t):
+    """Autocast off for t's device (a plain torch.autocast: base.no_autocast's wrapper class breaks
+    torch.compile(fullgraph=True))."""
+    return torch.autocast(device_type=t.device.type, enabled=False)
+
 
 FEATURE_MAPS = ('identity', 'relu', 'exp')
 
@@ -138,7 +145,7 @@ class InLineAttention(AttentionKernel):
     def _matrix(self, q, k, hw, scale, bias, mask):
         grid = self._grid(q, k, hw) if self.local_residual else None
         q, k = upcast(q, k)
-        with no_autocast(q):  # sums and means in fp32
+        with _autocast_off(q):  # sums and means in fp32
             s = default_scale(scale, q.shape[-1], q)
             a, kbar, keep = self._masked_parts(q, k, s, mask)
             if self.local_residual:
@@ -150,11 +157,15 @@ class InLineAttention(AttentionKernel):
     def _forward(self, q, k, v, hw, scale, bias, mask):
         if mask is not None:
             # the explicit path: N, means and the residual per row over the valid keys
-            return super()._forward(q, k, v, hw, scale, bias, mask)
+            a = self._matrix(q, k, hw, scale, bias, mask)
+            with _autocast_off(v):
+                dt = torch.promote_types(a.dtype, work_dtype(v))
+                out = a.to(dt) @ v.to(dt)
+            return out.to(v.dtype)
         grid = self._grid(q, k, hw) if self.local_residual else None
         dtype = v.dtype
         q, k, v = upcast(q, k, v)
-        with no_autocast(q):  # the key-value sums in fp32
+        with _autocast_off(q):  # the key-value sums in fp32
             q, k, v = q.to(v.dtype), k.to(v.dtype), v
             s = default_scale(scale, q.shape[-1], q)
             fq, fk = _feature(q, self.feature_map), _feature(k, self.feature_map)

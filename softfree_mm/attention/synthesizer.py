@@ -13,7 +13,14 @@ import torch
 from torch import nn
 
 from . import ATTENTION
-from .base import AttentionKernel, default_scale, no_autocast, scores, upcast
+from .base import AttentionKernel, default_scale, scores, upcast, work_dtype
+
+
+def _autocast_off(t):
+    """Autocast off for t's device (a plain torch.autocast: base.no_autocast's wrapper class breaks
+    torch.compile(fullgraph=True))."""
+    return torch.autocast(device_type=t.device.type, enabled=False)
+
 
 MODES = ('random', 'factorized_random', 'dense', 'factorized_dense')
 
@@ -111,7 +118,7 @@ class SynthesizerAttention(AttentionKernel):
 
     def _matrix(self, q, k, hw, scale, bias, mask):
         q, k = upcast(q, k)
-        with no_autocast(q):  # logits and softmax in fp32
+        with _autocast_off(q):  # logits and softmax in fp32
             logits = self.synthetic_logits(q, k.shape[2])
             if self.mix:
                 logits = logits + scores(q, k, default_scale(scale, q.shape[-1], q))
@@ -119,3 +126,10 @@ class SynthesizerAttention(AttentionKernel):
                 logits = logits + bias.to(logits.dtype)
             logits = logits.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
             return masked_softmax(logits, mask)
+
+    def _forward(self, q, k, v, hw, scale, bias, mask):
+        a = self._matrix(q, k, hw, scale, bias, mask)
+        with _autocast_off(v):
+            dt = torch.promote_types(a.dtype, work_dtype(v))
+            out = a.to(dt) @ v.to(dt)
+        return out.to(v.dtype)

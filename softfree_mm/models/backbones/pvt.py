@@ -1,9 +1,456 @@
-"""Placeholder: being written."""
+"""Pyramid Vision Transformer v1 and v2 with a swappable attention kernel inside spatial-reduction attention (SRA).
+
+SRA: queries come from every token of the (H, W) grid; keys and values from a reduced grid (a strided conv with
+kernel = stride = ``sr_ratio`` + LayerNorm; for PVTv2-li a 7x7 adaptive average pool + 1x1 conv + LayerNorm + GELU).
+The kernel receives ``q (B, h, H*W, d)`` and ``k, v (B, h, Nk, d)``. When keys and queries share the grid
+(``sr_ratio == 1``, no linear SRA: the InLine set-up ``sr_ratios=(1, 1, 1, 1)``) the kernel also gets ``hw=(H, W)``.
+Under spatial reduction Nq != Nk and there is no shared grid: a kernel that needs one (``needs_hw``, e.g. InLine's
+local residual, SOFT's landmarks on tied q/k) is refused at build with an error naming the fix.
+
+Padding: v1 pads the input / feature map bottom-right to a multiple of its patch size before each non-overlapping
+patch embedding, so every token covers at least one real pixel (grid ceil(H / 4), then ceil(./2) per stage). v2's
+overlapping embeddings (7x7/4 pad 3, 3x3/2 pad 1) map any size to ceil(H / 4), ceil(./2) directly. Neither creates
+tokens made only of padding, so no token is masked and every kernel works at any input size.
+The spatial-reduction conv follows the official code (floor: a last partial window feeds no key).
+
+Layout (ours, shared by v1 and v2): ``stages.{i}.patch_embed.{proj,norm}``, ``stages.{i}.pos_embed`` (v1),
+``stages.{i}.blocks.{j}.{norm1,attn.{q,kv,sr,norm,proj},norm2,mlp.{fc1,dwconv,fc2}}``, ``stages.{i}.norm`` (v2).
+``convert_pvt`` maps the official v1 release; ``convert_pvt_v2`` the official v2 release and timm's ``pvt_v2_*``.
+"""
+import math
+import re
+from collections import OrderedDict
+from typing import Dict, Optional, Sequence, Union
+
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint as cp
 from mmengine.model import BaseModule
-__all__ = ['SoftFreePVT','SoftFreePVTv2']
+from timm.layers import DropPath, Mlp, trunc_normal_
+from torch import nn
 
-class SoftFreePVT(BaseModule):
-    pass
+from ...attention import build_attention, kernel_class, list_attentions
+from ..layers import expand_attn_cfg
 
-class SoftFreePVTv2(BaseModule):
-    pass
+__all__ = ['SoftFreePVT', 'SoftFreePVTv2']
+
+
+# ---------------------------------------------------------------------- layers
+class SRAttention(nn.Module):
+    """Spatial-reduction attention with a swappable kernel."""
+
+    def __init__(self, dim, num_heads, attn_cfg, sr_ratio, linear_sra, qkv_bias, owner, where):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f'{owner}: {where}: embed dim {dim} must be divisible by num_heads={num_heads}')
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.linear_sra = linear_sra
+        self.pool = self.act = None
+        if linear_sra:
+            self.pool = nn.AdaptiveAvgPool2d(7)
+            self.sr = nn.Conv2d(dim, dim, 1)
+            self.norm = nn.LayerNorm(dim)
+            self.act = nn.GELU()
+        elif sr_ratio > 1:
+            self.sr = nn.Conv2d(dim, dim, sr_ratio, stride=sr_ratio)
+            self.norm = nn.LayerNorm(dim)
+        else:
+            self.sr = self.norm = None
+        self.reduces = self.sr is not None
+        self.kernel = build_attention(attn_cfg, num_heads=num_heads, head_dim=self.head_dim)
+        if self.reduces and self.kernel.needs_hw:
+            how = 'linear SRA (7x7 pooled keys)' if linear_sra else f'spatial reduction sr_ratio={sr_ratio}'
+            fix = ('build a non-li arch with sr_ratios=(1, 1, 1, 1)' if linear_sra
+                   else 'set sr_ratios=(1, 1, 1, 1) (the InLine set-up, no spatial reduction)')
+            fits = ', '.join(n for n in list_attentions() if not kernel_class(n).needs_hw)
+            raise ValueError(f"{owner}: attention kernel '{attn_cfg['type']}' cannot be used in {where} with "
+                             f'{how}: keys come from a reduced grid (Nq != Nk) and the kernel needs a token grid '
+                             f'shared by queries and keys (needs_hw=True); {fix}, or use a kernel without a grid: '
+                             f'{fits}')
+
+    def forward(self, x, hw):
+        b, n, c = x.shape
+        h, d = self.num_heads, self.head_dim
+        q = self.q(x).reshape(b, n, h, d).transpose(1, 2)
+        if self.reduces:
+            y = x.transpose(1, 2).reshape(b, c, hw[0], hw[1])
+            if self.pool is not None:
+                y = self.pool(y)
+            y = self.norm(self.sr(y).flatten(2).transpose(1, 2))
+            if self.act is not None:
+                y = self.act(y)
+        else:
+            y = x
+        k, v = self.kv(y).reshape(b, -1, 2, h, d).permute(2, 0, 3, 1, 4).unbind(0)
+        out = self.kernel(q, k, v, hw=None if self.reduces else tuple(hw), scale=None, bias=None, mask=None)
+        return self.proj(out.transpose(1, 2).reshape(b, n, c))
+
+
+class DWConvMlp(nn.Module):
+    """PVTv2 MLP: fc1 -> (ReLU for linear SRA) -> depthwise 3x3 on the grid -> GELU -> fc2."""
+
+    def __init__(self, dim, hidden, extra_relu):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.relu = nn.ReLU() if extra_relu else nn.Identity()
+        self.dwconv = nn.Conv2d(hidden, hidden, 3, padding=1, groups=hidden)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x, hw):
+        x = self.relu(self.fc1(x))
+        b, n, c = x.shape
+        x = self.dwconv(x.transpose(1, 2).reshape(b, c, hw[0], hw[1])).flatten(2).transpose(1, 2)
+        return self.fc2(self.act(x))
+
+
+class PVTBlock(nn.Module):
+    def __init__(self, dim, num_heads, attn_cfg, mlp_ratio, sr_ratio, linear_sra, conv_mlp, qkv_bias, drop_path,
+                 owner, where):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.attn = SRAttention(dim, num_heads, attn_cfg, sr_ratio, linear_sra, qkv_bias, owner, where)
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        hidden = int(dim * mlp_ratio)
+        self.conv_mlp = conv_mlp
+        self.mlp = DWConvMlp(dim, hidden, linear_sra) if conv_mlp else Mlp(dim, hidden, act_layer=nn.GELU)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x, hw):
+        x = x + self.drop_path(self.attn(self.norm1(x), hw))
+        y = self.norm2(x)
+        return x + self.drop_path(self.mlp(y, hw) if self.conv_mlp else self.mlp(y))
+
+
+class PatchEmbed(nn.Module):
+    """v1: non-overlapping conv (input padded bottom-right to a patch multiple); v2: overlapping conv. + LayerNorm."""
+
+    def __init__(self, cin, dim, kernel, stride, overlap):
+        super().__init__()
+        self.overlap = overlap
+        self.stride = stride
+        self.proj = nn.Conv2d(cin, dim, kernel, stride=stride, padding=kernel // 2 if overlap else 0)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x):
+        if not self.overlap:
+            ph, pw = (-x.shape[2]) % self.stride, (-x.shape[3]) % self.stride
+            if ph or pw:
+                x = F.pad(x, (0, pw, 0, ph))
+        x = self.proj(x)
+        hw = (x.shape[2], x.shape[3])
+        return self.norm(x.flatten(2).transpose(1, 2)), hw
+
+
+class PVTStage(nn.Module):
+    def __init__(self, patch_embed, blocks, pos_shape, dim, stage_norm):
+        super().__init__()
+        self.patch_embed = patch_embed
+        if pos_shape is not None:
+            self.pos_shape = pos_shape
+            self.pos_embed = nn.Parameter(torch.zeros(1, pos_shape[0] * pos_shape[1], dim))
+        else:
+            self.pos_embed = None
+        self.blocks = blocks
+        self.norm = nn.LayerNorm(dim, eps=1e-6) if stage_norm else None
+
+    def positions(self, hw):
+        """The learned positions, bilinearly resized to the grid (as the official detection code)."""
+        pos = self.pos_embed
+        if tuple(hw) == tuple(self.pos_shape):
+            return pos
+        c = pos.shape[-1]
+        grid = pos.reshape(1, self.pos_shape[0], self.pos_shape[1], c).permute(0, 3, 1, 2)
+        grid = F.interpolate(grid, size=tuple(hw), mode='bilinear', align_corners=False)
+        return grid.flatten(2).transpose(1, 2)
+
+
+# ---------------------------------------------------------------------- backbones
+class _PVTBase(BaseModule):
+    arch_zoo: Dict[str, dict] = {}
+    OWNER = 'PVT'
+    VERSION = 1
+
+    def __init__(self, arch, in_channels, embed_dims, depths, num_heads, mlp_ratios, sr_ratios, linear,
+                 qkv_bias, attn_cfg, out_indices, drop_path_rate, frozen_stages, with_cp, pretrain_img_size,
+                 init_cfg):
+        super().__init__(init_cfg=init_cfg)
+        owner = self.OWNER
+        if arch not in self.arch_zoo:
+            raise ValueError(f'{owner}: unknown arch {arch!r}; valid archs: {", ".join(self.arch_zoo)}')
+        preset = self.arch_zoo[arch]
+        given = dict(embed_dims=embed_dims, depths=depths, num_heads=num_heads, mlp_ratios=mlp_ratios,
+                     sr_ratios=sr_ratios)
+        cfg = {k: tuple(preset[k] if v is None else v) for k, v in given.items()}
+        linear = preset.get('linear', False) if linear is None else bool(linear)
+        for k, v in cfg.items():
+            if len(v) != 4:
+                raise ValueError(f'{owner}: {k} must have 4 entries (one per stage), got {v}')
+        out_indices = tuple(out_indices)
+        if not out_indices or any(not 0 <= i < 4 for i in out_indices):
+            raise ValueError(f'{owner}: out_indices must be stage indices in [0, 3], got {out_indices}')
+        if not -1 <= frozen_stages <= 4:
+            raise ValueError(f'{owner}: frozen_stages must be in [-1, 4], got {frozen_stages}')
+        self.arch = arch
+        self.embed_dims = cfg['embed_dims']
+        self.depths = cfg['depths']
+        self.num_heads = cfg['num_heads']
+        self.sr_ratios = cfg['sr_ratios']
+        self.linear = linear
+        self.out_indices = out_indices
+        self.frozen_stages = frozen_stages
+        self.with_cp = with_cp
+        self.out_channels = self.num_features = tuple(self.embed_dims[i] for i in out_indices)
+        attn_cfgs = expand_attn_cfg(attn_cfg, 4, 'stage', owner)
+        v2 = self.VERSION == 2
+        dpr = [float(r) for r in torch.linspace(0, drop_path_rate, sum(self.depths))]
+        stages, cur, cin = [], 0, in_channels
+        for i in range(4):
+            dim = self.embed_dims[i]
+            if v2:
+                pe = PatchEmbed(cin, dim, 7 if i == 0 else 3, 4 if i == 0 else 2, overlap=True)
+                pos_shape = None
+            else:
+                pe = PatchEmbed(cin, dim, 4 if i == 0 else 2, 4 if i == 0 else 2, overlap=False)
+                side = pretrain_img_size // (4 * 2 ** i)
+                pos_shape = (side, side)
+            blocks = nn.ModuleList([
+                PVTBlock(dim, self.num_heads[i], attn_cfgs[i], cfg['mlp_ratios'][i], self.sr_ratios[i], linear,
+                         conv_mlp=v2, qkv_bias=qkv_bias, drop_path=dpr[cur + j], owner=owner,
+                         where=f'stage {i}') for j in range(self.depths[i])])
+            stages.append(PVTStage(pe, blocks, pos_shape, dim, stage_norm=v2))
+            cur += self.depths[i]
+            cin = dim
+        self.stages = nn.ModuleList(stages)
+        self._init_params()
+        self._freeze_stages()
+
+    # ------------------------------------------------------------------ init / freeze
+    def _init_params(self):
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                trunc_normal_(m.weight, std=.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Conv2d):
+                fan_out = m.kernel_size[0] * m.kernel_size[1] * m.out_channels // m.groups
+                nn.init.normal_(m.weight, 0, math.sqrt(2.0 / fan_out))
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+        for s in self.stages:
+            if s.pos_embed is not None:
+                trunc_normal_(s.pos_embed, std=.02)
+
+    def init_weights(self):
+        cfg = self.init_cfg
+        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
+            from ..converters import load_pretrained
+            fn = convert_pvt_v2 if self.VERSION == 2 else convert_pvt
+            load_pretrained(self, cfg['checkpoint'], convert_fn=fn, prefix=cfg.get('prefix'))
+            self._is_init = True
+            return
+        super().init_weights()
+
+    def _freeze_stages(self):
+        for s in self.stages[:max(self.frozen_stages, 0)]:
+            s.eval()
+            for p in s.parameters():
+                p.requires_grad = False
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self._freeze_stages()
+        return self
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, x):
+        outs = []
+        for i, stage in enumerate(self.stages):
+            x, hw = stage.patch_embed(x)
+            if stage.pos_embed is not None:
+                x = x + stage.positions(hw)
+            for blk in stage.blocks:
+                if self.with_cp and self.training and x.requires_grad:
+                    x = cp.checkpoint(blk, x, hw, use_reentrant=False)
+                else:
+                    x = blk(x, hw)
+            if stage.norm is not None:
+                x = stage.norm(x)
+            b, _, c = x.shape
+            x = x.transpose(1, 2).reshape(b, c, hw[0], hw[1]).contiguous()
+            if i in self.out_indices:
+                outs.append(x)
+        return tuple(outs)
+
+    def get_layer_depth(self, param_name: str, prefix: str = ''):
+        """(layer_id, max_layer_id) as mmpretrain's Swin: stem 0, block j of stage i -> sum(depths[:i]) + j + 1,
+        a stage's patch embedding / positions -> sum(depths[:i]) (before its first block), a stage's norm ->
+        sum(depths[:i + 1]), anything else (neck, head) -> the last id."""
+        num_layers = sum(self.depths) + 2
+        if not param_name.startswith(prefix):
+            return num_layers - 1, num_layers
+        name = param_name[len(prefix):]
+        if name.startswith('stages.'):
+            parts = name.split('.')
+            i = int(parts[1])
+            if parts[2] in ('patch_embed', 'pos_embed'):
+                return sum(self.depths[:i]), num_layers
+            if parts[2] == 'blocks':
+                return sum(self.depths[:i]) + int(parts[3]) + 1, num_layers
+            return sum(self.depths[:i + 1]), num_layers
+        return num_layers - 1, num_layers
+
+
+class SoftFreePVT(_PVTBase):
+    """PVT v1 (T/S/M/L): non-overlapping patch embeddings, learned positions resized to the grid, SRA.
+
+    Args:
+        arch: 'tiny' | 'small' | 'medium' | 'large'; explicit per-stage tuples override the preset.
+        attn_cfg: one kernel config for all stages or a list of four.
+        sr_ratios: (8, 4, 2, 1) by default; (1, 1, 1, 1) gives the InLine set-up (no spatial reduction).
+        pretrain_img_size: the image size the positional tables were learned at (224: grids 56, 28, 14, 7).
+        out_indices, frozen_stages, drop_path_rate, with_cp, init_cfg: as every softfree_mm backbone.
+    No per-output norm (the official v1 detection backbone has none).
+    """
+    OWNER = 'SoftFreePVT'
+    VERSION = 1
+    _common = dict(embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8), mlp_ratios=(8, 8, 4, 4),
+                   sr_ratios=(8, 4, 2, 1))
+    arch_zoo = {
+        'tiny': dict(_common, depths=(2, 2, 2, 2)),
+        'small': dict(_common, depths=(3, 4, 6, 3)),
+        'medium': dict(_common, depths=(3, 4, 18, 3)),
+        'large': dict(_common, depths=(3, 8, 27, 3)),
+    }
+
+    def __init__(self,
+                 arch: str = 'tiny',
+                 in_channels: int = 3,
+                 embed_dims: Optional[Sequence[int]] = None,
+                 depths: Optional[Sequence[int]] = None,
+                 num_heads: Optional[Sequence[int]] = None,
+                 mlp_ratios: Optional[Sequence[float]] = None,
+                 sr_ratios: Optional[Sequence[int]] = None,
+                 qkv_bias: bool = True,
+                 attn_cfg: Union[str, dict, Sequence] = 'softmax',
+                 out_indices: Sequence[int] = (0, 1, 2, 3),
+                 drop_path_rate: float = 0.1,
+                 frozen_stages: int = -1,
+                 with_cp: bool = False,
+                 pretrain_img_size: int = 224,
+                 init_cfg: Optional[dict] = None):
+        super().__init__(arch, in_channels, embed_dims, depths, num_heads, mlp_ratios, sr_ratios, False, qkv_bias,
+                         attn_cfg, out_indices, drop_path_rate, frozen_stages, with_cp, pretrain_img_size, init_cfg)
+
+
+class SoftFreePVTv2(_PVTBase):
+    """PVT v2 (b0-b5, b2_li): overlapping patch embeddings, depthwise conv in the MLP, per-stage LayerNorm,
+    SRA (or linear SRA for 'b2_li': 7x7 adaptive pool + 1x1 conv + LN + GELU, with a ReLU in the MLP).
+
+    Args: as ``SoftFreePVT`` (no positional tables), plus ``linear`` to override the preset's SRA kind.
+    """
+    OWNER = 'SoftFreePVTv2'
+    VERSION = 2
+    _wide = dict(embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8), mlp_ratios=(8, 8, 4, 4),
+                 sr_ratios=(8, 4, 2, 1))
+    arch_zoo = {
+        'b0': dict(_wide, embed_dims=(32, 64, 160, 256), depths=(2, 2, 2, 2)),
+        'b1': dict(_wide, depths=(2, 2, 2, 2)),
+        'b2': dict(_wide, depths=(3, 4, 6, 3)),
+        'b3': dict(_wide, depths=(3, 4, 18, 3)),
+        'b4': dict(_wide, depths=(3, 8, 27, 3)),
+        'b5': dict(_wide, depths=(3, 6, 40, 3), mlp_ratios=(4, 4, 4, 4)),
+        'b2_li': dict(_wide, depths=(3, 4, 6, 3), linear=True),
+    }
+
+    def __init__(self,
+                 arch: str = 'b0',
+                 in_channels: int = 3,
+                 embed_dims: Optional[Sequence[int]] = None,
+                 depths: Optional[Sequence[int]] = None,
+                 num_heads: Optional[Sequence[int]] = None,
+                 mlp_ratios: Optional[Sequence[float]] = None,
+                 sr_ratios: Optional[Sequence[int]] = None,
+                 linear: Optional[bool] = None,
+                 qkv_bias: bool = True,
+                 attn_cfg: Union[str, dict, Sequence] = 'softmax',
+                 out_indices: Sequence[int] = (0, 1, 2, 3),
+                 drop_path_rate: float = 0.1,
+                 frozen_stages: int = -1,
+                 with_cp: bool = False,
+                 init_cfg: Optional[dict] = None):
+        super().__init__(arch, in_channels, embed_dims, depths, num_heads, mlp_ratios, sr_ratios, linear, qkv_bias,
+                         attn_cfg, out_indices, drop_path_rate, frozen_stages, with_cp, 224, init_cfg)
+
+
+# ---------------------------------------------------------------------- checkpoint conversion
+_OURS = re.compile(r'^stages\.\d+\.')
+
+
+def _official_stage_key(k: str) -> Optional[str]:
+    """Official v1/v2 names (patch_embed{s}, block{s}.{j}, norm{s}, pos_embed{s}) -> ours; None if not one."""
+    m = re.match(r'^patch_embed(\d+)\.(.*)$', k)
+    if m:
+        return f'stages.{int(m.group(1)) - 1}.patch_embed.{m.group(2)}'
+    m = re.match(r'^block(\d+)\.(\d+)\.(.*)$', k)
+    if m:
+        rest = m.group(3).replace('mlp.dwconv.dwconv.', 'mlp.dwconv.')
+        return f'stages.{int(m.group(1)) - 1}.blocks.{m.group(2)}.{rest}'
+    m = re.match(r'^norm(\d+)\.(.*)$', k)
+    if m:
+        return f'stages.{int(m.group(1)) - 1}.norm.{m.group(2)}'
+    m = re.match(r'^pos_embed(\d+)$', k)
+    if m:
+        return f'stages.{int(m.group(1)) - 1}.pos_embed'
+    return None
+
+
+def convert_pvt(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """Official PVT v1 release -> our layout. Pure and idempotent (our layout passes through).
+
+    Dropped: the classifier (``head``), ``cls_token`` and the final ``norm`` (classification only; our v1 has no
+    output norm), and the class-token row of the last stage's positional table (N = s*s + 1 -> s*s).
+    """
+    out = OrderedDict()
+    for k, v in state_dict.items():
+        if _OURS.match(k):
+            out[k] = v
+            continue
+        if k.startswith(('head.', 'cls_token', 'norm.')):
+            continue
+        new = _official_stage_key(k)
+        if new is None:
+            out[k] = v  # unknown: left for load_pretrained to report
+            continue
+        if new.endswith('pos_embed'):
+            n = v.shape[1]
+            side = math.isqrt(n - 1)
+            if side * side == n - 1 and math.isqrt(n) ** 2 != n:
+                v = v[:, 1:]
+        out[new] = v
+    return out
+
+
+def convert_pvt_v2(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """Official PVTv2 release or timm ``pvt_v2_*`` -> our layout. Pure and idempotent; ``head`` is dropped."""
+    out = OrderedDict()
+    for k, v in state_dict.items():
+        if k.startswith('head.'):
+            continue
+        if _OURS.match(k):  # ours, or timm's stages.{i}.{blocks,norm,downsample}
+            k = re.sub(r'^stages\.(\d+)\.downsample\.', r'stages.\1.patch_embed.', k)
+            out[k.replace('mlp.dwconv.dwconv.', 'mlp.dwconv.')] = v
+            continue
+        if k.startswith('patch_embed.'):  # timm's stem
+            out['stages.0.' + k] = v
+            continue
+        new = _official_stage_key(k)
+        out[new if new is not None else k] = v
+    return out

@@ -1,0 +1,1 @@
+"""Analysis code behind tools/ (benchmarks)."""

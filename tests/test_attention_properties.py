@@ -1,0 +1,261 @@
+"""Properties every registered attention kernel must have. Parametrised over the registry, so a new kernel is
+tested by being registered. Per-family formula references live in test_attention_<family>.py."""
+import math
+
+import pytest
+import torch
+
+from softfree_mm.attention import ATTENTION, build_attention, kernel_arguments, list_attentions
+
+KERNELS = list_attentions()
+B, H, GRID, D = 2, 2, (4, 4), 8
+N = GRID[0] * GRID[1]
+REQUIRED = {'softmax', 'poly', 'relu', 'sigmoid', 'linear', 'efficient', 'taylor', 'inline', 'soft', 'synthesizer'}
+
+
+def _qkv(dtype=torch.float64, seed=0, n=N, nk=None, d=D, b=B, h=H, amp=1.0):
+    g = torch.Generator().manual_seed(seed)
+    nk = n if nk is None else nk
+    q = torch.randn(b, h, n, d, generator=g, dtype=torch.float64) * amp
+    k = torch.randn(b, h, nk, d, generator=g, dtype=torch.float64) * amp
+    v = torch.randn(b, h, nk, d, generator=g, dtype=torch.float64)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def _build(name, **over):
+    torch.manual_seed(0)
+    cfg = dict(type=name, **over)
+    kern = build_attention(cfg, num_heads=H, head_dim=D)
+    for p in kern.parameters():  # make learned parts non-trivial (some start at zero)
+        with torch.no_grad():
+            p.add_(0.1 * torch.randn_like(p))
+    return kern
+
+
+def _no_residual(name):
+    """Variant of a kernel whose output does not depend on the token grid (so a key can be deleted)."""
+    return dict(local_residual=False) if 'local_residual' in kernel_arguments(name) else {}
+
+
+def test_registry_lists_the_required_kernels():
+    assert REQUIRED <= set(KERNELS), f'missing: {REQUIRED - set(KERNELS)}'
+
+
+@pytest.mark.parametrize('name', KERNELS)
+def test_declared_abilities_are_valid(name):
+    kern = _build(name)
+    assert isinstance(kern.supports_bias, bool) and isinstance(kern.supports_mask, bool)
+    assert kern.complexity in ('quadratic', 'linear')
+
+
+@pytest.mark.parametrize('name', KERNELS)
+def test_bare_type_builds_from_string_and_dict(name):
+    a = build_attention(name, num_heads=H, head_dim=D)
+    b = build_attention(dict(type=name), num_heads=H, head_dim=D)
+    assert type(a) is type(b) is ATTENTION.get(name)
+
+
+@pytest.mark.parametrize('name', KERNELS)
+def test_output_equals_attention_matrix_times_v(name):
+    kern = _build(name).double()
+    q, k, v = _qkv()
+    out = kern(q, k, v, hw=GRID)
+    a = kern.attention_matrix(q, k, hw=GRID)
+    assert a.shape == (B, H, N, N)
+    torch.testing.assert_close(out, a @ v, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize('name', [n for n in KERNELS if ATTENTION.get(n).supports_mask])
+def test_output_equals_attention_matrix_times_v_with_mask(name):
+    kern = _build(name).double()
+    q, k, v = _qkv(seed=1)
+    g = torch.Generator().manual_seed(3)
+    mask = torch.rand(B, 1, N, N, generator=g) > 0.4
+    mask |= torch.eye(N, dtype=torch.bool)  # every row keeps at least one key
+    out = kern(q, k, v, hw=GRID, mask=mask)
+    a = kern.attention_matrix(q, k, hw=GRID, mask=mask)
+    torch.testing.assert_close(out, a @ v, rtol=1e-9, atol=1e-10)
+    # masked weights are exactly zero (multiplicative after the activation, -inf before softmax)
+    assert torch.all(a.masked_select(~mask.expand_as(a)) == 0)
+
+
+@pytest.mark.parametrize('name', [n for n in KERNELS if ATTENTION.get(n).supports_mask])
+def test_masked_key_equals_deleted_key(name):
+    """A key masked out for every query gives the output of the same input without that key (N, means and sums
+    count valid keys only). The last key is the one removed, so position-based kernels keep their positions."""
+    kern = _build(name, **_no_residual(name)).double()
+    q, k, v = _qkv(seed=2, n=12)
+    mask = torch.ones(1, 1, 12, 12, dtype=torch.bool)
+    mask[..., -1] = False
+    out_masked = kern(q, k, v, mask=mask)
+    out_deleted = kern(q, k[:, :, :-1], v[:, :, :-1])
+    torch.testing.assert_close(out_masked, out_deleted, rtol=1e-9, atol=1e-10)
+    a_masked = kern.attention_matrix(q, k, mask=mask)
+    a_deleted = kern.attention_matrix(q, k[:, :, :-1])
+    torch.testing.assert_close(a_masked[..., :-1], a_deleted, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize('name', [n for n in KERNELS if not ATTENTION.get(n).supports_bias])
+def test_bias_given_to_a_kernel_without_bias_is_an_error(name):
+    kern = _build(name)
+    q, k, v = _qkv(torch.float32)
+    with pytest.raises(ValueError, match=rf"(?s)'{name}'.*bias"):
+        kern(q, k, v, hw=GRID, bias=torch.zeros(N, N))
+
+
+@pytest.mark.parametrize('name', [n for n in KERNELS if not ATTENTION.get(n).supports_mask])
+def test_mask_given_to_a_kernel_without_mask_is_an_error(name):
+    kern = _build(name)
+    q, k, v = _qkv(torch.float32)
+    with pytest.raises(ValueError, match=rf"(?s)'{name}'.*mask"):
+        kern(q, k, v, hw=GRID, mask=torch.ones(N, N, dtype=torch.bool))
+
+
+@pytest.mark.parametrize('name', [n for n in KERNELS if ATTENTION.get(n).supports_bias])
+def test_bias_is_added_to_the_scores(name):
+    """A bias reaches the weights, and the output still equals A @ v with it."""
+    kern = _build(name).double()
+    q, k, v = _qkv(seed=4)
+    bias = torch.randn(H, N, N, dtype=torch.float64)
+    a0 = kern.attention_matrix(q, k, hw=GRID)
+    a1 = kern.attention_matrix(q, k, hw=GRID, bias=bias)
+    assert not torch.allclose(a0, a1)
+    torch.testing.assert_close(kern(q, k, v, hw=GRID, bias=bias), a1 @ v, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize('name', KERNELS)
+def test_gradcheck_float64(name):
+    kern = _build(name).double()
+    q, k, v = _qkv(n=9, b=1, seed=5)
+    q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
+    assert torch.autograd.gradcheck(lambda a, b, c: kern(a, b, c, hw=(3, 3)), (q, k, v), eps=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize('name', KERNELS)
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_runs_in_each_dtype_and_keeps_it(name, dtype):
+    kern = _build(name)
+    q, k, v = _qkv(dtype)
+    out = kern(q, k, v, hw=GRID)
+    assert out.dtype == dtype and out.shape == (B, H, N, D)
+    assert torch.isfinite(out).all()
+    ref = kern.double()(*_qkv(), hw=GRID)
+    tol = {torch.float32: 1e-4, torch.float64: 1e-10, torch.bfloat16: 0.1, torch.float16: 0.02}[dtype]
+    torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize('name', KERNELS)
+@pytest.mark.parametrize('amp_dtype', [torch.bfloat16, torch.float16])
+def test_autocast_large_scores_stay_finite(name, amp_dtype):
+    """Scores up to +-60 under autocast: outputs and gradients finite (sensitive parts run in float32)."""
+    kern = _build(name)
+    # |s * q.k| reaches ~60: q, k with norm sqrt(60 * sqrt(D)) along a shared direction
+    q, k, v = _qkv(torch.float32, seed=6)
+    q = q / q.norm(dim=-1, keepdim=True) * math.sqrt(60 * math.sqrt(D))
+    k = torch.cat([q[:, :, : N // 2], -q[:, :, N // 2:]], dim=2).detach().clone()
+    s = (q @ k.transpose(-1, -2)) * D ** -0.5
+    assert s.abs().max() > 55
+    q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
+    with torch.autocast('cpu', dtype=amp_dtype):
+        out = kern(q, k, v, hw=GRID)
+    assert torch.isfinite(out).all()
+    out.float().square().sum().backward()
+    for t in (q, k, v):
+        assert torch.isfinite(t.grad).all()
+    for p in kern.parameters():
+        if p.grad is not None:
+            assert torch.isfinite(p.grad).all()
+
+
+@pytest.mark.parametrize('name', KERNELS)
+def test_torch_compile_fullgraph(name):
+    """No graph break anywhere in a kernel (fullgraph=True); the inductor build of two kernels is in
+    test_torch_compile_inductor."""
+    kern = _build(name)
+    q, k, v = _qkv(torch.float32)
+    compiled = torch.compile(kern, fullgraph=True, backend='aot_eager')
+    torch.testing.assert_close(compiled(q, k, v, hw=GRID), kern(q, k, v, hw=GRID), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('name', ['poly', 'inline'])
+def test_torch_compile_inductor(name):
+    torch._dynamo.reset()
+    kern = _build(name)
+    q, k, v = _qkv(torch.float32)
+    compiled = torch.compile(kern, fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v, hw=GRID), kern(q, k, v, hw=GRID), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize('name', [n for n in KERNELS if ATTENTION.get(n).complexity == 'linear'
+                                  or 'degree' in kernel_arguments(n)])
+def test_linear_time_path_runs_without_building_the_matrix(name):
+    """Without bias and mask, linear-time kernels (and poly p=1) never build the (Nq, Nk) matrix."""
+    over = dict(degree=1) if 'degree' in kernel_arguments(name) else {}
+    kern = _build(name, **over)
+    assert kern.complexity == 'linear'
+
+    def refuse(*args, **kwargs):
+        raise AssertionError('the quadratic path ran')
+
+    kern._matrix = refuse
+    q, k, v = _qkv(torch.float32, n=64 * 64, d=D, b=1)
+    out = kern(q, k, v, hw=(64, 64))
+    assert out.shape == (1, H, 64 * 64, D) and torch.isfinite(out).all()
+
+
+def test_unknown_type_lists_valid_types():
+    with pytest.raises(KeyError, match=r"'nope'.*softmax"):
+        build_attention(dict(type='nope'), num_heads=H, head_dim=D)
+
+
+@pytest.mark.parametrize('name', KERNELS)
+def test_unknown_argument_is_an_error_naming_it(name):
+    with pytest.raises(TypeError, match=r"typo_arg.*valid arguments"):
+        build_attention(dict(type=name, typo_arg=1), num_heads=H, head_dim=D)
+
+
+@pytest.mark.parametrize('name', [n for n in KERNELS if ATTENTION.get(n).needs_hw])
+def test_hw_that_does_not_match_n_is_an_error(name):
+    kern = _build(name)
+    q, k, v = _qkv(torch.float32)
+    with pytest.raises(ValueError, match=r'hw=\(3, 5\).*N=16'):
+        kern(q, k, v, hw=(3, 5))
+
+
+def test_softmax_frobenius_norm_is_at_most_sqrt_n():
+    kern = build_attention('softmax')
+    for n in (4, 49, 300):
+        q, k, _ = _qkv(n=n, seed=n, amp=3.0)
+        a = kern.attention_matrix(q, k)
+        assert (a.flatten(2).norm(dim=-1) <= math.sqrt(n) + 1e-9).all()
+        # and rows sum to one
+        torch.testing.assert_close(a.sum(-1), torch.ones_like(a.sum(-1)))
+
+
+def test_softmax_sdpa_path_equals_explicit_path_with_tensor_scale_bias_and_mask():
+    kern = build_attention('softmax')
+    q, k, v = _qkv(torch.float32, seed=7)
+    scale = torch.rand(H, 1, 1) + 0.5  # XCiT-style per-head temperature
+    bias = torch.randn(H, N, N)
+    mask = torch.rand(N, N) > 0.3
+    mask |= torch.eye(N, dtype=torch.bool)
+    out = kern(q, k, v, scale=scale, bias=bias, mask=mask)
+    s = (q @ k.transpose(-1, -2)) * scale + bias
+    ref = torch.softmax(s.masked_fill(~mask, float('-inf')), -1) @ v
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_mask_dtype_and_shape_are_errors():
+    kern = build_attention('softmax')
+    q, k, v = _qkv(torch.float32)
+    with pytest.raises(TypeError, match='bool'):
+        kern(q, k, v, mask=torch.ones(N, N))
+    with pytest.raises(ValueError, match='does not broadcast'):
+        kern(q, k, v, mask=torch.ones(N, N + 1, dtype=torch.bool))
+
+
+def test_negative_scale_argument_is_an_error():
+    kern = build_attention('softmax')
+    q, k, v = _qkv(torch.float32)
+    with pytest.raises(ValueError, match='scale must be > 0, got -1'):
+        kern(q, k, v, scale=-1.0)

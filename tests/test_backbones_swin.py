@@ -1,0 +1,354 @@
+"""SoftFreeSwin: registry builds for every kernel, strides/shapes at odd sizes, gradients, bf16, padding
+invariance, parity with timm and mmdet Swin given the same weights, conversion, freezing, checkpointing,
+layer depths, error messages, and the three downstream models (Mask R-CNN, UperNet, ImageClassifier)."""
+import importlib
+import math
+import os
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import softfree_mm  # noqa: F401  (registers the backbones)
+from mmengine.config import Config
+from mmengine.registry import DefaultScope
+from softfree_mm.attention import kernel_class, list_attentions
+from softfree_mm.models.backbones.swin import SoftFreeSwin, convert_swin
+
+SCOPES = ('mmdet', 'mmseg', 'mmpretrain')
+KERNELS = list_attentions()
+TINY = dict(embed_dims=16, depths=(2, 2, 1, 1), num_heads=(1, 2, 2, 4))  # shifted blocks in stages 0 and 1
+CHANNELS = (16, 32, 64, 128)
+
+
+def build_in(scope, cfg):
+    registry = importlib.import_module(f'{scope}.registry').MODELS
+    with DefaultScope.overwrite_default_scope(scope):
+        return registry.build(cfg)
+
+
+def strided_shapes(b, channels, h, w):
+    return [(b, c, math.ceil(h / 2 ** (i + 2)), math.ceil(w / 2 ** (i + 2))) for i, c in enumerate(channels)]
+
+
+def randomize_(module, std=0.05):
+    """Random weights everywhere (LayerNorm weights around 1) so parity tests compare non-trivial numbers."""
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            noise = torch.randn(p.shape, generator=g) * std
+            p.copy_(1 + noise if ('norm' in name and name.endswith('weight')) else noise)
+
+
+# ------------------------------------------------------------------------------------------- every kernel
+@pytest.mark.parametrize('kernel', KERNELS)
+def test_every_kernel_builds_in_all_registries_with_strided_shapes_finite_grads_and_bf16(kernel):
+    cfg = dict(type='SoftFreeSwin', arch=dict(TINY), attn_cfg=kernel, drop_path_rate=0.1)
+    if not kernel_class(kernel).supports_mask:
+        # window stages need masks (shift regions, padded keys): the backbone must refuse such a kernel
+        with pytest.raises(ValueError, match=rf"SoftFreeSwin: attention kernel '{kernel}' cannot be used in "
+                                             r"stage 0 .*global_window=True"):
+            build_in('mmdet', cfg)
+        cfg['global_window'] = True
+    models = [build_in(scope, cfg) for scope in SCOPES]
+    assert all(type(m) is SoftFreeSwin for m in models)
+    model = models[0].train()
+    assert model.out_channels == CHANNELS
+    x = torch.randn(2, 3, 67, 93)
+    outs = model(x)
+    assert [tuple(o.shape) for o in outs] == strided_shapes(2, CHANNELS, 67, 93)
+    sum(o.square().mean() for o in outs).backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), f'{kernel}: no/non-finite grad for {name}'
+    model.eval()
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+        outs = model(x)
+    assert all(torch.isfinite(o.float()).all() for o in outs)
+
+
+def test_bias_table_exists_only_for_window_stages_whose_kernel_takes_a_bias():
+    cfgs = ['softmax', 'linear', 'poly', 'softmax']
+    model = SoftFreeSwin(arch=dict(TINY), attn_cfg=cfgs, global_window=(False, False, False, True))
+    has = [blk.attn.relative_position_bias_table is not None for s in model.stages for blk in s.blocks[:1]]
+    assert has == [True, False, True, False]
+    assert model.stages[0].blocks[0].attn.relative_position_bias_table.shape == (13 * 13, 1)
+
+
+def test_smoke_tiny_preset_channels_and_shapes_at_200x333():
+    model = SoftFreeSwin(arch='tiny').eval()
+    assert model.out_channels == (96, 192, 384, 768) and model.depths == (2, 2, 6, 2)
+    with torch.no_grad():
+        outs = model(torch.randn(1, 3, 200, 333))
+    assert [tuple(o.shape) for o in outs] == strided_shapes(1, (96, 192, 384, 768), 200, 333)
+    base = SoftFreeSwin(arch='base', out_indices=(1, 3))
+    assert base.out_channels == (256, 1024) and base.num_features == (128, 256, 512, 1024)
+
+
+# ------------------------------------------------------------------------------------------- padding
+def _pad_positions(hw, window, shifted):
+    """(nW, N) bool: which window slots hold pad tokens, derived from the geometry alone (test's own code)."""
+    h, w = hw
+    hp, wp = -(-h // window) * window, -(-w // window) * window
+    pad = torch.ones(hp, wp, dtype=torch.bool)
+    pad[:h, :w] = False
+    if shifted:
+        pad = torch.roll(pad, shifts=(-(window // 2) if h > window else 0, -(window // 2) if w > window else 0),
+                         dims=(0, 1))
+    return pad.view(hp // window, window, wp // window, window).permute(0, 2, 1, 3).reshape(-1, window * window)
+
+
+@pytest.mark.parametrize('kernel', [k for k in KERNELS if kernel_class(k).supports_mask])
+def test_values_in_padded_window_slots_change_no_valid_output(kernel):
+    torch.manual_seed(0)
+    model = SoftFreeSwin(arch=dict(TINY), attn_cfg=kernel, drop_path_rate=0.0).eval()
+    x = torch.randn(1, 3, 67, 93)  # stage grids 17x24 and 9x12: padded, shifted windows
+    grids = {0: (17, 24), 1: (9, 12)}
+    with torch.no_grad():
+        ref = model(x)
+
+    def run_with(perturb):
+        handles = []
+        for i, hw in grids.items():
+            for j, blk in enumerate(model.stages[i].blocks):
+                pad = _pad_positions(hw, 7, shifted=j % 2 == 1)
+                assert pad.any()
+
+                def hook(mod, args, kwargs, pad=pad):
+                    win = args[0].clone()
+                    sel = perturb(pad)
+                    win[sel.expand(win.shape[0] // sel.shape[0], -1, -1).reshape(win.shape[0], -1)] += 50.0
+                    return (win,), kwargs
+                handles.append(blk.attn.register_forward_pre_hook(hook, with_kwargs=True))
+        try:
+            with torch.no_grad():
+                return model(x)
+        finally:
+            for hnd in handles:
+                hnd.remove()
+
+    outs = run_with(lambda pad: pad)
+    for o, r in zip(outs, ref):
+        torch.testing.assert_close(o, r, atol=1e-5, rtol=1e-5)
+    # control: the same perturbation on one real token does change the outputs
+    def one_valid(pad):
+        sel = torch.zeros_like(pad)
+        sel[0, 0] = True
+        return sel
+    outs = run_with(one_valid)
+    assert not torch.allclose(outs[0], ref[0], atol=1e-3)
+
+
+# ------------------------------------------------------------------------------------------- parity
+def test_softmax_swin_equals_timm_forward_intermediates_with_converted_weights():
+    timm = pytest.importorskip('timm')
+    arch = dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8))
+    ref = timm.create_model('swin_tiny_patch4_window7_224', pretrained=False, embed_dim=32, depths=(2, 2, 2, 2),
+                            num_heads=(1, 2, 4, 8), drop_path_rate=0.0).eval()
+    randomize_(ref)
+    model = SoftFreeSwin(arch=arch, drop_path_rate=0.0).eval()
+    randomize_(model)
+    missing, unexpected = model.load_state_dict(convert_swin(ref.state_dict()), strict=False)
+    assert unexpected == [] and sorted(missing) == [f'norm{i}.{p}' for i in range(3) for p in ('bias', 'weight')]
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        _, inter = ref.forward_intermediates(x, norm=True)
+        outs = model(x)
+    # stages 0-2: timm gives pre-norm features; our outputs are those features through our own norm{i}
+    for i in range(3):
+        norm = getattr(model, f'norm{i}')
+        expect = F.layer_norm(inter[i].permute(0, 2, 3, 1), norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+        torch.testing.assert_close(outs[i], expect.permute(0, 3, 1, 2), atol=1e-4, rtol=1e-4)
+    # stage 3: timm's final norm (converted to our norm3)
+    torch.testing.assert_close(outs[3], inter[3], atol=1e-4, rtol=1e-4)
+
+
+def test_softmax_swin_equals_mmdet_swin_with_converted_mmdet_weights():
+    from mmdet.models.backbones.swin import SwinTransformer
+    ref = SwinTransformer(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4), drop_path_rate=0.0).eval()
+    randomize_(ref)
+    model = SoftFreeSwin(arch=dict(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4)),
+                         drop_path_rate=0.0).eval()
+    model.load_state_dict(convert_swin(ref.state_dict()), strict=True)
+    # 448: every stage grid (112, 56, 28, 14) is a window multiple larger than the window, so mmdet (which
+    # neither masks pad keys nor skips the shift on a one-window grid) computes the same function
+    x = torch.randn(1, 3, 448, 448)
+    with torch.no_grad():
+        expect = ref(x)
+        outs = model(x)
+    for o, e in zip(outs, expect):
+        torch.testing.assert_close(o, e, atol=1e-4, rtol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------- conversion
+def test_convert_swin_maps_official_and_timm_layouts_to_the_same_state_dict(tmp_path):
+    timm = pytest.importorskip('timm')
+    ref = timm.create_model('swin_tiny_patch4_window7_224', pretrained=False, embed_dim=16, depths=(2, 2, 1, 1),
+                            num_heads=(1, 2, 2, 4))
+    timm_sd = ref.state_dict()
+    # official release layout: patch merging belongs to the end of the previous stage, buffers are saved
+    official = {}
+    for k, v in timm_sd.items():
+        p = k.split('.')
+        if k.startswith('layers.') and p[2] == 'downsample':
+            k = '.'.join(['layers', str(int(p[1]) - 1)] + p[2:])
+        official[k.replace('head.fc.', 'head.')] = v
+    official['layers.0.blocks.1.attn_mask'] = torch.zeros(4, 49, 49)
+    official['layers.0.blocks.0.attn.relative_position_index'] = torch.zeros(49, 49, dtype=torch.long)
+    a, b = convert_swin(timm_sd), convert_swin(official)
+    assert sorted(a) == sorted(b)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    model = SoftFreeSwin(arch=dict(TINY))
+    own = set(model.state_dict())
+    assert set(a) == own - {f'norm{i}.{p}' for i in range(3) for p in ('weight', 'bias')}
+    assert convert_swin(model.state_dict()).keys() == model.state_dict().keys()  # ours passes through
+    # Pretrained init_cfg goes through the converter
+    path = os.path.join(tmp_path, 'swin_timm.pth')
+    torch.save({'model': official}, path)
+    loaded = SoftFreeSwin(arch=dict(TINY), init_cfg=dict(type='Pretrained', checkpoint=path))
+    loaded.init_weights()
+    sd = loaded.state_dict()
+    assert all(torch.equal(sd[k], a[k]) for k in a)
+
+
+def test_mmdet_unfold_order_conversion_inverts_mmdets_own_swin_converter():
+    from mmdet.models.backbones.swin import swin_converter
+    w = torch.randn(8, 4 * 3)
+    norm = torch.randn(4 * 3)
+    official = {'layers.0.downsample.reduction.weight': w, 'layers.0.downsample.norm.weight': norm}
+    mm = swin_converter(official)
+    ours = convert_swin({'stages.0.downsample.' + k.split('downsample.')[1]: v for k, v in mm.items()})
+    assert torch.equal(ours['stages.1.downsample.reduction.weight'], w)
+    assert torch.equal(ours['stages.1.downsample.norm.weight'], norm)
+
+
+# ------------------------------------------------------------------------------------------- options
+def test_checkpointing_changes_neither_outputs_nor_grads():
+    torch.manual_seed(0)
+    a = SoftFreeSwin(arch=dict(TINY), attn_cfg='poly', drop_path_rate=0.0).train()
+    b = SoftFreeSwin(arch=dict(TINY), attn_cfg='poly', drop_path_rate=0.0, with_cp=True).train()
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(1, 3, 61, 75)
+    outs_a, outs_b = a(x), b(x)
+    sum(o.sum() for o in outs_a).backward()
+    sum(o.sum() for o in outs_b).backward()
+    for oa, ob in zip(outs_a, outs_b):
+        torch.testing.assert_close(oa, ob)
+    gb = dict(b.named_parameters())
+    for n, p in a.named_parameters():
+        torch.testing.assert_close(p.grad, gb[n].grad, msg=n)
+
+
+def test_frozen_stages_stay_frozen_and_in_eval_after_train():
+    model = SoftFreeSwin(arch=dict(TINY), frozen_stages=2, drop_path_rate=0.1).train()
+    frozen = [model.patch_embed, model.stages[0], model.stages[1], model.norm0, model.norm1]
+    for m in frozen:
+        assert not m.training and all(not p.requires_grad for p in m.parameters())
+    for m in (model.stages[2], model.stages[3], model.norm2, model.norm3):
+        assert m.training and all(p.requires_grad for p in m.parameters())
+    sum(o.sum() for o in model(torch.randn(1, 3, 64, 64))).backward()
+    assert all(p.grad is None for m in frozen for p in m.parameters())
+
+
+def test_global_window_stage_uses_whole_grid_without_shift_or_padding():
+    model = SoftFreeSwin(arch=dict(TINY), attn_cfg='linear', global_window=True).eval()
+    seen = []
+    model.stages[0].blocks[1].attn.kernel.register_forward_hook(
+        lambda m, args, kwargs, out: seen.append((args[0].shape, kwargs.get('hw'), kwargs.get('mask'))),
+        with_kwargs=True)
+    with torch.no_grad():
+        model(torch.randn(1, 3, 67, 93))
+    (shape, hw, mask), = seen
+    assert shape == (1, 1, 17 * 24, 16) and hw == (17, 24) and mask is None
+
+
+def test_get_layer_depth_matches_mmpretrain_swin_convention():
+    from mmpretrain.models.backbones import SwinTransformer
+    model = SoftFreeSwin(arch=dict(TINY))
+    ref = types.SimpleNamespace(depths=model.depths)
+    for name, _ in model.named_parameters():
+        p = name.split('.')
+        mm_name = name
+        if p[0] == 'stages' and p[2] == 'downsample':  # mmpretrain keeps the merge at the end of stage i-1
+            mm_name = '.'.join(['stages', str(int(p[1]) - 1)] + p[2:])
+        assert model.get_layer_depth('backbone.' + name, 'backbone.') == \
+            SwinTransformer.get_layer_depth(ref, 'backbone.' + mm_name, 'backbone.'), name
+    assert model.get_layer_depth('head.fc.weight', 'backbone.') == (sum(TINY['depths']) + 1, sum(TINY['depths']) + 2)
+
+
+def test_bad_arguments_raise_errors_naming_the_value_and_valid_choices():
+    with pytest.raises(ValueError, match=r"unknown arch 'huge'; valid archs: tiny, small, base"):
+        SoftFreeSwin(arch='huge')
+    with pytest.raises(ValueError, match=r'attn_cfg is a list of 3 kernel configs but the model has 4 stages'):
+        SoftFreeSwin(arch=dict(TINY), attn_cfg=['softmax'] * 3)
+    with pytest.raises(KeyError, match=r"unknown attention type 'softmx'; valid types: .*softmax"):
+        SoftFreeSwin(arch=dict(TINY), attn_cfg='softmx')
+    with pytest.raises(ValueError, match=r'global_window=\(True, False\) has 2 entries but the model has 4'):
+        SoftFreeSwin(arch=dict(TINY), global_window=(True, False))
+    with pytest.raises(ValueError, match=r'out_indices \(4,\) must be .* in 0..3'):
+        SoftFreeSwin(arch=dict(TINY), out_indices=(4,))
+    with pytest.raises(TypeError, match=r'unexpected keyword argument'):
+        SoftFreeSwin(arch=dict(TINY), windowsize=7)
+
+
+# ------------------------------------------------------------------------------------------- downstream
+MIM = os.path.join(os.path.dirname(importlib.import_module('mmdet').__file__), '.mim', 'configs', '_base_', 'models')
+SEG_MIM = os.path.join(os.path.dirname(importlib.import_module('mmseg').__file__), '.mim', 'configs', '_base_',
+                       'models')
+SWIN_BACKBONE = dict(type='SoftFreeSwin', arch=dict(TINY), attn_cfg='poly', drop_path_rate=0.1)
+
+
+def run_mask_rcnn(backbone, channels):
+    from mmdet.testing import demo_mm_inputs
+    cfg = Config.fromfile(os.path.join(MIM, 'mask-rcnn_r50_fpn.py')).model
+    cfg.backbone = backbone
+    cfg.neck.in_channels = list(channels)
+    model = build_in('mmdet', cfg).train()
+    packed = demo_mm_inputs(2, [(3, 128, 160)] * 2, num_items=[3, 2], with_mask=True)
+    data = model.data_preprocessor(packed, True)
+    losses = model(**data, mode='loss')
+    loss, _ = model.parse_losses(losses)
+    loss.backward()
+    assert torch.isfinite(loss)
+    return model
+
+
+def run_upernet(backbone, channels):
+    from mmseg.structures import SegDataSample
+    from mmengine.structures import PixelData
+    cfg = Config.fromfile(os.path.join(SEG_MIM, 'upernet_swin.py')).model
+    cfg.backbone = backbone
+    cfg.decode_head.update(in_channels=list(channels), channels=32, num_classes=5, norm_cfg=dict(type='BN'))
+    cfg.auxiliary_head.update(in_channels=channels[2], channels=16, num_classes=5, norm_cfg=dict(type='BN'))
+    model = build_in('mmseg', cfg).train()
+    samples = []
+    for _ in range(2):
+        s = SegDataSample(metainfo=dict(img_shape=(128, 160), pad_shape=(128, 160), ori_shape=(128, 160)))
+        s.gt_sem_seg = PixelData(data=torch.randint(0, 5, (1, 128, 160)))
+        samples.append(s)
+    losses = model(torch.randn(2, 3, 128, 160), samples, mode='loss')
+    loss, _ = model.parse_losses(losses)
+    loss.backward()
+    assert torch.isfinite(loss)
+    return model
+
+
+def run_classifier(backbone, channels):
+    from mmpretrain.structures import DataSample
+    cfg = dict(type='ImageClassifier', backbone=backbone, neck=dict(type='GlobalAveragePooling'),
+               head=dict(type='LinearClsHead', num_classes=10, in_channels=channels[-1]))
+    model = build_in('mmpretrain', cfg).train()
+    samples = [DataSample().set_gt_label(i) for i in (3, 7)]
+    losses = model(torch.randn(2, 3, 128, 160), samples, mode='loss')
+    loss = sum(v for k, v in losses.items() if 'loss' in k)
+    loss.backward()
+    assert torch.isfinite(loss)
+    return model
+
+
+@pytest.mark.parametrize('runner', [run_mask_rcnn, run_upernet, run_classifier])
+def test_downstream_model_trains_a_step_with_swin_backbone(runner):
+    model = runner(dict(SWIN_BACKBONE), CHANNELS)
+    assert type(model.backbone) is SoftFreeSwin
+    grads = [p.grad for p in model.backbone.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
