@@ -125,10 +125,15 @@ def test_bias_is_added_to_the_scores(name):
 
 @pytest.mark.parametrize('name', KERNELS)
 def test_gradcheck_float64(name):
-    kern = _build(name).double()
-    q, k, v = _qkv(n=9, b=1, seed=5)
+    torch.manual_seed(0)
+    kern = build_attention(name, num_heads=1, head_dim=4).double()
+    for p in kern.parameters():
+        with torch.no_grad():
+            p.add_(0.1 * torch.randn_like(p))
+    q, k, v = _qkv(n=9, b=1, h=1, d=4, seed=5)
     q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
-    assert torch.autograd.gradcheck(lambda a, b, c: kern(a, b, c, hw=(3, 3)), (q, k, v), eps=1e-6, atol=1e-5)
+    assert torch.autograd.gradcheck(lambda a, b, c: kern(a, b, c, hw=(3, 3)), (q, k, v), eps=1e-6, atol=1e-5,
+                                    fast_mode=True)
 
 
 @pytest.mark.parametrize('name', KERNELS)
@@ -160,8 +165,9 @@ def test_autocast_large_scores_stay_finite(name, amp_dtype):
         out = kern(q, k, v, hw=GRID)
     assert torch.isfinite(out).all()
     out.float().square().sum().backward()
-    for t in (q, k, v):
-        assert torch.isfinite(t.grad).all()
+    assert v.grad is not None
+    for t in (q, k, v):  # q or k get no gradient where a kernel ignores them (soft ties k to q; synthesizer)
+        assert t.grad is None or torch.isfinite(t.grad).all()
     for p in kern.parameters():
         if p.grad is not None:
             assert torch.isfinite(p.grad).all()
@@ -171,6 +177,7 @@ def test_autocast_large_scores_stay_finite(name, amp_dtype):
 def test_torch_compile_fullgraph(name):
     """No graph break anywhere in a kernel (fullgraph=True); the inductor build of two kernels is in
     test_torch_compile_inductor."""
+    torch._dynamo.reset()  # every kernel shares AttentionKernel.forward: keep under dynamo's recompile limit
     kern = _build(name)
     q, k, v = _qkv(torch.float32)
     compiled = torch.compile(kern, fullgraph=True, backend='aot_eager')

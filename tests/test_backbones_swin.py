@@ -55,9 +55,9 @@ def test_every_kernel_builds_in_all_registries_with_strided_shapes_finite_grads_
     assert all(type(m) is SoftFreeSwin for m in models)
     model = models[0].train()
     assert model.out_channels == CHANNELS
-    x = torch.randn(2, 3, 67, 93)
+    x = torch.randn(1, 3, 67, 93)
     outs = model(x)
-    assert [tuple(o.shape) for o in outs] == strided_shapes(2, CHANNELS, 67, 93)
+    assert [tuple(o.shape) for o in outs] == strided_shapes(1, CHANNELS, 67, 93)
     sum(o.square().mean() for o in outs).backward()
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), f'{kernel}: no/non-finite grad for {name}'
@@ -75,14 +75,15 @@ def test_bias_table_exists_only_for_window_stages_whose_kernel_takes_a_bias():
     assert model.stages[0].blocks[0].attn.relative_position_bias_table.shape == (13 * 13, 1)
 
 
-def test_smoke_tiny_preset_channels_and_shapes_at_200x333():
-    model = SoftFreeSwin(arch='tiny').eval()
-    assert model.out_channels == (96, 192, 384, 768) and model.depths == (2, 2, 6, 2)
+def test_tiny_preset_channels_and_small_preset_shapes_at_200x333():
+    tiny = SoftFreeSwin(arch='tiny', out_indices=(1, 3))
+    assert tiny.out_channels == (192, 768) and tiny.num_features == (96, 192, 384, 768)
+    assert tiny.depths == (2, 2, 6, 2) and tiny.num_heads == (3, 6, 12, 24)
+    assert sum(p.numel() for p in tiny.parameters()) == pytest.approx(27.5e6, rel=0.02)  # Swin-T without head
+    model = SoftFreeSwin(arch=dict(TINY)).eval()
     with torch.no_grad():
         outs = model(torch.randn(1, 3, 200, 333))
-    assert [tuple(o.shape) for o in outs] == strided_shapes(1, (96, 192, 384, 768), 200, 333)
-    base = SoftFreeSwin(arch='base', out_indices=(1, 3))
-    assert base.out_channels == (256, 1024) and base.num_features == (128, 256, 512, 1024)
+    assert [tuple(o.shape) for o in outs] == strided_shapes(1, CHANNELS, 200, 333)
 
 
 # ------------------------------------------------------------------------------------------- padding
@@ -98,12 +99,14 @@ def _pad_positions(hw, window, shifted):
     return pad.view(hp // window, window, wp // window, window).permute(0, 2, 1, 3).reshape(-1, window * window)
 
 
-@pytest.mark.parametrize('kernel', [k for k in KERNELS if kernel_class(k).supports_mask])
+# which slots are padding is the backbone's business (kernels test their own masking): one kernel with a bias
+# on the fused path, one factorised kernel honouring the mask
+@pytest.mark.parametrize('kernel', ['softmax', 'linear'])
 def test_values_in_padded_window_slots_change_no_valid_output(kernel):
     torch.manual_seed(0)
     model = SoftFreeSwin(arch=dict(TINY), attn_cfg=kernel, drop_path_rate=0.0).eval()
-    x = torch.randn(1, 3, 67, 93)  # stage grids 17x24 and 9x12: padded, shifted windows
-    grids = {0: (17, 24), 1: (9, 12)}
+    x = torch.randn(1, 3, 39, 61)  # stage grids 10x16 and 5x8: padded, shifted windows
+    grids = {0: (10, 16), 1: (5, 8)}
     with torch.no_grad():
         ref = model(x)
 
@@ -165,7 +168,8 @@ def test_softmax_swin_equals_timm_forward_intermediates_with_converted_weights()
 
 def test_softmax_swin_equals_mmdet_swin_with_converted_mmdet_weights():
     from mmdet.models.backbones.swin import SwinTransformer
-    ref = SwinTransformer(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4), drop_path_rate=0.0).eval()
+    ref = SwinTransformer(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4), drop_path_rate=0.0)
+    ref.eval()
     randomize_(ref)
     model = SoftFreeSwin(arch=dict(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4)),
                          drop_path_rate=0.0).eval()
@@ -181,7 +185,7 @@ def test_softmax_swin_equals_mmdet_swin_with_converted_mmdet_weights():
 
 
 # ------------------------------------------------------------------------------------------- conversion
-def test_convert_swin_maps_official_and_timm_layouts_to_the_same_state_dict(tmp_path):
+def test_convert_swin_maps_official_and_timm_layouts_to_the_same_state_dict():
     timm = pytest.importorskip('timm')
     ref = timm.create_model('swin_tiny_patch4_window7_224', pretrained=False, embed_dim=16, depths=(2, 2, 1, 1),
                             num_heads=(1, 2, 2, 4))
@@ -202,8 +206,20 @@ def test_convert_swin_maps_official_and_timm_layouts_to_the_same_state_dict(tmp_
     own = set(model.state_dict())
     assert set(a) == own - {f'norm{i}.{p}' for i in range(3) for p in ('weight', 'bias')}
     assert convert_swin(model.state_dict()).keys() == model.state_dict().keys()  # ours passes through
-    # Pretrained init_cfg goes through the converter
-    path = os.path.join(tmp_path, 'swin_timm.pth')
+
+
+def test_pretrained_init_cfg_loads_an_official_layout_file_through_the_converter(tmp_path):
+    timm = pytest.importorskip('timm')
+    ref = timm.create_model('swin_tiny_patch4_window7_224', pretrained=False, embed_dim=16, depths=(2, 2, 1, 1),
+                            num_heads=(1, 2, 2, 4))
+    official = {}
+    for k, v in ref.state_dict().items():
+        p = k.split('.')
+        if k.startswith('layers.') and p[2] == 'downsample':
+            k = '.'.join(['layers', str(int(p[1]) - 1)] + p[2:])
+        official[k] = v
+    a = convert_swin(official)
+    path = os.path.join(tmp_path, 'swin_official.pth')
     torch.save({'model': official}, path)
     loaded = SoftFreeSwin(arch=dict(TINY), init_cfg=dict(type='Pretrained', checkpoint=path))
     loaded.init_weights()
@@ -281,7 +297,7 @@ def test_bad_arguments_raise_errors_naming_the_value_and_valid_choices():
         SoftFreeSwin(arch='huge')
     with pytest.raises(ValueError, match=r'attn_cfg is a list of 3 kernel configs but the model has 4 stages'):
         SoftFreeSwin(arch=dict(TINY), attn_cfg=['softmax'] * 3)
-    with pytest.raises(KeyError, match=r"unknown attention type 'softmx'; valid types: .*softmax"):
+    with pytest.raises(KeyError, match=r"unknown attention type .*softmx.*; valid types: .*softmax"):
         SoftFreeSwin(arch=dict(TINY), attn_cfg='softmx')
     with pytest.raises(ValueError, match=r'global_window=\(True, False\) has 2 entries but the model has 4'):
         SoftFreeSwin(arch=dict(TINY), global_window=(True, False))
@@ -303,6 +319,8 @@ def run_mask_rcnn(backbone, channels):
     cfg = Config.fromfile(os.path.join(MIM, 'mask-rcnn_r50_fpn.py')).model
     cfg.backbone = backbone
     cfg.neck.in_channels = list(channels)
+    cfg.train_cfg.rpn_proposal.update(nms_pre=200, max_per_img=100)  # small sampling keeps the CPU step short
+    cfg.train_cfg.rcnn.sampler.num = 64
     model = build_in('mmdet', cfg).train()
     packed = demo_mm_inputs(2, [(3, 128, 160)] * 2, num_items=[3, 2], with_mask=True)
     data = model.data_preprocessor(packed, True)
@@ -335,6 +353,7 @@ def run_upernet(backbone, channels):
 
 def run_classifier(backbone, channels):
     from mmpretrain.structures import DataSample
+    backbone = dict(backbone, out_indices=(len(channels) - 1,))
     cfg = dict(type='ImageClassifier', backbone=backbone, neck=dict(type='GlobalAveragePooling'),
                head=dict(type='LinearClsHead', num_classes=10, in_channels=channels[-1]))
     model = build_in('mmpretrain', cfg).train()

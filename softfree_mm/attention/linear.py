@@ -107,12 +107,18 @@ class EfficientAttention(_FactorisedAttention):
         qs = torch.softmax(q, dim=-1)
         if mask is None:
             return qs @ torch.softmax(k, dim=2).transpose(-2, -1)
-        # A_ij = keep_ij sum_c qs_ic e_jc / sum_j' keep_ij' e_j'c, e = exp(k - max over keys) per channel
-        e = torch.exp(k - k.amax(dim=2, keepdim=True).detach())  # (B, h, Nk, d)
-        keep = mask.to(e.dtype).expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        # A_ij = keep_ij sum_c qs_ic e_jc / sum_j' keep_ij' e_j'c, e = exp(k - max_j k_jc) per channel, the max
+        # over keys some row may look at (a padded key with a huge value cannot underflow the valid ones)
+        full = mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        seen = full.any(dim=2).unsqueeze(-1)  # (B, h, Nk, 1)
+        k = k.masked_fill(~seen, 0.0)  # keys no row looks at: zero weight below, finite gradient
+        kmax = k.masked_fill(~seen, float('-inf')).amax(dim=2, keepdim=True).detach()
+        kmax = torch.where(torch.isfinite(kmax), kmax, torch.zeros_like(kmax))  # no valid key at all
+        e = torch.exp(k - kmax).masked_fill(~seen, 0.0)  # (B, h, Nk, d)
+        keep = full.to(e.dtype)
         den = keep @ e  # (B, h, Nq, d): the softmax normaliser of each row over its valid keys
-        # a row without any valid key has den = 0: keep it finite, its weights are zero anyway
-        den = den.clamp_min(torch.finfo(den.dtype).tiny)
+        # a row without any valid key has den = 0: divide by 1 instead, its weights are zeroed by keep
+        den = torch.where(den > 0, den, torch.ones_like(den))
         return ((qs / den) @ e.transpose(-2, -1)) * keep
 
 

@@ -60,7 +60,7 @@ class SynthesizerAttention(AttentionKernel):
         if not isinstance(mix, bool):
             raise TypeError(f'synthesizer: mix must be True or False, got {mix!r}')
         if num_heads is None or head_dim is None:
-            raise ValueError('synthesizer: the synthetic logits are learned weights and need num_heads and '
+            raise ValueError('synthesizer: the synthetic logits are learned; the kernel needs num_heads and '
                              f'head_dim (got num_heads={num_heads}, head_dim={head_dim}); pass both')
         self.mode, self.max_len, self.rank, self.mix = mode, max_len, rank, mix
         h, d, n = num_heads, head_dim, max_len

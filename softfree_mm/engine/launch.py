@@ -71,23 +71,20 @@ def check_attention(cfg: Config) -> None:
 
 def check_model_types(cfg: Config) -> None:
     """The model and its backbone are types the config's scope can build (catches typos such as 'SoftFreeSwim')."""
-    from mmengine.registry import MODELS, DefaultScope
+    from mmengine.registry import MODELS
+    import softfree_mm  # noqa: F401  (registers our backbones)
     scope = cfg.default_scope
-    with DefaultScope.overwrite_default_scope(scope):
-        registry = MODELS
-        # import the scope's registry module so that its locations get imported on lookup
-        from mmengine.registry import init_default_scope  # noqa: F401
-        __import__(f'{scope}.registry')
-        import softfree_mm  # noqa: F401  (registers our backbones)
+    with MODELS.switch_scope_and_registry(scope) as registry:
         model = cfg.get('model', {})
         for path, node in (('model', model), ('model.backbone', model.get('backbone'))):
             if not isinstance(node, dict) or not isinstance(node.get('type'), str):
                 continue
             if registry.get(node['type']) is None:
-                names = set()
-                reg = registry._get_root_registry() if hasattr(registry, '_get_root_registry') else registry
-                for r in [reg, *reg.children.values()]:
-                    names.update(r.module_dict)
+                names = set(registry.module_dict)
+                parent = registry.parent
+                while parent is not None:
+                    names.update(parent.module_dict)
+                    parent = parent.parent
                 close = difflib.get_close_matches(node['type'], sorted(names), n=3, cutoff=0.6)
                 hint = f'; did you mean {", ".join(close)}?' if close else ''
                 raise UsageError(f"{path}.type={node['type']!r} is not a registered {scope} model{hint}")

@@ -1,6 +1,334 @@
-"""Placeholder: being written."""
-from mmengine.model import BaseModule
+"""CSWin Transformer (Dong et al. 2022) whose stripe attention runs through any softfree_mm attention kernel.
+
+Each block splits its heads (and channels) in two: the first half attends inside vertical stripes (full height,
+``stripe_width`` columns), the second half inside horizontal stripes (``stripe_width`` rows, full width); the last
+stage attends globally with all heads. LePE, a depthwise 3x3 conv on v inside each stripe, is added to the
+attention output. Conv stem 7x7 stride 4 (+LN), 3x3 stride 2 merges (+LN).
+
+Layout (ours): ``patch_embed.{proj,norm}``, ``stages.{i}.downsample.{conv,norm}`` (merge at the *start* of stage
+i > 0), ``stages.{i}.blocks.{j}.{norm1,qkv,branches.{b}.lepe,branches.{b}.kernel.*,proj,norm2,mlp.fc1,mlp.fc2}``,
+one LayerNorm per output ``norm{i}``.
+
+Geometry, masks and padding:
+
+* A stripe never exceeds its grid: a stripe width >= the grid side covers the whole side (no padding).
+* Otherwise the grid is padded *symmetrically* across the stripes (as the official detection code) to a stripe
+  multiple, after the qkv projection, with zeros. Pad tokens are masked as keys (a pad query sees itself only and
+  is cropped), and LePE sees zeros there, exactly its own zero padding at an image border: padding changes nothing.
+* Stripe width 1 (stage 0 of the presets) never pads, so any kernel fits there; a kernel without mask support in
+  a stripe stage that may pad is refused at build time (``layers.require_kernel_fit``), unless that stage uses
+  ``global_window`` (both halves attend over the whole grid: no stripes, no padding, no mask; the InLine set-up).
+  The last stage is always global.
+* Kernels that need the token grid get ``hw = (stripe_h, stripe_w)``.
+"""
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint as cp
+from timm.layers import DropPath, Mlp
+from torch import nn
+
+from ...attention import build_attention
+from ..layers import expand_attn_cfg, require_kernel_fit
+from .swin import StagedBackbone, _from_windows, _to_windows, per_stage
+
 __all__ = ['SoftFreeCSWin']
 
-class SoftFreeCSWin(BaseModule):
-    pass
+ARCH_ZOO: Dict[str, dict] = {
+    'tiny': dict(embed_dims=64, depths=(1, 2, 21, 1), num_heads=(2, 4, 8, 16), stripe_widths=(1, 2, 7, 7)),
+    'small': dict(embed_dims=64, depths=(2, 4, 32, 2), num_heads=(2, 4, 8, 16), stripe_widths=(1, 2, 7, 7)),
+    'base': dict(embed_dims=96, depths=(2, 4, 32, 2), num_heads=(4, 8, 16, 32), stripe_widths=(1, 2, 7, 7)),
+    'large': dict(embed_dims=144, depths=(2, 4, 32, 2), num_heads=(6, 12, 24, 24), stripe_widths=(1, 2, 7, 7)),
+}
+_ARCH_KEYS = ('embed_dims', 'depths', 'num_heads', 'stripe_widths')
+
+
+def stripe_geometry(hw: Tuple[int, int], stripe: Optional[Tuple[int, int]]):
+    """Stripe size (sh, sw) clamped to the grid, and the symmetric padding (top, bottom, left, right).
+    ``stripe`` None = one window over the whole grid."""
+    h, w = hw
+    if stripe is None:
+        return (h, w), (0, 0, 0, 0)
+    sh, sw = min(stripe[0], h), min(stripe[1], w)
+    ph, pw = (-h) % sh, (-w) % sw
+    return (sh, sw), (ph // 2, ph - ph // 2, pw // 2, pw - pw // 2)
+
+
+class StripeBranch(nn.Module):
+    """One half of a CSWin block's heads: stripes -> kernel (+ pad-key mask) + LePE -> back to the grid."""
+
+    def __init__(self, dim: int, num_heads: int, attn_cfg: dict, direction: Optional[str], stripe_width: int):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f'SoftFreeCSWin: branch dims {dim} must be divisible by its {num_heads} heads')
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.direction = direction  # 'vertical' | 'horizontal' | None (global)
+        self.stripe_width = stripe_width
+        self.kernel = build_attention(attn_cfg, num_heads=num_heads, head_dim=self.head_dim)
+        self.lepe = nn.Conv2d(dim, dim, 3, 1, 1, groups=dim)
+
+    def stripe(self, hw):
+        if self.direction == 'vertical':
+            return hw[0], self.stripe_width
+        if self.direction == 'horizontal':
+            return self.stripe_width, hw[1]
+        return None
+
+    def forward(self, q, k, v):
+        """q, k, v: (B, H, W, c) -> (B, H, W, c)."""
+        b, h, w, c = q.shape
+        (sh, sw), (top, bottom, left, right) = stripe_geometry((h, w), self.stripe((h, w)))
+        mask = None
+        if top or bottom or left or right:
+            q, k, v = (F.pad(t, (0, 0, left, right, top, bottom)) for t in (q, k, v))
+            valid = torch.zeros(q.shape[1:3], dtype=torch.bool, device=q.device)
+            valid[top:top + h, left:left + w] = True
+            valid = _to_windows(valid[None, :, :, None], sh, sw)[..., 0]  # (nW, N)
+            keep = valid[:, None, :] | torch.eye(sh * sw, dtype=torch.bool, device=q.device)  # pad query: itself
+            mask = keep.unsqueeze(1).repeat(b, 1, 1, 1)  # (B * nW, 1, N, N), batch-major like the windows
+        hp, wp = q.shape[1:3]
+        n = sh * sw
+
+        def heads(t):
+            return _to_windows(t, sh, sw).view(-1, n, self.num_heads, self.head_dim).transpose(1, 2)
+
+        out = self.kernel(heads(q), heads(k), heads(v), hw=(sh, sw), scale=None, bias=None, mask=mask)
+        v_img = _to_windows(v, sh, sw).transpose(1, 2).reshape(-1, c, sh, sw)  # (B * nW, c, sh, sw)
+        lepe = self.lepe(v_img).view(-1, self.num_heads, self.head_dim, n).transpose(2, 3)
+        out = (out + lepe.to(out.dtype)).transpose(1, 2).reshape(-1, n, c)
+        out = _from_windows(out, sh, sw, hp, wp)
+        return out[:, top:top + h, left:left + w]
+
+
+class CSWinBlock(nn.Module):
+    def __init__(self, dim, num_heads, stripe_width, global_window, last_stage, attn_cfg, mlp_ratio, qkv_bias,
+                 drop, drop_path, with_cp):
+        super().__init__()
+        self.with_cp = with_cp
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        if last_stage:
+            self.branches = nn.ModuleList([StripeBranch(dim, num_heads, attn_cfg, None, stripe_width)])
+        else:
+            if num_heads % 2 or dim % 2:
+                raise ValueError(f'SoftFreeCSWin: a stripe stage splits heads in two halves; num_heads={num_heads} '
+                                 f'and dims={dim} must be even')
+            dirs = (None, None) if global_window else ('vertical', 'horizontal')
+            self.branches = nn.ModuleList([StripeBranch(dim // 2, num_heads // 2, attn_cfg, d, stripe_width)
+                                           for d in dirs])
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(drop)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
+
+    def _forward(self, x):
+        b, h, w, c = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, h, w, 3, c).unbind(3)
+        parts = len(self.branches)
+        size = c // parts
+        y = torch.cat([br(q[..., i * size:(i + 1) * size], k[..., i * size:(i + 1) * size],
+                          v[..., i * size:(i + 1) * size]) for i, br in enumerate(self.branches)], dim=-1)
+        x = x + self.drop_path(self.proj_drop(self.proj(y)))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+    def forward(self, x):
+        if self.with_cp and x.requires_grad:
+            return cp.checkpoint(self._forward, x, use_reentrant=False)
+        return self._forward(x)
+
+
+class ConvEmbed(nn.Module):
+    """7x7 stride-4 conv (padding 2) after zero padding bottom/right to a multiple of 4, then LayerNorm."""
+
+    def __init__(self, in_channels, dim):
+        super().__init__()
+        self.proj = nn.Conv2d(in_channels, dim, 7, 4, 2)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x):
+        x = F.pad(x, (0, (-x.shape[-1]) % 4, 0, (-x.shape[-2]) % 4))  # outputs ceil(H/4) x ceil(W/4)
+        return self.norm(self.proj(x).permute(0, 2, 3, 1))
+
+
+class MergeBlock(nn.Module):
+    """3x3 stride-2 conv (padding 1) + LayerNorm on (B, H, W, C) tokens."""
+
+    def __init__(self, dim, out_dim):
+        super().__init__()
+        self.conv = nn.Conv2d(dim, out_dim, 3, 2, 1)
+        self.norm = nn.LayerNorm(out_dim)
+
+    def forward(self, x):
+        return self.norm(self.conv(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1))
+
+
+class CSWinStage(nn.Module):
+    def __init__(self, in_dim, dim, downsample, blocks):
+        super().__init__()
+        self.downsample = MergeBlock(in_dim, dim) if downsample else None
+        self.blocks = nn.ModuleList(blocks)
+
+    def forward(self, x):
+        if self.downsample is not None:
+            x = self.downsample(x)
+        for blk in self.blocks:
+            x = blk(x)
+        return x
+
+
+class SoftFreeCSWin(StagedBackbone):
+    """CSWin Transformer backbone with swappable attention kernels.
+
+    Args:
+        arch: 'tiny' | 'small' | 'base' | 'large', or a dict with embed_dims, depths, num_heads, stripe_widths.
+        embed_dims, depths, num_heads, stripe_widths: override the preset.
+        attn_cfg: one kernel config for every stage, or one per stage (e.g. InLine's 'IISS':
+            ``['inline', 'inline', 'softmax', 'softmax']``).
+        global_window: bool or one per stage; True = both halves of the heads attend over the whole stage grid
+            (no stripes). The last stage is always global.
+        out_indices, frozen_stages, drop_path_rate, with_cp, init_cfg: as :class:`SoftFreeSwin`.
+    """
+
+    arch_zoo = ARCH_ZOO
+    _convert = staticmethod(lambda sd: convert_cswin(sd))
+
+    def __init__(self,
+                 arch: Union[str, dict] = 'tiny',
+                 embed_dims: Optional[int] = None,
+                 depths: Optional[Sequence[int]] = None,
+                 num_heads: Optional[Sequence[int]] = None,
+                 stripe_widths: Optional[Sequence[int]] = None,
+                 attn_cfg: Union[str, dict, Sequence] = 'softmax',
+                 global_window: Union[bool, Sequence[bool]] = False,
+                 mlp_ratio: float = 4.0,
+                 qkv_bias: bool = True,
+                 in_channels: int = 3,
+                 drop_rate: float = 0.0,
+                 drop_path_rate: float = 0.1,
+                 out_indices: Sequence[int] = (0, 1, 2, 3),
+                 frozen_stages: int = -1,
+                 with_cp: bool = False,
+                 init_cfg: Optional[Union[dict, List[dict]]] = None):
+        super().__init__(init_cfg=init_cfg)
+        owner = 'SoftFreeCSWin'
+        if isinstance(arch, str):
+            if arch not in ARCH_ZOO:
+                raise ValueError(f'{owner}: unknown arch {arch!r}; valid archs: {", ".join(ARCH_ZOO)} '
+                                 f'(or a dict with {", ".join(_ARCH_KEYS)})')
+            preset = dict(ARCH_ZOO[arch])
+        elif isinstance(arch, dict):
+            if set(arch) != set(_ARCH_KEYS):
+                raise ValueError(f'{owner}: an arch dict needs exactly the keys {sorted(_ARCH_KEYS)}, '
+                                 f'got {sorted(arch)}')
+            preset = dict(arch)
+        else:
+            raise TypeError(f'{owner}: arch must be a name ({", ".join(ARCH_ZOO)}) or a dict, got {arch!r}')
+        embed_dims = preset['embed_dims'] if embed_dims is None else embed_dims
+        depths = tuple(preset['depths'] if depths is None else depths)
+        num_heads = tuple(preset['num_heads'] if num_heads is None else num_heads)
+        stripe_widths = tuple(preset['stripe_widths'] if stripe_widths is None else stripe_widths)
+        num_stages = len(depths)
+        if len(num_heads) != num_stages or len(stripe_widths) != num_stages:
+            raise ValueError(f'{owner}: depths {depths}, num_heads {num_heads} and stripe_widths {stripe_widths} '
+                             'must have one entry per stage')
+        if any(not isinstance(s, int) or s < 1 for s in stripe_widths):
+            raise ValueError(f'{owner}: stripe_widths must be positive ints, got {stripe_widths}')
+        out_indices = tuple(out_indices)
+        bad = [i for i in out_indices if not (isinstance(i, int) and 0 <= i < num_stages)]
+        if bad or not out_indices:
+            raise ValueError(f'{owner}: out_indices {out_indices} must be non-empty stage indices in '
+                             f'0..{num_stages - 1}')
+        if not isinstance(frozen_stages, int) or not -1 <= frozen_stages <= num_stages:
+            raise ValueError(f'{owner}: frozen_stages must be an int in -1..{num_stages}, got {frozen_stages!r}')
+
+        self.arch = arch
+        self.depths = depths
+        self.num_heads = num_heads
+        self.stripe_widths = stripe_widths
+        self.out_indices = out_indices
+        self.frozen_stages = frozen_stages
+        self.with_cp = with_cp
+        dims = tuple(embed_dims * 2 ** i for i in range(num_stages))
+        self.embed_dims = dims
+        self.num_features = dims
+        self.out_channels = tuple(dims[i] for i in out_indices)
+        cfgs = expand_attn_cfg(attn_cfg, num_stages, 'stage', owner)
+        global_window = per_stage(global_window, num_stages, 'global_window', bool, owner)
+        self.attn_cfgs = cfgs
+        self.global_window = tuple(global_window)
+
+        self.patch_embed = ConvEmbed(in_channels, embed_dims)
+        self.drop_after_pos = nn.Dropout(drop_rate)
+        dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        self.stages = nn.ModuleList()
+        for i in range(num_stages):
+            last = i == num_stages - 1
+            is_global = last or global_window[i]
+            require_kernel_fit(
+                cfgs[i], owner,
+                f'stage {i} (stripes of width {stripe_widths[i]}, symmetric padding, padded keys masked; set '
+                f'global_window=True for this stage to use it without masks)',
+                needs_mask=not is_global and stripe_widths[i] > 1)
+            start = sum(depths[:i])
+            blocks = [CSWinBlock(dims[i], num_heads[i], stripe_widths[i], global_window[i], last, cfgs[i],
+                                 mlp_ratio, qkv_bias, drop_rate, dpr[start + j], with_cp) for j in range(depths[i])]
+            self.stages.append(CSWinStage(dims[i - 1] if i else dims[0], dims[i], i > 0, blocks))
+        for i in out_indices:
+            self.add_module(f'norm{i}', nn.LayerNorm(dims[i]))
+        self._init_default()
+        self._freeze_stages()
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        if x.dim() != 4:
+            raise ValueError(f'SoftFreeCSWin: expected images (B, C, H, W), got shape {tuple(x.shape)}')
+        x = self.drop_after_pos(self.patch_embed(x))
+        outs = []
+        for i, stage in enumerate(self.stages):
+            x = stage(x)
+            if i in self.out_indices:
+                outs.append(getattr(self, f'norm{i}')(x).permute(0, 3, 1, 2).contiguous())
+        return tuple(outs)
+
+
+# ---------------------------------------------------------------------------------------------- conversion
+def convert_cswin(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """Official CSWin layouts -> ours (pure function).
+
+    Official names: ``stage1_conv_embed.{0,2}`` (conv, LayerNorm), ``stage{s}.{j}.{qkv,norm1,proj,norm2,
+    mlp.fc1,mlp.fc2,attns.{b}.get_v}``, ``merge{m}.{conv,norm}`` (after stage m), and either the classifier's
+    final ``norm`` + ``head`` or the segmentation backbone's per-output ``norm1..norm4``. The head is dropped;
+    any other key is kept unchanged so that loading reports it.
+    """
+    keys = list(state_dict)
+    if not any(k.startswith(('stage1', 'merge1')) for k in keys):
+        return dict(state_dict)  # already ours
+    stage_ids = {int(k.split('.')[0][len('stage'):]) for k in keys
+                 if k.startswith('stage') and k.split('.')[0][len('stage'):].isdigit()}
+    num_stages = max(stage_ids) if stage_ids else 4
+    per_output_norms = any(k.startswith(f'norm{num_stages}.') for k in keys)  # segmentation release
+    out = {}
+    for k, v in state_dict.items():
+        if k.startswith('head.'):
+            continue
+        p = k.split('.')
+        nk = k
+        if p[0] == 'stage1_conv_embed':
+            if p[1] in ('0', '2'):
+                nk = ('patch_embed.proj.' if p[1] == '0' else 'patch_embed.norm.') + '.'.join(p[2:])
+        elif p[0].startswith('stage') and p[0][len('stage'):].isdigit():
+            s = int(p[0][len('stage'):]) - 1
+            rest = '.'.join(p[2:])
+            if rest.startswith('attns.') and p[4] == 'get_v':
+                rest = f'branches.{p[3]}.lepe.' + '.'.join(p[5:])
+            nk = f'stages.{s}.blocks.{p[1]}.{rest}'
+        elif p[0].startswith('merge') and p[0][len('merge'):].isdigit():
+            nk = f'stages.{int(p[0][len("merge"):])}.downsample.' + '.'.join(p[1:])
+        elif p[0] == 'norm':
+            nk = f'norm{num_stages - 1}.' + '.'.join(p[1:])
+        elif per_output_norms and p[0].startswith('norm') and p[0][len('norm'):].isdigit():
+            nk = f'norm{int(p[0][len("norm"):]) - 1}.' + '.'.join(p[1:])
+        out[nk] = v
+    return out

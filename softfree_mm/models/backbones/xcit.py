@@ -3,8 +3,11 @@
 XCA attends over the channels of a head, not over tokens: with q, k, v of shape (B, h, d_h, N) (tokens L2-normalised
 over N), the weights form a d_h x d_h matrix ``softmax(q k^T * temperature)``. Any kernel that takes ``q, k, v`` can
 play that role: its "tokens" are the d_h channels and its "head_dim" is the token count N, which changes with the
-input size. Kernels are therefore built with ``head_dim=None`` and receive the learned per-head ``temperature`` (h, 1, 1)
-as their ``scale``. A kernel that needs a spatial grid (``needs_hw``) has none to use here and is refused at build.
+input size. Kernels are therefore built with ``head_dim=None``. The learned per-head ``temperature`` (h, 1, 1)
+multiplies the normalised q and the kernel gets ``scale=1``: for kernels whose score is ``scale * q.k`` (softmax,
+poly, relu, sigmoid, inline) that is exactly ``scale=temperature``; kernels without a score scale (linear,
+efficient) then still feel the temperature through q (taylor re-normalises q, so there it has no effect and a
+zero gradient). A kernel that needs a spatial grid (``needs_hw``) has none to use here and is refused at build.
 
 Two modes:
 - ``out_type='featmap'`` (detection / segmentation, default): the outputs of four blocks (``out_indices``, default
@@ -133,9 +136,11 @@ class XCA(nn.Module):
         # (B, N, 3C) -> (3, B, h, d_h, N): the kernel's "tokens" are the d_h channels of a head
         qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_channels).permute(2, 0, 3, 4, 1)
         q, k, v = qkv.unbind(0)
-        q = F.normalize(q, dim=-1)
+        # the temperature is folded into q (scale=1): for every kernel whose score is scale * q.k this equals
+        # scale=temperature, and kernels without a score scale (linear, efficient) still feel the temperature
+        q = F.normalize(q, dim=-1) * self.temperature
         k = F.normalize(k, dim=-1)
-        out = self.kernel(q, k, v, hw=None, scale=self.temperature, bias=None, mask=None)
+        out = self.kernel(q, k, v, hw=None, scale=1.0, bias=None, mask=None)
         out = out.permute(0, 3, 1, 2).reshape(b, n, c)
         return self.proj(out)
 
@@ -158,7 +163,7 @@ def _build_xca_kernel(cfg: dict, num_heads: int, head_channels: int, where: str)
     probe = torch.randn(1, num_heads, head_channels, 4)
     try:
         with torch.no_grad():
-            kern(probe, probe, probe, hw=None, scale=torch.ones(num_heads, 1, 1), bias=None, mask=None)
+            kern(probe, probe, probe, hw=None, scale=1.0, bias=None, mask=None)
     except (ValueError, TypeError, RuntimeError) as e:
         raise ValueError(f"{OWNER}: attention kernel '{name}' ({where}) cannot attend over the "
                          f'{head_channels} channels of an XCA head: {e}') from None

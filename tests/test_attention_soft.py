@@ -1,0 +1,206 @@
+"""SOFT attention: Newton pseudo-inverse, the Nystrom formula against a plain reference, grids, dtypes, errors."""
+import math
+
+import pytest
+import torch
+
+from softfree_mm.attention import build_attention
+from softfree_mm.attention.soft import gaussian_kernel, newton_pinv
+
+B, H, D = 2, 2, 8
+F64 = torch.float64
+
+
+def rand(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=F64)
+
+
+def qkv(n, seed=0, dv=D):
+    return rand(B, H, n, D, seed=seed), rand(B, H, n, D, seed=seed + 1), rand(B, H, n, dv, seed=seed + 2)
+
+
+def gauss(a, b, s):
+    """exp(-s/2 |a_i - b_j|^2), from explicit squared distances."""
+    return torch.exp(-0.5 * s * torch.cdist(a, b) ** 2)
+
+
+def ref_landmarks(kern, q, hw):
+    """Landmarks written cell by cell: the mean of each ratio x ratio cell (clipped at the border) for
+    'avgpool'; for 'conv' the zero-padded cell contracted with the conv weight, then LayerNorm over head_dim
+    per head and exact GELU."""
+    b, h, n, d = q.shape
+    gh, gw = hw
+    r = kern.landmark_ratio
+    grid = q.permute(0, 1, 3, 2).reshape(b, h * d, gh, gw)
+    cells = []
+    for y in range(0, gh, r):
+        for x in range(0, gw, r):
+            if kern.landmark_op == 'avgpool':
+                cells.append(grid[:, :, y:y + r, x:x + r].mean((-2, -1)))
+            else:
+                patch = torch.zeros(b, h * d, r, r, dtype=F64)
+                part = grid[:, :, y:y + r, x:x + r]
+                patch[:, :, :part.shape[2], :part.shape[3]] = part
+                w = kern.landmark_conv.weight.to(F64)
+                cells.append(torch.einsum('oiyx,biyx->bo', w, patch) + kern.landmark_conv.bias.to(F64))
+    lm = torch.stack(cells, -1).reshape(b, h, d, -1).permute(0, 1, 3, 2)
+    if kern.landmark_op == 'conv':
+        mu = lm.mean(-1, keepdim=True)
+        var = ((lm - mu) ** 2).mean(-1, keepdim=True)
+        ln = kern.landmark_norm
+        lm = (lm - mu) / torch.sqrt(var + ln.eps) * ln.weight.to(F64) + ln.bias.to(F64)
+        lm = 0.5 * lm * (1 + torch.erf(lm / math.sqrt(2)))
+    return lm
+
+
+def ref_matrix(kern, q, k, hw, normalized=False, s=D ** -0.5):
+    lm = ref_landmarks(kern, q, hw)
+    kll = gauss(lm, lm, s)
+    inv = torch.linalg.pinv(kll)
+    if normalized:
+        dinv = torch.diag_embed(kll.sum(-1) ** -0.5)
+        inv = dinv @ inv @ dinv
+    keys = q if kern.tie_qk else k
+    return gauss(q, lm, s) @ inv @ gauss(lm, keys, s), torch.linalg.cond(kll)
+
+
+def test_newton_pinv_matches_linalg_pinv_float64():
+    lm = rand(3, 6, 4, seed=5) * 1.5
+    p = gaussian_kernel(lm, lm, 0.5)
+    assert torch.linalg.cond(p).max() < 50  # well conditioned: 20 steps converge
+    torch.testing.assert_close(newton_pinv(p, 20), torch.linalg.pinv(p), rtol=1e-9, atol=1e-10)
+    # and it is the inverse of a low-rank PSD matrix's range too: P V P == P
+    low = lm[:, :, :2] @ lm[:, :, :2].transpose(-2, -1)
+    lowp = low @ low.transpose(-2, -1) + 0.0
+    vv = newton_pinv(lowp, 60)
+    torch.testing.assert_close(lowp @ vv @ lowp, lowp, rtol=1e-6, atol=1e-8)
+
+
+def test_gaussian_kernel_matches_distance_formula():
+    a, b = rand(2, 3, 7, 5, seed=1), rand(2, 3, 4, 5, seed=2)
+    torch.testing.assert_close(gaussian_kernel(a, b, 0.3), gauss(a, b, 0.3))
+
+
+@pytest.mark.parametrize('landmark_op,normalized,tie_qk,hw', [
+    ('conv', False, True, (4, 6)),
+    ('conv', True, True, (5, 7)),
+    ('avgpool', False, False, (5, 7)),
+    ('avgpool', True, True, (4, 4)),
+])
+def test_forward_and_matrix_match_plain_reference_with_linalg_pinv(landmark_op, normalized, tie_qk, hw):
+    torch.manual_seed(0)
+    kern = build_attention(dict(type='soft', landmark_ratio=2, landmark_op=landmark_op, normalized=normalized,
+                                tie_qk=tie_qk), num_heads=H, head_dim=D)
+    n = hw[0] * hw[1]
+    q, k, v = qkv(n)
+    # landmarks spread apart (pooled q scaled up; a larger score scale for the LayerNormed conv landmarks) so
+    # that K(L, L) is well conditioned and 20 Newton steps reach the exact pseudo-inverse
+    s = D ** -0.5
+    if landmark_op == 'avgpool':
+        q = q * 3
+    else:
+        s = 0.7
+    ref, cond = ref_matrix(kern, q, k, hw, normalized, s)
+    assert cond.max() < 100
+    torch.testing.assert_close(kern.attention_matrix(q, k, hw=hw, scale=s), ref, rtol=1e-7, atol=1e-9)
+    torch.testing.assert_close(kern(q, k, v, hw=hw, scale=s), ref @ v, rtol=1e-7, atol=1e-9)
+
+
+def test_forward_equals_matrix_times_v():
+    torch.manual_seed(0)
+    kern = build_attention(dict(type='soft', landmark_ratio=2), num_heads=H, head_dim=D)
+    q, k, v = qkv(20, dv=5)
+    torch.testing.assert_close(kern(q, k, v, hw=(4, 5)), kern.attention_matrix(q, k, hw=(4, 5)) @ v,
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_tied_keys_give_symmetric_matrix_ignoring_k():
+    torch.manual_seed(0)
+    kern = build_attention(dict(type='soft', landmark_ratio=2), num_heads=H, head_dim=D)
+    q, k, _ = qkv(16)
+    a = kern.attention_matrix(q, k)
+    torch.testing.assert_close(a, a.transpose(-2, -1))
+    torch.testing.assert_close(a, kern.attention_matrix(q, -k))
+
+
+@pytest.mark.parametrize('hw,expected_m', [((5, 7), 1), ((25, 42), 4 * 6), ((9, 8), 2)])
+@pytest.mark.parametrize('landmark_op', ['conv', 'avgpool'])
+def test_odd_grids_with_ratio_8_give_ceil_landmarks(hw, expected_m, landmark_op):
+    torch.manual_seed(0)
+    kern = build_attention(dict(type='soft', landmark_op=landmark_op), num_heads=1, head_dim=4)
+    n = hw[0] * hw[1]
+    q, v = rand(1, 1, n, 4, seed=1), rand(1, 1, n, 4, seed=2)
+    assert kern.landmarks(q, hw).shape == (1, 1, expected_m, 4)
+    out = kern(q, q, v, hw=hw)
+    assert out.shape == v.shape and torch.isfinite(out).all()
+
+
+def test_num_landmarks_picks_adaptive_grid_with_aspect_ratio():
+    kern = build_attention(dict(type='soft', num_landmarks=15, landmark_op='avgpool'))
+    q = rand(1, 2, 12 * 20, 3, seed=4)
+    lm = kern.landmarks(q, (12, 20))
+    assert lm.shape == (1, 2, 15, 3)  # a 3 x 5 grid
+    cell = q.view(1, 2, 12, 20, 3)[:, :, 0:4, 0:4].mean((2, 3))  # the first adaptive cell
+    torch.testing.assert_close(lm[:, :, 0], cell)
+    conv = build_attention(dict(type='soft', num_landmarks=15), num_heads=2, head_dim=3)
+    assert conv.landmarks(q, (12, 20)).shape == (1, 2, 15, 3)
+
+
+def test_gradcheck_float64_tiny():
+    torch.manual_seed(0)
+    kern = build_attention(dict(type='soft', landmark_ratio=2), num_heads=1, head_dim=2)  # float32 parameters
+    q, v = rand(1, 1, 8, 2, seed=1).requires_grad_(), rand(1, 1, 8, 1, seed=2).requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, c: kern(a, a, c, hw=(2, 4)), (q, v))
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, F64, torch.bfloat16, torch.float16])
+def test_dtypes_return_input_dtype_and_stay_finite_at_scores_60(dtype):
+    torch.manual_seed(0)
+    kern = build_attention(dict(type='soft', landmark_ratio=2), num_heads=H, head_dim=D)
+    q, k, v = qkv(16)
+    q = q * math.sqrt(60 * D ** 0.5 / (q * q).sum(-1).max())  # s * |q|^2 up to 60
+    q, v = q.to(dtype).requires_grad_(), v.to(dtype).requires_grad_()
+    out = kern(q, q, v)
+    assert out.dtype == dtype and torch.isfinite(out).all()
+    out.float().square().mean().backward()
+    assert torch.isfinite(q.grad).all() and torch.isfinite(v.grad).all()
+
+
+def test_bf16_autocast_gives_finite_outputs_and_grads():
+    torch.manual_seed(0)
+    kern = build_attention(dict(type='soft', landmark_ratio=2), num_heads=H, head_dim=D)
+    q, _, v = (t.float().requires_grad_() for t in qkv(16))
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = kern(q, q, v)
+        out.float().sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(q.grad).all() and torch.isfinite(v.grad).all()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in kern.parameters())
+
+
+def test_compiles_fullgraph():
+    torch.manual_seed(0)
+    # few Newton steps: the loop is unrolled into the graph, and capture (no graph break) is what is checked
+    kern = build_attention(dict(type='soft', landmark_ratio=2, normalized=True, newton_iters=2), num_heads=H,
+                           head_dim=D)
+    q, _, v = (t.float() for t in qkv(15))
+    compiled = torch.compile(kern, fullgraph=True, backend='eager')
+    torch.testing.assert_close(compiled(q, q, v, hw=(3, 5)), kern(q, q, v, hw=(3, 5)))
+
+
+def test_errors_name_the_bad_value():
+    with pytest.raises(ValueError, match="landmark_op 'max'.*conv, avgpool"):
+        build_attention(dict(type='soft', landmark_op='max'))
+    with pytest.raises(ValueError, match='needs num_heads and head_dim'):
+        build_attention('soft')
+    with pytest.raises(ValueError, match='landmark_ratio must be a positive int, got 0'):
+        build_attention(dict(type='soft', landmark_ratio=0, landmark_op='avgpool'))
+    kern = build_attention(dict(type='soft', landmark_op='avgpool'))
+    q, k, v = qkv(12)
+    with pytest.raises(ValueError, match='bias'):
+        kern(q, k, v, hw=(3, 4), bias=torch.zeros(12, 12))
+    with pytest.raises(ValueError, match='mask'):
+        kern(q, k, v, hw=(3, 4), mask=torch.ones(12, 12, dtype=torch.bool))
+    with pytest.raises(ValueError, match='N=12 is not a square; pass hw'):
+        kern(q, k, v)
+    with pytest.raises(ValueError, match='Nq=6, Nk=12'):
+        kern(q[:, :, :6], k, v, hw=(2, 3))

@@ -1,0 +1,127 @@
+"""Evaluate a checkpoint: COCO AP (detection), mIoU (segmentation) or top-1 (classification).
+
+    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out RESULTS.pkl] [--show-dir DIR]
+        [--format-only] [--cfg-options KEY=VALUE ...] [--launcher none|pytorch|slurm|mpi]
+
+The metrics are logged, printed on the last line of stdout as ``metrics: {json}`` and written to
+``<work-dir>/test_metrics.json``. ``--format-only`` writes the results in the benchmark's submission format
+(COCO json / ADE20K png) under ``<work-dir>/format_only`` instead of evaluating (for test sets without labels).
+"""
+import argparse
+import json
+import os
+import os.path as osp
+import sys
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # the repository, for `softfree_mm`
+
+
+def parse_args(argv=None):
+    from mmengine.config import DictAction
+    p = argparse.ArgumentParser(description='Test (evaluate) a model (mmdet, mmseg or mmpretrain config)')
+    p.add_argument('config', help='test config file path')
+    p.add_argument('checkpoint', help='checkpoint file')
+    p.add_argument('--work-dir', help='the dir for logs and metrics (default: ./work_dirs/<config name>)')
+    p.add_argument('--out', help='dump the raw predictions to this pickle file')
+    p.add_argument('--show-dir', help='draw predictions into images saved under this folder')
+    p.add_argument('--format-only', action='store_true',
+                   help='only write results in the submission format (detection, segmentation), no evaluation')
+    p.add_argument('--cfg-options', nargs='+', action=DictAction, help='override config settings')
+    p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
+    p.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = p.parse_args(argv)
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    return args
+
+
+def _set_visualization(cfg, show_dir):
+    hooks = cfg.get('default_hooks', {})
+    if 'visualization' not in hooks:
+        from softfree_mm.engine.launch import UsageError
+        raise UsageError('--show-dir: the config has no default_hooks.visualization hook')
+    vis = hooks['visualization']
+    scope = cfg.default_scope
+    if scope == 'mmdet':
+        vis.update(draw=True, test_out_dir=osp.abspath(show_dir))
+    elif scope == 'mmseg':
+        vis.update(draw=True, interval=1)
+        cfg.visualizer['save_dir'] = show_dir
+    else:  # mmpretrain
+        vis.update(enable=True, out_dir=osp.abspath(show_dir))
+
+
+def _set_format_only(cfg, out_dir):
+    from softfree_mm.engine.launch import UsageError
+    evaluators = cfg.test_evaluator if isinstance(cfg.test_evaluator, list) else [cfg.test_evaluator]
+    for ev in evaluators:
+        kind = ev.get('type', '')
+        if kind == 'CocoMetric':
+            ev.update(format_only=True, outfile_prefix=osp.join(out_dir, 'results'))
+        elif kind == 'IoUMetric':
+            ev.update(format_only=True, output_dir=out_dir)
+        else:
+            raise UsageError(f'--format-only: the {kind!r} evaluator has no submission format; use --out instead')
+
+
+def prepare(args):
+    from softfree_mm.engine import launch
+    cfg = launch.load_config(args.config, args.cfg_options)
+    cfg.launcher = args.launcher
+    if args.work_dir is not None:
+        cfg.work_dir = args.work_dir
+    elif cfg.get('work_dir') is None:
+        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(args.config))[0])
+    if not osp.isfile(args.checkpoint):
+        raise launch.UsageError(f'checkpoint not found: {args.checkpoint}')
+    cfg.load_from = args.checkpoint
+    cfg.resume = False
+    launch.check_attention(cfg)
+    launch.check_model_types(cfg)
+    if args.format_only:
+        _set_format_only(cfg, osp.join(cfg.work_dir, 'format_only'))
+    for root in launch.demo_roots(cfg, ('test', )):
+        from train import make_demo
+        make_demo(root)
+    launch.check_data(cfg, ('test', ))
+    if args.show_dir:
+        _set_visualization(cfg, args.show_dir)
+    if args.out is not None:
+        if not args.out.endswith(('.pkl', '.pickle')):
+            raise launch.UsageError(f'--out must be a .pkl or .pickle file, got {args.out}')
+        dump = dict(type='DumpDetResults' if cfg.default_scope == 'mmdet' else 'DumpResults', out_file_path=args.out)
+        ev = cfg.test_evaluator
+        cfg.test_evaluator = [*ev, dump] if isinstance(ev, list) else [ev, dump]
+    for note in launch.apply_device_settings(cfg, args.launcher):
+        print(f'[softfree_mm] {note}', file=sys.stderr)
+    return cfg
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+    from softfree_mm.engine import launch
+    try:
+        cfg = prepare(args)
+        runner = launch.build_runner(cfg)
+    except launch.UsageError as e:
+        print(f'error: {e}', file=sys.stderr)
+        return 2
+    except (KeyError, ValueError, TypeError) as e:
+        if os.environ.get('SOFTFREE_MM_TRACEBACK'):
+            raise
+        print(f'error: {args.config}: {launch.short_error(e)} (SOFTFREE_MM_TRACEBACK=1 shows the traceback)',
+              file=sys.stderr)
+        return 2
+    metrics = runner.test()
+    metrics = {k: (float(v) if hasattr(v, '__float__') else v) for k, v in (metrics or {}).items()}
+    from mmengine.dist import is_main_process
+    if is_main_process():
+        with open(osp.join(cfg.work_dir, 'test_metrics.json'), 'w') as f:
+            json.dump(metrics, f, indent=1)
+        print('metrics: ' + json.dumps(metrics))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
