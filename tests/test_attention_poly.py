@@ -140,7 +140,7 @@ def test_poly_frobenius_norm_grows_like_sqrt_n():
             per_seed.append(float(sq.sqrt()))
         norms.append(np.mean(per_seed))
     slope = np.polyfit(np.log(sizes), np.log(norms), 1)[0]
-    print("SLOPE", slope); assert abs(slope - 0.5) < 0.1, f'log-log slope {slope:.3f}, norms {norms}'
+    assert abs(slope - 0.5) < 0.1, f'log-log slope {slope:.3f}, norms {norms}'
 
 
 def test_poly_float16_large_scores_saturate_instead_of_inf():

@@ -92,7 +92,7 @@ def kernel_class(cfg: Union[str, dict, None]) -> Type[AttentionKernel]:
 
 
 # Kernel families register themselves on import.
-from . import softmax, poly, pointwise, linear, inline, soft, synthesizer  # noqa: E402,F401
+from . import softmax, poly, pointwise, linear, inline, soft, synthesizer, extra  # noqa: E402,F401
 
 __all__ = ['ATTENTION', 'AttentionKernel', 'build_attention', 'list_attentions', 'kernel_arguments',
            'kernel_class', 'normalize_cfg']

@@ -125,17 +125,10 @@ def work_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-class no_autocast:
-    """Switch autocast off for the device of ``t`` (numerically sensitive steps run in fp32)."""
-
-    def __init__(self, t: torch.Tensor):
-        self.ctx = torch.autocast(device_type=t.device.type, enabled=False)
-
-    def __enter__(self):
-        self.ctx.__enter__()
-
-    def __exit__(self, *exc):
-        return self.ctx.__exit__(*exc)
+def no_autocast(t: torch.Tensor):
+    """Autocast off for the device of ``t`` (numerically sensitive steps run in fp32). A plain
+    ``torch.autocast`` context, which torch.compile traces without a graph break."""
+    return torch.autocast(device_type=t.device.type, enabled=False)
 
 
 def upcast(*ts):

@@ -22,6 +22,7 @@ def _autocast_off(t):
     wrapper class calls ``__enter__`` by hand and breaks the graph)."""
     return torch.autocast(device_type=t.device.type, enabled=False)
 
+
 FEATURE_MAPS = ('elu+1', 'relu')
 
 

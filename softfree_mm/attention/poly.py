@@ -24,6 +24,7 @@ def _autocast_off(t):
     wrapper class calls ``__enter__`` by hand and breaks the graph)."""
     return torch.autocast(device_type=t.device.type, enabled=False)
 
+
 SCALE_OPTIONS = "'sqrt_n' (1/sqrt(number of keys a row may look at)) or a float > 0"
 
 # rows of one factorised chunk: keeps the (B, h, rows, M) monomial features to about 2^24 numbers

@@ -77,7 +77,7 @@ def load_pretrained(module: torch.nn.Module, checkpoint: str, convert_fn: Option
         if not sd:
             raise ValueError(f'checkpoint {checkpoint} has no key under prefix {prefix!r}')
     own = module.state_dict()
-    if convert_fn is not None and not (set(sd) & set(own)):
+    if convert_fn is not None:  # converters map official/timm names and leave names already ours unchanged
         sd = convert_fn(sd)
     mismatched = [k for k, v in sd.items() if k in own and tuple(own[k].shape) != tuple(v.shape)]
     for k in mismatched:

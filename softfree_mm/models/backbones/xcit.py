@@ -37,7 +37,7 @@ from mmengine.model import BaseModule
 from timm.layers import DropPath, Mlp, trunc_normal_
 from torch import nn
 
-from ...attention import build_attention, list_attentions
+from ...attention import build_attention, kernel_class, list_attentions
 from ..layers import expand_attn_cfg
 
 __all__ = ['SoftFreeXCiT']
@@ -171,7 +171,6 @@ def _build_xca_kernel(cfg: dict, num_heads: int, head_channels: int, where: str)
 
 
 def _class_needs_hw(name: str) -> bool:
-    from ...attention import kernel_class
     return bool(kernel_class(name).needs_hw)
 
 
