@@ -14,13 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from . import ATTENTION
-from .base import AttentionKernel, upcast, work_dtype
+from .base import AttentionKernel, upcast, work_dtype, no_autocast
 
 
-def _autocast_off(t):
-    """Autocast off for t's device: a plain ``torch.autocast``, which torch.compile traces (base.no_autocast's
-    wrapper class calls ``__enter__`` by hand and breaks the graph)."""
-    return torch.autocast(device_type=t.device.type, enabled=False)
 
 
 FEATURE_MAPS = ('elu+1', 'relu')
@@ -44,12 +40,12 @@ class _FactorisedAttention(AttentionKernel):
 
     def _matrix(self, q, k, hw, scale, bias, mask):
         q, k = upcast(q, k)
-        with _autocast_off(q):  # sums and normalisers in fp32 (fp64 for fp64 inputs)
+        with no_autocast(q):  # sums and normalisers in fp32 (fp64 for fp64 inputs)
             return self._explicit(q, k, mask)
 
     def _forward(self, q, k, v, hw, scale, bias, mask):
         dtype, wd = v.dtype, work_dtype(v)
-        with _autocast_off(v):  # sums and normalisers in fp32 (fp64 for fp64 inputs)
+        with no_autocast(v):  # sums and normalisers in fp32 (fp64 for fp64 inputs)
             q, k, v = q.to(wd), k.to(wd), v.to(wd)
             if mask is None:
                 out = self._fast(q, k, v)

@@ -9,13 +9,9 @@ masked key gives exactly the result of deleting it. A row with no valid key is a
 import torch
 
 from . import ATTENTION
-from .base import AttentionKernel, default_scale, key_count, scores, upcast
+from .base import AttentionKernel, default_scale, key_count, scores, upcast, no_autocast
 
 
-def _autocast_off(t):
-    """Autocast off for t's device: a plain ``torch.autocast``, which torch.compile traces (base.no_autocast's
-    wrapper class calls ``__enter__`` by hand and breaks the graph)."""
-    return torch.autocast(device_type=t.device.type, enabled=False)
 
 
 class _PointwiseAttention(AttentionKernel):
@@ -31,7 +27,7 @@ class _PointwiseAttention(AttentionKernel):
 
     def _matrix(self, q, k, hw, scale, bias, mask):
         q, k = upcast(q, k)
-        with _autocast_off(q):  # activation and normaliser in fp32 (fp64 for fp64 inputs)
+        with no_autocast(q):  # activation and normaliser in fp32 (fp64 for fp64 inputs)
             s = scores(q, k, default_scale(scale, q.shape[-1], q), bias)
             a = self._activation(s, key_count(mask, q, k))
             if mask is not None:
@@ -40,7 +36,7 @@ class _PointwiseAttention(AttentionKernel):
 
     def _forward(self, q, k, v, hw, scale, bias, mask):
         a = self._matrix(q, k, hw, scale, bias, mask)
-        with _autocast_off(v):  # A @ v in the working dtype
+        with no_autocast(v):  # A @ v in the working dtype
             return (a @ v.to(a.dtype)).to(v.dtype)
 
 

@@ -16,13 +16,9 @@ from typing import Tuple
 import torch
 
 from . import ATTENTION
-from .base import AttentionKernel, default_scale, key_count, scores, work_dtype
+from .base import AttentionKernel, default_scale, key_count, scores, work_dtype, no_autocast
 
 
-def _autocast_off(t):
-    """Autocast off for t's device: a plain ``torch.autocast``, which torch.compile traces (base.no_autocast's
-    wrapper class calls ``__enter__`` by hand and breaks the graph)."""
-    return torch.autocast(device_type=t.device.type, enabled=False)
 
 
 SCALE_OPTIONS = "'sqrt_n' (1/sqrt(number of keys a row may look at)) or a float > 0"
@@ -143,7 +139,7 @@ class PolyAttention(AttentionKernel):
 
     def _matrix(self, q, k, hw, scale, bias, mask):
         wd = work_dtype(q)
-        with _autocast_off(q):
+        with no_autocast(q):
             q, k = saturating_cast(q, wd), saturating_cast(k, wd)
             s = scores(q, k, default_scale(scale, q.shape[-1], q), bias)
             # the power runs in fp32 (fp64 for fp64 inputs): |S| > 40 overflows S^3 in fp16
@@ -155,7 +151,7 @@ class PolyAttention(AttentionKernel):
     def _forward(self, q, k, v, hw, scale, bias, mask):
         out_dtype = v.dtype
         wd = work_dtype(v)
-        with _autocast_off(v):
+        with no_autocast(v):
             q, k, v = (saturating_cast(t, wd) for t in (q, k, v))
             if self.uses_factorised(q, k, v, bias, mask):
                 out = self.factorised(q, k, v, scale)
