@@ -23,7 +23,11 @@ def qkv(n, seed=0, nk=None):
 
 def test_nystrom_matches_reference_with_segment_means_and_linalg_pinv():
     kern = build_attention(dict(type='nystrom', num_landmarks=4, pinv_iters=10))
-    q, k, v = qkv(12, nk=8)
+    # tokens clustered by segment around distinct centres: the landmark softmax block is well conditioned
+    centres = 2 * rand(B, H, 4, 1, D, seed=7)
+    q = (centres + 0.3 * rand(B, H, 4, 3, D, seed=8)).reshape(B, H, 12, D)
+    k = (centres + 0.3 * rand(B, H, 4, 2, D, seed=9)).reshape(B, H, 8, D)
+    v = rand(B, H, 8, 5, seed=10)
     s = D ** -0.5
     lq = q.reshape(B, H, 4, 3, D).mean(3)  # 4 segments of 3 queries
     lk = k.reshape(B, H, 4, 2, D).mean(3)  # 4 segments of 2 keys
@@ -36,11 +40,13 @@ def test_nystrom_matches_reference_with_segment_means_and_linalg_pinv():
 
 
 def test_nystrom_with_a_landmark_per_token_is_softmax_attention():
-    kern = build_attention(dict(type='nystrom', num_landmarks=64, pinv_iters=12))
-    q, k, v = qkv(6)
-    q, k = 0.5 * q, 0.5 * k  # a well-conditioned softmax block
+    kern = build_attention(dict(type='nystrom', num_landmarks=64, pinv_iters=10))
+    q, _, v = qkv(6)
+    k = q  # softmax(s q q^T) is diagonally dominant: well conditioned, so A pinv(A) A = A is reached
     ref = torch.softmax(D ** -0.5 * q @ k.transpose(-2, -1), -1)
+    assert torch.linalg.cond(ref).max() < 20
     torch.testing.assert_close(kern.attention_matrix(q, k), ref, rtol=1e-7, atol=1e-9)
+    torch.testing.assert_close(kern(q, k, v), ref @ v, rtol=1e-7, atol=1e-9)
 
 
 def test_performer_matches_explicit_positive_features():
@@ -60,13 +66,13 @@ def test_performer_matches_explicit_positive_features():
 
 
 def test_performer_with_many_features_approximates_softmax_and_is_seeded():
-    kern = build_attention(dict(type='performer', num_features=4096, seed=3), num_heads=H, head_dim=D)
-    again = build_attention(dict(type='performer', num_features=4096, seed=3), num_heads=H, head_dim=D)
+    kern = build_attention(dict(type='performer', num_features=2048, seed=3), num_heads=H, head_dim=D)
+    again = build_attention(dict(type='performer', num_features=2048, seed=3), num_heads=H, head_dim=D)
     assert torch.equal(kern.projection, again.projection)
     q, k, _ = qkv(10)
     q, k = 0.5 * q, 0.5 * k
     ref = torch.softmax(D ** -0.5 * q @ k.transpose(-2, -1), -1)
-    assert (kern.attention_matrix(q, k) - ref).abs().max() < 0.03
+    assert (kern.attention_matrix(q, k) - ref).abs().max() < 0.05  # Monte Carlo error ~ 1/sqrt(m)
     # the first d rows of the projection are orthogonal
     w = kern.projection[:D].to(F64)
     gram = w @ w.T

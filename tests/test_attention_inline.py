@@ -211,3 +211,12 @@ def test_errors_name_the_bad_value():
         kern(q[:, :, :6], k, v, hw=(2, 3))
     with pytest.raises(TypeError, match="unknown argument.*'residual'"):
         build_attention(dict(type='inline', residual=False))
+
+
+def test_mixed_input_dtypes_compute_in_the_wider_dtype():
+    torch.manual_seed(0)
+    kern = build_attention('inline', num_heads=H, head_dim=D)
+    q, k, v = qkv(16)
+    out = kern(q, k, v.float())
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, kern(q, k, v.float().double()).float(), rtol=0, atol=0)

@@ -8,7 +8,6 @@ import types
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import softfree_mm  # noqa: F401  (registers the backbones)
 from mmengine.config import Config
@@ -232,6 +231,17 @@ def test_official_layout_round_trips_through_convert_and_the_model(segmentation)
         assert torch.equal(back['norm0.weight'], official['norm1.weight'])
     else:
         assert torch.equal(back['norm3.weight'], official['norm.weight'])
+
+
+def test_pretrained_init_cfg_loads_an_official_file_through_the_converter(tmp_path):
+    official = official_layout(16, TINY['depths'], TINY['num_heads'])
+    path = os.path.join(tmp_path, 'cswin_official.pth')
+    torch.save({'state_dict_ema': official}, path)
+    model = SoftFreeCSWin(arch=dict(TINY), init_cfg=dict(type='Pretrained', checkpoint=path))
+    model.init_weights()
+    sd = model.state_dict()
+    for k, v in convert_cswin(official).items():
+        assert torch.equal(sd[k], v), k
 
 
 # ------------------------------------------------------------------------------------------- options

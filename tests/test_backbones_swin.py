@@ -232,8 +232,10 @@ def test_mmdet_unfold_order_conversion_inverts_mmdets_own_swin_converter():
     w = torch.randn(8, 4 * 3)
     norm = torch.randn(4 * 3)
     official = {'layers.0.downsample.reduction.weight': w, 'layers.0.downsample.norm.weight': norm}
-    mm = swin_converter(official)
-    ours = convert_swin({'stages.0.downsample.' + k.split('downsample.')[1]: v for k, v in mm.items()})
+    official['patch_embed.proj.weight'] = torch.randn(3, 3, 4, 4)
+    mm = {k[len('backbone.'):]: v for k, v in swin_converter(official).items()}
+    assert 'patch_embed.projection.weight' in mm and 'stages.0.downsample.reduction.weight' in mm
+    ours = convert_swin(mm)
     assert torch.equal(ours['stages.1.downsample.reduction.weight'], w)
     assert torch.equal(ours['stages.1.downsample.norm.weight'], norm)
 

@@ -63,6 +63,20 @@ def test_config_header_states_gpus_times_images_per_gpu(path):
         f'{_rel(path)}: the header must state GPUs x images per GPU'
 
 
+INIT_FUNCTIONS = ('uniform_', 'normal_', 'trunc_normal_', 'trunc_normal_tf_', 'kaiming_uniform_', 'kaiming_normal_',
+                  'xavier_uniform_', 'xavier_normal_')
+
+
+def _skip_random_init(monkeypatch):
+    """Random initialisation is most of a build's time and not what the build tests guard: make it a no-op."""
+    modules = [torch.nn.init] + [m for n, m in list(sys.modules.items())
+                                 if m is not None and n.startswith(('softfree_mm.', 'timm.layers'))]
+    for mod in modules:
+        for fn in INIT_FUNCTIONS:
+            if callable(getattr(mod, fn, None)):
+                monkeypatch.setattr(mod, fn, lambda tensor, *a, **k: tensor)
+
+
 def _expected_kernels(cfg_name, cfg):
     """The kernel type names per backbone stage / layer that the config's name promises."""
     m = NAME.match(cfg_name.replace('_demo', ''))
@@ -84,10 +98,7 @@ def test_config_builds_its_model_with_the_kernels_its_name_promises(path, monkey
     # SyncBN needs a process group: build with BN as tools/train.py does on CPU
     from softfree_mm.engine.launch import _replace_syncbn
     _replace_syncbn(model_cfg)
-    # random initialisation is most of the build time and not what this test guards: skip it
-    for fn in ('uniform_', 'normal_', 'trunc_normal_', 'kaiming_uniform_', 'kaiming_normal_', 'xavier_uniform_',
-               'xavier_normal_'):
-        monkeypatch.setattr(torch.nn.init, fn, lambda tensor, *a, **k: tensor)
+    _skip_random_init(monkeypatch)
     with MODELS.switch_scope_and_registry(cfg.default_scope) as registry:
         model = registry.build(model_cfg)
     kernels = [m for m in model.backbone.modules() if isinstance(m, AttentionKernel)]

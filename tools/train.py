@@ -44,6 +44,12 @@ def prepare(args):
         cfg.work_dir = args.work_dir
     elif cfg.get('work_dir') is None:
         cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(args.config))[0])
+    if args.resume == 'auto':
+        cfg.resume, cfg.load_from = True, None
+    elif args.resume is not None:
+        if not osp.isfile(args.resume):
+            raise launch.UsageError(f'--resume: checkpoint not found: {args.resume}')
+        cfg.resume, cfg.load_from = True, args.resume
     launch.check_attention(cfg)
     launch.check_model_types(cfg)
     phases = ('train', 'val') if cfg.get('val_cfg') is not None else ('train', )
@@ -54,12 +60,6 @@ def prepare(args):
         launch.enable_amp(cfg)
     if args.auto_scale_lr:
         launch.enable_auto_scale_lr(cfg)
-    if args.resume == 'auto':
-        cfg.resume, cfg.load_from = True, None
-    elif args.resume is not None:
-        if not osp.isfile(args.resume):
-            raise launch.UsageError(f'--resume: checkpoint not found: {args.resume}')
-        cfg.resume, cfg.load_from = True, args.resume
     for note in launch.apply_device_settings(cfg, args.launcher):
         print(f'[softfree_mm] {note}', file=sys.stderr)
     return cfg

@@ -166,7 +166,8 @@ class InLineAttention(AttentionKernel):
         dtype = v.dtype
         q, k, v = upcast(q, k, v)
         with _autocast_off(q):  # the key-value sums in fp32
-            q, k, v = q.to(v.dtype), k.to(v.dtype), v
+            dt = torch.promote_types(q.dtype, v.dtype)
+            q, k, v = q.to(dt), k.to(dt), v.to(dt)
             s = default_scale(scale, q.shape[-1], q)
             fq, fk = _feature(q, self.feature_map), _feature(k, self.feature_map)
             n = k.shape[2]

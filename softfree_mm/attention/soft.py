@@ -38,7 +38,8 @@ def gaussian_kernel(a, b, scale):
 
 def newton_pinv(p, iters):
     """Moore-Penrose inverse of the (.., m, m) matrices ``p`` by Newton iteration ``V <- 2V - V P V`` from
-    ``V0 = P^T / (||P||_1 ||P||_inf)``; alpha <= 1 / sigma_max(P)^2 makes the iteration converge. Run in fp32/fp64."""
+    ``V0 = P^T / (||P||_1 ||P||_inf)``; alpha <= 1 / sigma_max(P)^2 makes the iteration converge. Run in fp32/fp64.
+    On a singular P, rounding in the null space doubles each step: use about as many steps as convergence needs."""
     norm_1 = p.abs().sum(-2).amax(-1)  # max column sum
     norm_inf = p.abs().sum(-1).amax(-1)  # max row sum
     alpha = (1.0 / (norm_1 * norm_inf)).unsqueeze(-1).unsqueeze(-1)

@@ -5,5 +5,6 @@ _base_ = 'mmseg::_base_/models/fpn_r50.py'
 model = dict(
     data_preprocessor=dict(size=(512, 512)),
     backbone=dict(_delete_=True),
+    pretrained=None,
     neck=dict(out_channels=256, num_outs=4),
     decode_head=dict(num_classes=150, dropout_ratio=0.1))

@@ -20,7 +20,6 @@ Geometry, masks and padding:
   global-window stages have no fixed window to index, and kernels that cannot take a bias get none (logged once).
 * Kernels that need the token grid get ``hw = (window_h, window_w)``.
 """
-import copy
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch

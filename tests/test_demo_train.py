@@ -1,0 +1,154 @@
+"""Each task's demo config trains, saves, resumes and evaluates through tools/train.py and tools/test.py.
+
+Guards, per task (Mask R-CNN / COCO AP via pycocotools, UperNet and Semantic FPN / mIoU, classifier / top-1):
+the demo data is written on demand under a ``data/demo`` root; training runs and checkpoints; ``--resume``
+continues from the saved iteration instead of starting again; tools/test.py evaluates the checkpoint and reports
+the task's metric. The demo configs run unchanged except for a tiny backbone / head width (a child config written
+here) and two or three iterations, to keep CPU time small.
+"""
+import glob
+import importlib.util
+import json
+import math
+import os.path as osp
+import sys
+
+import pytest
+import torch
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+sys.path.insert(0, ROOT)
+DEMO = osp.join(ROOT, 'configs', 'demo')
+
+# tiny widths for each demo config; everything else (data, pipelines, heads' structure, schedule type) is the demo's
+TINY = {
+    'maskrcnn': ('maskrcnn_xcit_s12_poly3_demo.py', """
+model = dict(
+    backbone=dict(embed_dims=32, depth=4, num_heads=4, out_indices=(0, 1, 2, 3)),
+    neck=dict(in_channels=[32, 32, 32, 32], out_channels=32),
+    rpn_head=dict(in_channels=32, feat_channels=32),
+    roi_head=dict(
+        bbox_roi_extractor=dict(out_channels=32),
+        bbox_head=dict(in_channels=32, fc_out_channels=64),
+        mask_roi_extractor=dict(out_channels=32),
+        mask_head=dict(in_channels=32, conv_out_channels=32)),
+    train_cfg=dict(rpn_proposal=dict(max_per_img=64), rcnn=dict(sampler=dict(num=32))),
+    test_cfg=dict(rpn=dict(max_per_img=64)))
+"""),
+    'upernet': ('upernet_swin_t_poly3_demo.py', """
+model = dict(
+    backbone=dict(embed_dims=16, depths=(1, 1, 1, 1), num_heads=(1, 1, 2, 2)),
+    decode_head=dict(in_channels=[16, 32, 64, 128], channels=16),
+    auxiliary_head=dict(in_channels=64, channels=8))
+train_dataloader = dict(batch_size=2)
+"""),
+    'semfpn': ('semfpn_pvt_v2_b2_poly3_demo.py', """
+model = dict(
+    backbone=dict(embed_dims=(16, 32, 64, 128), depths=(1, 1, 1, 1), num_heads=(1, 1, 2, 2)),
+    neck=dict(in_channels=[16, 32, 64, 128], out_channels=16),
+    decode_head=dict(channels=16))
+train_dataloader = dict(batch_size=2)
+"""),
+    'cls': ('cls_xcit_s12_poly3_demo.py', """
+model = dict(backbone=dict(embed_dims=32, depth=2, num_heads=4, cls_attn_layers=1), head=dict(in_channels=32))
+train_dataloader = dict(batch_size=8, dataset=dict(indices=16))
+"""),
+}
+# a short schedule: run 1 trains to ``first``, run 2 resumes to ``second``
+SCHEDULE = {
+    'iter': ("""
+train_cfg = dict(max_iters={n}, val_interval=1000)
+default_hooks = dict(logger=dict(interval=1), checkpoint=dict(interval=1, max_keep_ckpts=3))
+""", 2, 3),
+    'epoch': ("""
+train_cfg = dict(max_epochs={n}, val_interval=1000)
+default_hooks = dict(logger=dict(interval=1), checkpoint=dict(interval=1, max_keep_ckpts=3))
+""", 1, 2),
+}
+METRIC = {'maskrcnn': ('coco/bbox_mAP', 'coco/segm_mAP'), 'upernet': ('mIoU', ), 'semfpn': ('mIoU', ),
+          'cls': ('accuracy/top1', )}
+
+
+def _load_tool(name):
+    sys.path.insert(0, osp.join(ROOT, 'tools'))
+    spec = importlib.util.spec_from_file_location(f'softfree_tool_{name}', osp.join(ROOT, 'tools', f'{name}.py'))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope='module')
+def tools():
+    return _load_tool('train'), _load_tool('test')
+
+
+@pytest.fixture(scope='module')
+def demo_root(tmp_path_factory):
+    """A ``data/demo`` root that does not exist yet: the first tool run writes it."""
+    return str(tmp_path_factory.mktemp('demo_runs') / 'data' / 'demo')
+
+
+def _tiny_config(task, folder, n):
+    base, text = TINY[task]
+    kind = 'epoch' if task == 'cls' else 'iter'
+    path = osp.join(folder, f'{task}_tiny_{n}.py')
+    with open(path, 'w') as f:
+        f.write(f"_base_ = {osp.join(DEMO, base)!r}\n{text}\n{SCHEDULE[kind][0].format(n=n)}\n")
+    return path
+
+
+def _reroot(task, demo_root):
+    """--cfg-options that move every data root from data/demo to the test's demo root; a small validation set."""
+    sub = {'maskrcnn': 'coco/', 'upernet': 'ade', 'semfpn': 'ade', 'cls': 'imagenet'}[task]
+    root = osp.join(demo_root, sub)
+    opts = [f'{k}.dataset.data_root={root}' for k in ('train_dataloader', 'val_dataloader', 'test_dataloader')]
+    opts += [f'{k}.dataset.indices=4' for k in ('val_dataloader', 'test_dataloader')]
+    if task == 'maskrcnn':
+        ann = osp.join(root, 'annotations', 'instances_val2017.json')
+        opts += [f'val_evaluator.ann_file={ann}', f'test_evaluator.ann_file={ann}']
+    return opts
+
+
+def _scalar_steps(work_dir):
+    steps = []
+    for p in sorted(glob.glob(osp.join(work_dir, '*', 'vis_data', 'scalars.json'))):
+        with open(p) as f:
+            steps.append([json.loads(line)['step'] for line in f if '"loss"' in line])
+    return steps
+
+
+@pytest.mark.parametrize('task', list(TINY))
+def test_demo_config_trains_saves_resumes_and_evaluates(task, tools, demo_root, tmp_path):
+    train, test = tools
+    kind = 'epoch' if task == 'cls' else 'iter'
+    _, first, second = SCHEDULE[kind]
+    work = str(tmp_path / 'work')
+    opts = _reroot(task, demo_root)
+
+    torch.manual_seed(0)
+    assert train.main([_tiny_config(task, str(tmp_path), first), '--work-dir', work,
+                       '--cfg-options', *opts]) == 0
+    assert osp.exists(osp.join(demo_root, {'maskrcnn': 'coco', 'cls': 'imagenet'}.get(task, 'ade'), '.complete'))
+    ckpt1 = osp.join(work, f'{kind}_{first}.pth')
+    assert osp.isfile(ckpt1)
+
+    assert train.main([_tiny_config(task, str(tmp_path), second), '--work-dir', work, '--resume',
+                       '--cfg-options', *opts]) == 0
+    ckpt2 = osp.join(work, f'{kind}_{second}.pth')
+    meta1 = torch.load(ckpt1, map_location='cpu')['meta']
+    meta2 = torch.load(ckpt2, map_location='cpu')['meta']
+    assert meta2[kind] == second
+    # resumed, not restarted: the second run logged only iterations after the first run's last one
+    runs = _scalar_steps(work)
+    assert len(runs) == 2 and runs[0] and runs[1]
+    assert max(runs[0]) == meta1['iter'] and min(runs[1]) == meta1['iter'] + 1 and max(runs[1]) == meta2['iter']
+
+    assert test.main([_tiny_config(task, str(tmp_path), second), ckpt2, '--work-dir', work,
+                      '--cfg-options', *opts]) == 0
+    with open(osp.join(work, 'test_metrics.json')) as f:
+        metrics = json.load(f)
+    for key in METRIC[task]:
+        assert key in metrics, f'{key} missing from {sorted(metrics)}'
+        value = metrics[key]
+        assert math.isfinite(value)
+        assert 0 <= value <= (1 if task == 'maskrcnn' else 100)
