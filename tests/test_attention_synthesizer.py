@@ -131,8 +131,11 @@ def test_compiles_fullgraph():
 def test_errors_name_the_bad_value():
     with pytest.raises(ValueError, match="mode 'conv'.*random, factorized_random, dense, factorized_dense"):
         build_attention(dict(type='synthesizer', mode='conv'), num_heads=H, head_dim=D)
-    with pytest.raises(ValueError, match='needs num_heads and head_dim'):
+    with pytest.raises(ValueError, match="mode 'random' needs num_heads"):
         build_attention('synthesizer')
+    with pytest.raises(ValueError, match="mode 'dense' needs num_heads and head_dim"):
+        build_attention(dict(type='synthesizer', mode='dense'), num_heads=H)
+    assert build_attention('synthesizer', num_heads=H).table.shape == (H, 256, 256)  # random mode: no head_dim
     with pytest.raises(ValueError, match='max_len must be a positive int, got 0'):
         build_attention(dict(type='synthesizer', max_len=0), num_heads=H, head_dim=D)
     kern = build('random')

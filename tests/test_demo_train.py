@@ -138,10 +138,10 @@ def test_demo_config_trains_saves_resumes_and_evaluates(task, tools, demo_root, 
     meta1 = torch.load(ckpt1, map_location='cpu')['meta']
     meta2 = torch.load(ckpt2, map_location='cpu')['meta']
     assert meta2[kind] == second
-    # resumed, not restarted: the second run logged only iterations after the first run's last one
-    runs = _scalar_steps(work)
-    assert len(runs) == 2 and runs[0] and runs[1]
-    assert max(runs[0]) == meta1['iter'] and min(runs[1]) == meta1['iter'] + 1 and max(runs[1]) == meta2['iter']
+    # resumed, not restarted: over both runs every iteration was logged exactly once, in order (a restart would
+    # log iteration 1 again); the logs may share one folder (a named visualizer is one instance per process)
+    steps = [s for run in _scalar_steps(work) for s in run]
+    assert meta1['iter'] >= 1 and steps == list(range(1, meta2['iter'] + 1))
 
     assert test.main([_tiny_config(task, str(tmp_path), second), ckpt2, '--work-dir', work,
                       '--cfg-options', *opts]) == 0

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import ATTENTION
-from .base import AttentionKernel, default_scale, resolve_hw, upcast
-from .inline import _autocast_off, local_conv, neighbour_onehot
+from .base import AttentionKernel, default_scale, no_autocast, resolve_hw, upcast
+from .inline import local_conv, neighbour_onehot
 
 
 def _to_common(*ts):
@@ -73,12 +73,12 @@ class NystromAttention(AttentionKernel):
         return k1, iterative_pinv(k2, self.pinv_iters), k3
 
     def _matrix(self, q, k, hw, scale, bias, mask):
-        with _autocast_off(q):  # softmax blocks and the iterative inverse in fp32
+        with no_autocast(q):  # softmax blocks and the iterative inverse in fp32
             k1, inv, k3 = self._factors(q, k, scale)
             return k1 @ inv @ k3
 
     def _forward(self, q, k, v, hw, scale, bias, mask):
-        with _autocast_off(q):  # softmax blocks and the iterative inverse in fp32
+        with no_autocast(q):  # softmax blocks and the iterative inverse in fp32
             k1, inv, k3 = self._factors(q, k, scale)
             k1, inv, k3, vv = _to_common(k1, inv, k3, *upcast(v))
             out = k1 @ (inv @ (k3 @ vv))
@@ -140,13 +140,13 @@ class PerformerAttention(AttentionKernel):
         return self.features(q, s, True), self.features(k, s, False)
 
     def _matrix(self, q, k, hw, scale, bias, mask):
-        with _autocast_off(q):  # exponentials and sums in fp32
+        with no_autocast(q):  # exponentials and sums in fp32
             fq, fk = self._feats(q, k, scale)
             num = fq @ fk.transpose(-2, -1)
             return num / (num.sum(-1, keepdim=True) + self.eps)
 
     def _forward(self, q, k, v, hw, scale, bias, mask):
-        with _autocast_off(q):  # exponentials and sums in fp32
+        with no_autocast(q):  # exponentials and sums in fp32
             fq, fk = self._feats(q, k, scale)
             fq, fk, vv = _to_common(fq, fk, *upcast(v))
             den = fq @ fk.sum(2, keepdim=True).transpose(-2, -1) + self.eps
@@ -183,13 +183,13 @@ class CosFormerAttention(AttentionKernel):
         return (fq * torch.cos(aq), fq * torch.sin(aq)), (fk * torch.cos(ak), fk * torch.sin(ak))
 
     def _matrix(self, q, k, hw, scale, bias, mask):
-        with _autocast_off(q):  # sums in fp32
+        with no_autocast(q):  # sums in fp32
             (qc, qs), (kc, ks) = self._feats(q, k)
             num = qc @ kc.transpose(-2, -1) + qs @ ks.transpose(-2, -1)
             return num / (num.sum(-1, keepdim=True) + self.eps)
 
     def _forward(self, q, k, v, hw, scale, bias, mask):
-        with _autocast_off(q):  # sums in fp32
+        with no_autocast(q):  # sums in fp32
             (qc, qs), (kc, ks) = self._feats(q, k)
             qc, qs, kc, ks, vv = _to_common(qc, qs, kc, ks, *upcast(v))
             num = qc @ (kc.transpose(-2, -1) @ vv) + qs @ (ks.transpose(-2, -1) @ vv)
@@ -245,7 +245,7 @@ class FocusedLinearAttention(AttentionKernel):
     def _matrix(self, q, k, hw, scale, bias, mask):
         grid = self._grid(q, k, hw) if self.local_conv else None
         q, k = upcast(q, k)
-        with _autocast_off(q):  # powers, norms and sums in fp32
+        with no_autocast(q):  # powers, norms and sums in fp32
             fq, fk = self.features(q), self.features(k)
             a = fq @ fk.transpose(-2, -1)
             a = a / ((fq * fk.sum(2, keepdim=True)).sum(-1, keepdim=True) + self.eps)
@@ -258,7 +258,7 @@ class FocusedLinearAttention(AttentionKernel):
     def _forward(self, q, k, v, hw, scale, bias, mask):
         grid = self._grid(q, k, hw) if self.local_conv else None
         q, k, vv = upcast(q, k, v)
-        with _autocast_off(q):  # powers, norms and sums in fp32
+        with no_autocast(q):  # powers, norms and sums in fp32
             fq, fk = self.features(q), self.features(k)
             fq, fk, vv = _to_common(fq, fk, vv)
             den = (fq * fk.sum(2, keepdim=True)).sum(-1, keepdim=True) + self.eps

@@ -10,13 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import ATTENTION
-from .base import AttentionKernel, default_scale, resolve_hw, upcast, work_dtype
+from .base import AttentionKernel, default_scale, resolve_hw, upcast, work_dtype, no_autocast
 
 
-def _autocast_off(t):
-    """Autocast off for t's device (a plain torch.autocast: base.no_autocast's wrapper class breaks
-    torch.compile(fullgraph=True))."""
-    return torch.autocast(device_type=t.device.type, enabled=False)
 
 
 FEATURE_MAPS = ('identity', 'relu', 'exp')
@@ -145,7 +141,7 @@ class InLineAttention(AttentionKernel):
     def _matrix(self, q, k, hw, scale, bias, mask):
         grid = self._grid(q, k, hw) if self.local_residual else None
         q, k = upcast(q, k)
-        with _autocast_off(q):  # sums and means in fp32
+        with no_autocast(q):  # sums and means in fp32
             s = default_scale(scale, q.shape[-1], q)
             a, kbar, keep = self._masked_parts(q, k, s, mask)
             if self.local_residual:
@@ -158,14 +154,14 @@ class InLineAttention(AttentionKernel):
         if mask is not None:
             # the explicit path: N, means and the residual per row over the valid keys
             a = self._matrix(q, k, hw, scale, bias, mask)
-            with _autocast_off(v):
+            with no_autocast(v):
                 dt = torch.promote_types(a.dtype, work_dtype(v))
                 out = a.to(dt) @ v.to(dt)
             return out.to(v.dtype)
         grid = self._grid(q, k, hw) if self.local_residual else None
         dtype = v.dtype
         q, k, v = upcast(q, k, v)
-        with _autocast_off(q):  # the key-value sums in fp32
+        with no_autocast(q):  # the key-value sums in fp32
             dt = torch.promote_types(q.dtype, v.dtype)
             q, k, v = q.to(dt), k.to(dt), v.to(dt)
             s = default_scale(scale, q.shape[-1], q)

@@ -15,13 +15,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import ATTENTION
-from .base import AttentionKernel, default_scale, resolve_hw, upcast
+from .base import AttentionKernel, default_scale, resolve_hw, upcast, no_autocast
 
 
-def _autocast_off(t):
-    """Autocast off for t's device (a plain torch.autocast: base.no_autocast's wrapper class breaks
-    torch.compile(fullgraph=True))."""
-    return torch.autocast(device_type=t.device.type, enabled=False)
 
 
 LANDMARK_OPS = ('conv', 'avgpool')
@@ -169,13 +165,13 @@ class SoftAttention(AttentionKernel):
 
     # ------------------------------------------------------------------ API
     def _matrix(self, q, k, hw, scale, bias, mask):
-        with _autocast_off(q):  # Gaussian kernel and Newton iteration in fp32
+        with no_autocast(q):  # Gaussian kernel and Newton iteration in fp32
             k_ql, inv, k_lk = self._factors(q, k, hw, scale)
             return k_ql @ inv @ k_lk
 
     def _forward(self, q, k, v, hw, scale, bias, mask):
         dtype = v.dtype
-        with _autocast_off(q):  # Gaussian kernel and Newton iteration in fp32
+        with no_autocast(q):  # Gaussian kernel and Newton iteration in fp32
             k_ql, inv, k_lk = self._factors(q, k, hw, scale)
             (v,) = upcast(v)
             dt = torch.promote_types(k_ql.dtype, v.dtype)

@@ -13,13 +13,9 @@ import torch
 from torch import nn
 
 from . import ATTENTION
-from .base import AttentionKernel, default_scale, scores, upcast, work_dtype
+from .base import AttentionKernel, default_scale, scores, upcast, work_dtype, no_autocast
 
 
-def _autocast_off(t):
-    """Autocast off for t's device (a plain torch.autocast: base.no_autocast's wrapper class breaks
-    torch.compile(fullgraph=True))."""
-    return torch.autocast(device_type=t.device.type, enabled=False)
 
 
 MODES = ('random', 'factorized_random', 'dense', 'factorized_dense')
@@ -37,7 +33,7 @@ def masked_softmax(logits, mask):
 
 @ATTENTION.register('synthesizer')
 class SynthesizerAttention(AttentionKernel):
-    """Synthetic attention weights (see the module docstring). Needs num_heads and head_dim (learned weights).
+    """Synthetic attention weights (see the module docstring). Needs num_heads (and head_dim in the dense modes).
 
     Args:
         mode: ``'random'``, ``'factorized_random'``, ``'dense'`` or ``'factorized_dense'``.
@@ -59,9 +55,10 @@ class SynthesizerAttention(AttentionKernel):
                 raise ValueError(f'synthesizer: {arg} must be a positive int, got {val!r}')
         if not isinstance(mix, bool):
             raise TypeError(f'synthesizer: mix must be True or False, got {mix!r}')
-        if num_heads is None or head_dim is None:
-            raise ValueError('synthesizer: the synthetic logits are learned; the kernel needs num_heads and '
-                             f'head_dim (got num_heads={num_heads}, head_dim={head_dim}); pass both')
+        if num_heads is None or (head_dim is None and mode in ('dense', 'factorized_dense')):
+            need = 'num_heads' if mode in ('random', 'factorized_random') else 'num_heads and head_dim'
+            raise ValueError(f'synthesizer: the synthetic logits are learned; mode {mode!r} needs {need} '
+                             f'(got num_heads={num_heads}, head_dim={head_dim})')
         self.mode, self.max_len, self.rank, self.mix = mode, max_len, rank, mix
         h, d, n = num_heads, head_dim, max_len
         if mode == 'random':
@@ -118,7 +115,7 @@ class SynthesizerAttention(AttentionKernel):
 
     def _matrix(self, q, k, hw, scale, bias, mask):
         q, k = upcast(q, k)
-        with _autocast_off(q):  # logits and softmax in fp32
+        with no_autocast(q):  # logits and softmax in fp32
             logits = self.synthetic_logits(q, k.shape[2])
             if self.mix:
                 logits = logits + scores(q, k, default_scale(scale, q.shape[-1], q))
@@ -129,7 +126,7 @@ class SynthesizerAttention(AttentionKernel):
 
     def _forward(self, q, k, v, hw, scale, bias, mask):
         a = self._matrix(q, k, hw, scale, bias, mask)
-        with _autocast_off(v):
+        with no_autocast(v):
             dt = torch.promote_types(a.dtype, work_dtype(v))
             out = a.to(dt) @ v.to(dt)
         return out.to(v.dtype)
