@@ -45,6 +45,7 @@ def test_registry_lists_the_required_kernels():
 def test_declared_abilities_are_valid(name):
     kern = _build(name)
     assert isinstance(kern.supports_bias, bool) and isinstance(kern.supports_mask, bool)
+    assert isinstance(kern.needs_hw, bool) and isinstance(kern.fixed_length, bool)
     assert kern.complexity in ('quadratic', 'linear')
 
 

@@ -373,3 +373,14 @@ def test_downstream_model_trains_a_step_with_swin_backbone(runner):
     assert type(model.backbone) is SoftFreeSwin
     grads = [p.grad for p in model.backbone.parameters()]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+def test_position_tied_kernel_fits_fixed_windows_but_is_refused_in_global_windows():
+    """A synthesizer's logits are tied to positions up to max_len: fine in 7x7 windows (49 tokens), refused where
+    the window is the whole, input-dependent stage grid."""
+    model = SoftFreeSwin(arch=dict(TINY), attn_cfg=dict(type='synthesizer', max_len=49)).eval()
+    with torch.no_grad():
+        assert len(model(torch.randn(1, 3, 67, 93))) == 4
+    with pytest.raises(ValueError, match=r"SoftFreeSwin: attention kernel 'synthesizer' cannot be used in stage 0 "
+                                         r"\(global window\).*varies with the input size.*softmax"):
+        SoftFreeSwin(arch=dict(TINY), attn_cfg='synthesizer', global_window=True)

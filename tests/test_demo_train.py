@@ -46,7 +46,7 @@ train_dataloader = dict(batch_size=2)
 model = dict(
     backbone=dict(embed_dims=(16, 32, 64, 128), depths=(1, 1, 1, 1), num_heads=(1, 1, 2, 2)),
     neck=dict(in_channels=[16, 32, 64, 128], out_channels=16),
-    decode_head=dict(channels=16))
+    decode_head=dict(in_channels=[16, 16, 16, 16], channels=16))
 train_dataloader = dict(batch_size=2)
 """),
     'cls': ('cls_xcit_s12_poly3_demo.py', """

@@ -23,6 +23,7 @@ class AttentionKernel(nn.Module):
     supports_mask: bool = False
     complexity: str = 'quadratic'  # 'quadratic' | 'linear'
     needs_hw: bool = False  # True when the kernel uses the (H, W) token grid
+    fixed_length: bool = False  # True when learned weights are tied to token positions up to a maximum length
 
     def __init__(self, num_heads: Optional[int] = None, head_dim: Optional[int] = None):
         super().__init__()

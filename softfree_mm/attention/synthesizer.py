@@ -45,6 +45,7 @@ class SynthesizerAttention(AttentionKernel):
     supports_bias = True
     supports_mask = True
     complexity = 'quadratic'
+    fixed_length = True  # logits are tied to token positions 0..max_len-1
 
     def __init__(self, num_heads=None, head_dim=None, mode='random', max_len=256, rank=8, mix=False):
         super().__init__(num_heads, head_dim)

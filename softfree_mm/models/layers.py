@@ -29,9 +29,16 @@ def expand_attn_cfg(attn_cfg: Union[AttnCfg, Sequence[AttnCfg]], num: int, unit:
     return out
 
 
-def require_kernel_fit(cfg: dict, owner: str, where: str, *, needs_mask: bool = False) -> type:
-    """The kernel class for ``cfg``; a clear build-time error when the backbone must hand it a mask it can't take."""
+def require_kernel_fit(cfg: dict, owner: str, where: str, *, needs_mask: bool = False,
+                       varying_length: bool = False) -> type:
+    """The kernel class for ``cfg``; a clear build-time error when the backbone must hand it a mask it can't take,
+    or token sequences whose length varies with the input size to a kernel tied to fixed positions."""
     cls = kernel_class(cfg)
+    if varying_length and cls.fixed_length:
+        raise ValueError(f"{owner}: attention kernel '{cfg['type']}' cannot be used in {where}: its learned "
+                         'weights are tied to token positions up to a fixed length, and there the number of tokens '
+                         'varies with the input size; kernels that fit: '
+                         f"{', '.join(n for n in list_attentions() if not kernel_class(n).fixed_length)}")
     if needs_mask and not cls.supports_mask:
         raise ValueError(f"{owner}: attention kernel '{cfg['type']}' cannot be used in {where}: it needs "
                          'attention masks (shifted windows / padded tokens) and the kernel cannot honour a mask; '

@@ -271,7 +271,7 @@ class SoftFreeCSWin(StagedBackbone):
                 cfgs[i], owner,
                 f'stage {i} (stripes of width {stripe_widths[i]}, symmetric padding, padded keys masked; set '
                 f'global_window=True for this stage to use it without masks)',
-                needs_mask=not is_global and stripe_widths[i] > 1)
+                needs_mask=not is_global and stripe_widths[i] > 1, varying_length=True)
             start = sum(depths[:i])
             blocks = [CSWinBlock(dims[i], num_heads[i], stripe_widths[i], global_window[i], last, cfgs[i],
                                  mlp_ratio, qkv_bias, drop_rate, dpr[start + j], with_cp) for j in range(depths[i])]

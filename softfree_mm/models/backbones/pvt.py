@@ -30,7 +30,7 @@ from timm.layers import DropPath, Mlp, trunc_normal_
 from torch import nn
 
 from ...attention import build_attention, kernel_class, list_attentions
-from ..layers import expand_attn_cfg
+from ..layers import expand_attn_cfg, require_kernel_fit
 
 __all__ = ['SoftFreePVT', 'SoftFreePVTv2']
 
@@ -61,6 +61,7 @@ class SRAttention(nn.Module):
         else:
             self.sr = self.norm = None
         self.reduces = self.sr is not None
+        require_kernel_fit(attn_cfg, owner, f'{where} (global attention)', varying_length=True)
         self.kernel = build_attention(attn_cfg, num_heads=num_heads, head_dim=self.head_dim)
         if self.reduces and self.kernel.needs_hw:
             how = 'linear SRA (7x7 pooled keys)' if linear_sra else f'spatial reduction sr_ratio={sr_ratio}'

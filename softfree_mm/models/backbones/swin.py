@@ -428,7 +428,7 @@ class SoftFreeSwin(StagedBackbone):
         self.stages = nn.ModuleList()
         for i in range(num_stages):
             if global_window[i]:
-                cls = require_kernel_fit(cfgs[i], 'SoftFreeSwin', f'stage {i} (global window)')
+                cls = require_kernel_fit(cfgs[i], 'SoftFreeSwin', f'stage {i} (global window)', varying_length=True)
                 window = None
             else:
                 cls = require_kernel_fit(
