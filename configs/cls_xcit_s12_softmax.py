@@ -11,6 +11,7 @@ model = dict(
         arch='s12',
         patch_size=16,
         out_type='cls_token',
+        norm_cfg=dict(type='BN', requires_grad=True),  # the classification XCiT uses plain BN
         attn_cfg=dict(type='softmax'),
         drop_path_rate=0.05,
         init_cfg=None),

@@ -124,27 +124,30 @@ def test_demo_config_trains_saves_resumes_and_evaluates(task, tools, demo_root, 
     _, first, second = SCHEDULE[kind]
     work = str(tmp_path / 'work')
     opts = _reroot(task, demo_root)
+    # a visualizer is one named instance per process: give each run its own, so its logs land in its own folder
+    opts_run = [*opts, f'visualizer.name=vis_{task}_{tmp_path.name}_']
 
     torch.manual_seed(0)
     assert train.main([_tiny_config(task, str(tmp_path), first), '--work-dir', work,
-                       '--cfg-options', *opts]) == 0
+                       '--cfg-options', *opts_run[:-1], opts_run[-1] + '1']) == 0
     assert osp.exists(osp.join(demo_root, {'maskrcnn': 'coco', 'cls': 'imagenet'}.get(task, 'ade'), '.complete'))
     ckpt1 = osp.join(work, f'{kind}_{first}.pth')
     assert osp.isfile(ckpt1)
 
     assert train.main([_tiny_config(task, str(tmp_path), second), '--work-dir', work, '--resume',
-                       '--cfg-options', *opts]) == 0
+                       '--cfg-options', *opts_run[:-1], opts_run[-1] + '2']) == 0
     ckpt2 = osp.join(work, f'{kind}_{second}.pth')
     meta1 = torch.load(ckpt1, map_location='cpu')['meta']
     meta2 = torch.load(ckpt2, map_location='cpu')['meta']
     assert meta2[kind] == second
     # resumed, not restarted: over both runs every iteration was logged exactly once, in order (a restart would
-    # log iteration 1 again); the logs may share one folder (a named visualizer is one instance per process)
+    # log iteration 1 again)
+    assert len(_scalar_steps(work)) == 2
     steps = [s for run in _scalar_steps(work) for s in run]
     assert meta1['iter'] >= 1 and steps == list(range(1, meta2['iter'] + 1))
 
     assert test.main([_tiny_config(task, str(tmp_path), second), ckpt2, '--work-dir', work,
-                      '--cfg-options', *opts]) == 0
+                      '--cfg-options', *opts_run[:-1], opts_run[-1] + '3']) == 0
     with open(osp.join(work, 'test_metrics.json')) as f:
         metrics = json.load(f)
     for key in METRIC[task]:
