@@ -79,7 +79,10 @@ def test_every_kernel_in_all_registries_gives_strided_maps_finite_grads_and_bf16
 def test_kernels_needing_a_shared_grid_are_refused_under_reduction_and_the_rest_build(arch):
     for kernel in KERNELS:
         cfg = kernel_cfg(kernel, 64)
-        if needs_grid(cfg):
+        if kernel_class(kernel).fixed_length:
+            with pytest.raises(ValueError, match=rf"attention kernel '{kernel}'.*varies with the input size"):
+                SoftFreePVTv2(arch=arch, attn_cfg=cfg, **TINY)
+        elif needs_grid(cfg):
             fix = 'non-li arch with sr_ratios' if arch == 'b2_li' else r'set sr_ratios=\(1, 1, 1, 1\)'
             with pytest.raises(ValueError, match=rf"SoftFreePVTv2: attention kernel '{kernel}' cannot be used in "
                                                  rf'stage 0 .*{fix}'):

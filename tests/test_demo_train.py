@@ -155,3 +155,20 @@ def test_demo_config_trains_saves_resumes_and_evaluates(task, tools, demo_root, 
         value = metrics[key]
         assert math.isfinite(value)
         assert 0 <= value <= (1 if task == 'maskrcnn' else 100)
+
+    # the other outputs of tools/test.py, one task each: raw predictions (--out), submission files (--format-only)
+    if task == 'cls':
+        out = str(tmp_path / 'preds.pkl')
+        assert test.main([_tiny_config(task, str(tmp_path), second), ckpt2, '--work-dir', work, '--out', out,
+                          '--cfg-options', *opts_run[:-1], opts_run[-1] + '4']) == 0
+        import pickle
+        with open(out, 'rb') as f:
+            preds = pickle.load(f)
+        assert len(preds) == 4 and all(0 <= int(p['pred_label']) < 1000 for p in preds)
+    if task == 'maskrcnn':
+        assert test.main([_tiny_config(task, str(tmp_path), second), ckpt2, '--work-dir', work, '--format-only',
+                          '--cfg-options', *opts_run[:-1], opts_run[-1] + '4']) == 0
+        for kind in ('bbox', 'segm'):
+            with open(osp.join(work, 'format_only', f'results.{kind}.json')) as f:
+                results = json.load(f)
+            assert isinstance(results, list) and all(r['category_id'] in range(1, 11) for r in results)

@@ -125,3 +125,15 @@ def test_auto_scale_lr_flag_enables_the_configs_scaling():
     cfg.auto_scale_lr = None
     with pytest.raises(launch.UsageError, match='no auto_scale_lr'):
         launch.enable_auto_scale_lr(cfg)
+
+
+def test_kernel_the_backbone_refuses_is_one_line_naming_backbone_and_kernel(train_tool, capsys, tmp_path):
+    # XCiT's cross-covariance attention has no token grid: InLine (needs_hw) is refused when the model is built
+    demo_cfg = osp.join(ROOT, 'configs', 'demo', 'cls_xcit_s12_poly3_demo.py')
+    root = str(tmp_path / 'data' / 'demo' / 'imagenet')
+    rc = train_tool.main([demo_cfg, '--work-dir', str(tmp_path / 'work'), '--cfg-options',
+                          'model.backbone.attn_cfg=inline', 'model.backbone.depth=1',
+                          f'train_dataloader.dataset.data_root={root}', f'val_dataloader.dataset.data_root={root}'])
+    assert rc == 2
+    line = _one_line_error(capsys)
+    assert 'XCiT' in line and 'inline' in line

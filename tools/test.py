@@ -80,9 +80,9 @@ def prepare(args):
     launch.check_model_types(cfg)
     if args.format_only:
         _set_format_only(cfg, osp.join(cfg.work_dir, 'format_only'))
-    for root in launch.demo_roots(cfg, ('test', )):
+    for root, subset in launch.demo_roots(cfg, ('test', )):
         from train import make_demo
-        make_demo(root)
+        make_demo(root, subset)
     launch.check_data(cfg, ('test', ))
     if args.show_dir:
         _set_visualization(cfg, args.show_dir)

@@ -53,8 +53,8 @@ def prepare(args):
     launch.check_attention(cfg)
     launch.check_model_types(cfg)
     phases = ('train', 'val') if cfg.get('val_cfg') is not None else ('train', )
-    for root in launch.demo_roots(cfg, phases):
-        make_demo(root)
+    for root, subset in launch.demo_roots(cfg, phases):
+        make_demo(root, subset)
     launch.check_data(cfg, phases)
     if args.amp:
         launch.enable_amp(cfg)
@@ -65,15 +65,16 @@ def prepare(args):
     return cfg
 
 
-def make_demo(root):
-    """Write the demo data under ``root`` once; a file lock keeps parallel processes (torchrun) from racing."""
+def make_demo(root, subset=None):
+    """Write the demo data set ``subset`` (all when None or unknown) under ``root`` once; a file lock keeps parallel
+    processes (torchrun) from racing."""
     import fcntl
     sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-    from make_demo_data import make_demo_data
+    from make_demo_data import TASKS, make_demo_data
     os.makedirs(osp.dirname(osp.abspath(root)), exist_ok=True)
     with open(osp.abspath(root) + '.lock', 'w') as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        make_demo_data(root)
+        make_demo_data(root, only=[subset] if subset in TASKS else TASKS)
 
 
 def main(argv=None):

@@ -131,15 +131,16 @@ def check_data(cfg: Config, phases=('train', 'val', 'test')) -> None:
                              'or `python tools/make_demo_data.py` for the demo data)')
 
 
-def demo_roots(cfg: Config, phases=('train', 'val', 'test')) -> List[str]:
-    """The ``.../data/demo`` folders the config reads from (those the tools may create on demand)."""
+def demo_roots(cfg: Config, phases=('train', 'val', 'test')) -> List[Tuple[str, Optional[str]]]:
+    """(``.../data/demo`` folder, demo set name or None for all) for every demo path the config reads: the tools
+    write those on demand."""
     roots = set()
     for _, path in data_roots(cfg, phases):
         parts = osp.normpath(path).split(os.sep)
         for i in range(len(parts) - 1):
             if parts[i] == 'data' and parts[i + 1] == 'demo':
-                roots.add(os.sep.join(parts[:i + 2]) or os.sep)
-    return sorted(roots)
+                roots.add((os.sep.join(parts[:i + 2]) or os.sep, parts[i + 2] if len(parts) > i + 2 else None))
+    return sorted(roots, key=str)
 
 
 # ----------------------------------------------------------------------------------------------- CPU settings
