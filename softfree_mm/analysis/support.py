@@ -63,8 +63,17 @@ def support_matrix(size=(67, 93), kernels=None) -> Dict[str, Dict[str, str]]:
 
 
 def markdown(table: Dict[str, Dict[str, str]]) -> str:
-    kernels: List[str] = list(next(iter(table.values())))
-    lines = ['| backbone | ' + ' | '.join(kernels) + ' |', '|---' * (len(kernels) + 1) + '|']
-    for bb, row in table.items():
-        lines.append(f'| {bb} | ' + ' | '.join(row[k] for k in kernels) + ' |')
+    """Kernels as rows, backbones as columns."""
+    backbones = list(table)
+    kernels: List[str] = list(table[backbones[0]])
+    lines = ['| kernel | ' + ' | '.join(b.replace('SoftFree', '') for b in backbones) + ' |',
+             '|---' * (len(backbones) + 1) + '|']
+    for k in kernels:
+        lines.append(f'| `{k}` | ' + ' | '.join(table[b][k] for b in backbones) + ' |')
     return '\n'.join(lines)
+
+
+if __name__ == '__main__':  # python -m softfree_mm.analysis.support
+    import softfree_mm  # noqa: F401
+
+    print(markdown(support_matrix()))
