@@ -1,5 +1,10 @@
 """softfree_mm: softmax-free attention kernels swappable inside XCiT, PVT, Swin and CSwin, for OpenMMLab 2.x."""
 __version__ = '0.1.0'
 
-from . import compat  # noqa: F401  (named repairs of the frozen stack; must come first)
-from . import registry  # noqa: F401  (registers every backbone into mmdet, mmseg, mmpretrain)
+try:
+    import mmengine  # noqa: F401
+except ImportError:  # the kernel library (softfree_mm.attention) needs torch only
+    mmengine = None
+if mmengine is not None:
+    from . import compat  # noqa: F401  (named repairs of the frozen stack; must come first)
+    from . import registry  # noqa: F401  (registers every backbone into mmdet, mmseg, mmpretrain)
