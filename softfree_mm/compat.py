@@ -8,8 +8,9 @@ Each repair is a function, applied once when ``softfree_mm`` is imported, and te
    safe unpickler; nothing else is unpickled, so files from elsewhere keep the weights-only protection. A
    HistoryBuffer also pickled its class-level table of statistics functions through ``getattr`` (which must never
    be allow-listed): its pickled state now leaves that table out (it is rebuilt on load).
-2. ``init_dist_without_cuda``: mmengine's ``_init_dist_pytorch`` calls ``torch.cuda.set_device`` unconditionally
-   ("Found no NVIDIA driver" on CPU machines). Without CUDA we skip it and use the gloo backend.
+2. ``init_dist_without_cuda``: mmengine's ``_init_dist_pytorch`` and ``_init_dist_slurm`` call
+   ``torch.cuda.set_device`` unconditionally ("Found no NVIDIA driver" on CPU machines). Without CUDA we skip it
+   and use the gloo backend.
 """
 import functools
 
@@ -49,22 +50,30 @@ def allow_mmengine_checkpoint_types():
 
 
 def init_dist_without_cuda():
+    """mmengine's torchrun and slurm start-ups call ``torch.cuda.set_device`` unconditionally; without CUDA we
+    skip that call and use gloo instead of nccl (which cannot run without CUDA)."""
     from mmengine.dist import utils as dist_utils
-    original = dist_utils._init_dist_pytorch
-    if getattr(original, '_softfree_mm_patched', False):
-        return
 
-    @functools.wraps(original)
-    def _init_dist_pytorch(backend, init_backend='torch', **kwargs):
-        if torch.cuda.is_available() or init_backend != 'torch':
-            return original(backend, init_backend=init_backend, **kwargs)
-        # CPU-only machine: no set_device, and NCCL cannot run without CUDA
-        if backend == 'nccl':
-            backend = 'gloo'
-        torch.distributed.init_process_group(backend=backend, **kwargs)
+    def cpu_safe(original):
+        if getattr(original, '_softfree_mm_patched', False):
+            return original
 
-    _init_dist_pytorch._softfree_mm_patched = True
-    dist_utils._init_dist_pytorch = _init_dist_pytorch
+        @functools.wraps(original)
+        def init(backend, *args, **kwargs):
+            if torch.cuda.is_available():
+                return original(backend, *args, **kwargs)
+            set_device = torch.cuda.set_device
+            torch.cuda.set_device = lambda device: None
+            try:
+                return original('gloo' if backend == 'nccl' else backend, *args, **kwargs)
+            finally:
+                torch.cuda.set_device = set_device
+
+        init._softfree_mm_patched = True
+        return init
+
+    dist_utils._init_dist_pytorch = cpu_safe(dist_utils._init_dist_pytorch)
+    dist_utils._init_dist_slurm = cpu_safe(dist_utils._init_dist_slurm)
     APPLIED.append('init_dist_without_cuda')
 
 

@@ -97,3 +97,27 @@ def test_init_dist_on_cpu_uses_gloo_and_skips_set_device(tmp_path):
 def test_repairs_are_named_and_applied_once():
     assert compat.APPLIED == ['allow_mmengine_checkpoint_types', 'init_dist_without_cuda']
     assert compat.apply_all() == compat.APPLIED
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='the repair is about machines without CUDA')
+def test_init_dist_slurm_on_cpu(tmp_path):
+    """Two processes started the way srun starts them (SLURM_* variables), on a machine without CUDA."""
+    script = tmp_path / 'slurm_init.py'
+    script.write_text(
+        'import softfree_mm, torch, torch.distributed as dist\n'
+        'from mmengine.dist import init_dist\n'
+        "init_dist('slurm', backend='nccl')\n"
+        't = torch.ones(1) * (dist.get_rank() + 1)\n'
+        'dist.all_reduce(t)\n'
+        "print('BACKEND', dist.get_backend(), 'SUM', float(t))\n"
+        'dist.destroy_process_group()\n')
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, OMP_NUM_THREADS='1', SLURM_PROCID=str(rank), SLURM_NTASKS='2', SLURM_LOCALID=str(rank),
+                   SLURM_NODELIST='localhost', MASTER_ADDR='127.0.0.1', MASTER_PORT='29733')
+        procs.append(subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, env=env))
+    outs = [p.communicate(timeout=240) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+        assert 'BACKEND gloo SUM 3.0' in out

@@ -37,7 +37,8 @@ test_dataloader = val_dataloader
 val_evaluator = dict(ann_file=data_root + 'annotations/instances_val2017.json')
 test_evaluator = val_evaluator
 
-train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters=num_iters, val_interval=num_iters)
+# no validation inside training: tools/test.py evaluates the final checkpoint (saves a duplicate COCO evaluation)
+train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters=num_iters, val_interval=num_iters + 1)
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=30),
     dict(type='MultiStepLR', by_epoch=False, begin=0, end=num_iters, milestones=[int(num_iters * 0.8)], gamma=0.1)
