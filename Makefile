@@ -9,8 +9,15 @@ PYTEST_ARGS ?=
 setup:
 	bash tools/setup_env.sh
 
+DEMO_CFG ?= configs/demo/maskrcnn_xcit_s12_poly3_demo.py
+DEMO_DIR ?= work_dirs/maskrcnn_xcit_s12_poly3_demo
+TRAIN_ARGS ?=
+
+# make the demo data, train the demo Mask R-CNN (XCiT-S12, poly3) on CPU, evaluate it: COCO bbox and segm AP
 demo: setup
-	$(PY) tools/demo.py
+	$(PY) tools/make_demo_data.py
+	$(PY) tools/train.py $(DEMO_CFG) --work-dir $(DEMO_DIR) $(TRAIN_ARGS)
+	$(PY) tools/test.py $(DEMO_CFG) $$(cat $(DEMO_DIR)/last_checkpoint) --work-dir $(DEMO_DIR)
 
 test: setup
 	$(PY) -m pytest tests -q -p no:cacheprovider $(PYTEST_ARGS)
