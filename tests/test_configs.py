@@ -83,7 +83,7 @@ def _expected_kernels(cfg_name, cfg):
     attn = m['attn']
     if attn == 'inline':
         return {'inline', 'softmax'}
-    return {'poly3': {'poly'}, 'poly1': {'poly'}, 'softmax': {'softmax'}}[attn]
+    return {'poly3': {'poly'}, 'poly1': {'poly'}, 'softmax': {'softmax'}, 'linear': {'linear'}}[attn]
 
 
 @pytest.mark.parametrize('path', MAIN, ids=_rel)

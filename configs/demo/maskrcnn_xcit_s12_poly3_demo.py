@@ -1,12 +1,12 @@
 # CPU demo of configs/maskrcnn_xcit_s12_poly3.py on the embedded digits data (tools/make_demo_data.py).
-# Changed from the real config: data root + the 10 digit classes, image scale (about 256 px), schedule (220 iterations,
+# Changed from the real config: data root + the 10 digit classes, image scale (about 256 px), schedule (200 iterations,
 # batch 2, AdamW lr 6e-4), and the RPN proposal / RoI-sampling counts (the CPU cost is in the heads).
 # 1 process (CPU) x 2 images per batch.
 _base_ = '../maskrcnn_xcit_s12_poly3.py'
 
 data_root = 'data/demo/coco/'
 metainfo = dict(classes=tuple(f'digit_{d}' for d in range(10)))
-num_iters = 220
+num_iters = 200
 model = dict(
     roi_head=dict(bbox_head=dict(num_classes=10), mask_head=dict(num_classes=10)),
     train_cfg=dict(
@@ -37,8 +37,12 @@ test_dataloader = val_dataloader
 val_evaluator = dict(ann_file=data_root + 'annotations/instances_val2017.json')
 test_evaluator = val_evaluator
 
-# no validation inside training: tools/test.py evaluates the final checkpoint (saves a duplicate COCO evaluation)
-train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters=num_iters, val_interval=num_iters + 1)
+# no validation inside training (mmengine would run one at the last iteration whatever val_interval says):
+# tools/test.py evaluates the final checkpoint, so that would be the same COCO evaluation twice
+train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters=num_iters)
+val_cfg = None
+val_dataloader = None
+val_evaluator = None
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=30),
     dict(type='MultiStepLR', by_epoch=False, begin=0, end=num_iters, milestones=[int(num_iters * 0.8)], gamma=0.1)

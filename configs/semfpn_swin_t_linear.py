@@ -1,0 +1,7 @@
+# semfpn / swin_t: linear attention, feature map elu+1 (seed 002; linear cost; masks honoured in shifted/padded windows).
+# Everything else (recipe, GPUs x images per GPU, schedule) is semfpn_swin_t_softmax.py.
+# Reported: no number in the anchors for this combination; compare with the softmax baseline.
+_base_ = './semfpn_swin_t_softmax.py'
+model = dict(
+    backbone=dict(
+        attn_cfg=dict(_delete_=True, type='linear', feature_map='elu+1')))
