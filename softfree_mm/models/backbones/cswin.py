@@ -30,8 +30,7 @@ from timm.layers import DropPath, Mlp
 from torch import nn
 
 from ...attention import build_attention
-from ..layers import expand_attn_cfg, require_kernel_fit
-from .swin import StagedBackbone, _from_windows, _to_windows, per_stage
+from ..layers import StagedBackbone, _from_windows, _to_windows, expand_attn_cfg, per_stage, require_kernel_fit
 
 __all__ = ['SoftFreeCSWin']
 
@@ -281,16 +280,6 @@ class SoftFreeCSWin(StagedBackbone):
         self._init_default()
         self._freeze_stages()
 
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        if x.dim() != 4:
-            raise ValueError(f'SoftFreeCSWin: expected images (B, C, H, W), got shape {tuple(x.shape)}')
-        x = self.drop_after_pos(self.patch_embed(x))
-        outs = []
-        for i, stage in enumerate(self.stages):
-            x = stage(x)
-            if i in self.out_indices:
-                outs.append(getattr(self, f'norm{i}')(x).permute(0, 3, 1, 2).contiguous())
-        return tuple(outs)
 
 
 # ---------------------------------------------------------------------------------------------- conversion

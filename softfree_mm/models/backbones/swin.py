@@ -26,12 +26,11 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from mmengine.logging import print_log
-from mmengine.model import BaseModule
-from timm.layers import DropPath, Mlp, trunc_normal_
+from timm.layers import DropPath, Mlp
 from torch import nn
 
-from ...attention import AttentionKernel, build_attention
-from ..layers import expand_attn_cfg, require_kernel_fit
+from ...attention import build_attention
+from ..layers import StagedBackbone, expand_attn_cfg, per_stage, require_kernel_fit, _from_windows, _to_windows
 
 __all__ = ['SoftFreeSwin']
 
@@ -44,20 +43,6 @@ ARCH_ZOO: Dict[str, dict] = {
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def _to_windows(x: torch.Tensor, wh: int, ww: int) -> torch.Tensor:
-    """(B, H, W, C) with H % wh == W % ww == 0 -> (B * nW, wh * ww, C), windows in row-major order."""
-    b, h, w, c = x.shape
-    x = x.reshape(b, h // wh, wh, w // ww, ww, c).permute(0, 1, 3, 2, 4, 5)
-    return x.reshape(-1, wh * ww, c)
-
-
-def _from_windows(x: torch.Tensor, wh: int, ww: int, h: int, w: int) -> torch.Tensor:
-    """Inverse of :func:`_to_windows`: (B * nW, wh * ww, C) -> (B, H, W, C)."""
-    c = x.shape[-1]
-    x = x.view(-1, h // wh, w // ww, wh, ww, c).permute(0, 1, 3, 2, 4, 5)
-    return x.reshape(-1, h, w, c)
-
-
 def _relative_position_index(wh: int, ww: int) -> torch.Tensor:
     """(wh*ww, wh*ww) index into a (2wh-1)(2ww-1) table of relative offsets."""
     ys, xs = torch.meshgrid(torch.arange(wh), torch.arange(ww), indexing='ij')
@@ -241,99 +226,6 @@ class SwinStage(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------- backbone
-def per_stage(value, num: int, name: str, kind, owner: str) -> list:
-    """One value for every stage, or a list/tuple with exactly one per stage, each of type ``kind``."""
-    if isinstance(value, (list, tuple)):
-        if len(value) != num:
-            raise ValueError(f'{owner}: {name}={value!r} has {len(value)} entries but the model has {num} '
-                             f'stages; give one value for all or exactly {num}')
-        vals = list(value)
-    else:
-        vals = [value] * num
-    for v in vals:
-        if not isinstance(v, kind):
-            raise TypeError(f'{owner}: {name} entries must be {kind.__name__}, got {v!r}')
-    return vals
-
-
-class StagedBackbone(BaseModule):
-    """What SoftFreeSwin and SoftFreeCSWin share: default init, Pretrained loading through the family's
-    converter, stage freezing, mmpretrain-style layer depths. Subclasses set ``depths``, ``out_indices``,
-    ``frozen_stages``, ``patch_embed``, ``stages`` (each with an optional ``downsample`` first) and ``norm{i}``."""
-
-    _convert = None  # the family's convert function (staticmethod in subclasses)
-
-    def _init_default(self):
-        """trunc-normal(0.02) Linear weights, zero biases, unit LayerNorms, as the official code; kernels keep
-        their own initialisation."""
-        kernel_modules = {id(m) for k in self.modules() if isinstance(k, AttentionKernel) for m in k.modules()}
-        for m in self.modules():
-            if id(m) in kernel_modules:
-                continue
-            if isinstance(m, nn.Linear):
-                trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif getattr(m, 'relative_position_bias_table', None) is not None:
-                trunc_normal_(m.relative_position_bias_table, std=0.02)
-
-    def init_weights(self):
-        cfg = self.init_cfg
-        name = type(self).__name__
-        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
-            from ..converters import load_pretrained
-            unknown = set(cfg) - {'type', 'checkpoint', 'prefix', 'map_location'}
-            if unknown or 'checkpoint' not in cfg:
-                raise ValueError(f"{name}: a Pretrained init_cfg takes 'checkpoint' (required), 'prefix', "
-                                 f"'map_location'; got {sorted(cfg)}")
-            load_pretrained(self, cfg['checkpoint'], convert_fn=type(self)._convert, prefix=cfg.get('prefix'),
-                            map_location=cfg.get('map_location', 'cpu'))
-            self._is_init = True
-            return
-        if cfg is None:
-            self._init_default()
-        super().init_weights()
-
-    def _freeze_stages(self):
-        if self.frozen_stages < 0:
-            return
-        frozen = [self.patch_embed]
-        for i in range(self.frozen_stages):
-            frozen.append(self.stages[i])
-            if i in self.out_indices:
-                frozen.append(getattr(self, f'norm{i}'))
-        for m in frozen:
-            m.eval()
-            for p in m.parameters():
-                p.requires_grad = False
-
-    def train(self, mode: bool = True):
-        super().train(mode)
-        self._freeze_stages()
-        return self
-
-    def get_layer_depth(self, param_name: str, prefix: str = '') -> Tuple[int, int]:
-        """(layer_id, max_layer_id) as mmpretrain's Swin: stem 0, block j of stage i at sum(depths[:i])+j+1,
-        the downsampling before stage i (after stage i-1 in mmpretrain's layout) at sum(depths[:i]),
-        everything else (output norms, head) last."""
-        num_layers = sum(self.depths) + 2
-        if not param_name.startswith(prefix):
-            return num_layers - 1, num_layers
-        name = param_name[len(prefix):]
-        if name.startswith('patch_embed'):
-            return 0, num_layers
-        if name.startswith('stages.'):
-            parts = name.split('.')
-            i = int(parts[1])
-            if parts[2] == 'downsample':
-                return sum(self.depths[:i]), num_layers
-            return sum(self.depths[:i]) + int(parts[3]) + 1, num_layers
-        return num_layers - 1, num_layers
-
-
 class SoftFreeSwin(StagedBackbone):
     """Swin Transformer backbone with swappable attention kernels.
 
@@ -450,18 +342,6 @@ class SoftFreeSwin(StagedBackbone):
             self.add_module(f'norm{i}', nn.LayerNorm(dims[i]))
         self._init_default()
         self._freeze_stages()
-
-    # ------------------------------------------------------------------ forward
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        if x.dim() != 4:
-            raise ValueError(f'SoftFreeSwin: expected images (B, C, H, W), got shape {tuple(x.shape)}')
-        x = self.drop_after_pos(self.patch_embed(x))
-        outs = []
-        for i, stage in enumerate(self.stages):
-            x = stage(x)
-            if i in self.out_indices:
-                outs.append(getattr(self, f'norm{i}')(x).permute(0, 3, 1, 2).contiguous())
-        return tuple(outs)
 
 
 # ---------------------------------------------------------------------------------------------- conversion
