@@ -37,12 +37,10 @@ test_dataloader = val_dataloader
 val_evaluator = dict(ann_file=data_root + 'annotations/instances_val2017.json')
 test_evaluator = val_evaluator
 
-# no validation inside training (mmengine would run one at the last iteration whatever val_interval says):
-# tools/test.py evaluates the final checkpoint, so that would be the same COCO evaluation twice
-train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters=num_iters)
-val_cfg = None
-val_dataloader = None
-val_evaluator = None
+# no validation inside training (mmengine runs one at the last iteration whatever val_interval says, unless
+# val_begin lies beyond the schedule): tools/test.py evaluates the final checkpoint, the same COCO evaluation
+train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters=num_iters, val_begin=num_iters + 1,
+                 val_interval=num_iters)
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=30),
     dict(type='MultiStepLR', by_epoch=False, begin=0, end=num_iters, milestones=[int(num_iters * 0.8)], gamma=0.1)
