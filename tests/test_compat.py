@@ -1,5 +1,6 @@
 """The named repairs of softfree_mm.compat, each checked against the real failure it repairs."""
 import os
+import socket
 import subprocess
 import sys
 
@@ -10,6 +11,27 @@ from torch import nn
 
 import softfree_mm  # noqa: F401  (applies the repairs)
 from softfree_mm import compat
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+_DIST_SCRIPT = (
+    'import sys, softfree_mm, torch, torch.distributed as dist\n'
+    'from mmengine.dist import init_dist\n'
+    "init_dist(sys.argv[1], backend='nccl')\n"
+    't = torch.ones(1) * (dist.get_rank() + 1)\n'
+    'dist.all_reduce(t)\n'
+    "open(f'{sys.argv[2]}/rank{dist.get_rank()}.txt', 'w').write(f'{dist.get_backend()} {float(t)}')\n"
+    'dist.destroy_process_group()\n')
+
+
+def _rank_results(out_dir):
+    """Each rank writes its own file: two processes printing to one pipe can interleave their lines."""
+    return sorted((p.name, p.read_text()) for p in out_dir.glob('rank*.txt'))
 
 
 def _toy_runner(work_dir, max_epochs=1, resume=False, load_from=None):
@@ -79,19 +101,13 @@ def test_numpy_scalars_round_trip(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason='the repair is about machines without CUDA')
 def test_init_dist_on_cpu_uses_gloo_and_skips_set_device(tmp_path):
     script = tmp_path / 'dist_init.py'
-    script.write_text(
-        'import softfree_mm, torch, torch.distributed as dist\n'
-        'from mmengine.dist import init_dist\n'
-        "init_dist('pytorch', backend='nccl')\n"
-        't = torch.ones(1) * (dist.get_rank() + 1)\n'
-        'dist.all_reduce(t)\n'
-        "print('BACKEND', dist.get_backend(), 'SUM', float(t))\n"
-        'dist.destroy_process_group()\n')
+    script.write_text(_DIST_SCRIPT)
     env = dict(os.environ, OMP_NUM_THREADS='1')
     res = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node=2',
-                          '--master_port=29731', str(script)], capture_output=True, text=True, env=env, timeout=240)
+                          f'--master_port={_free_port()}', str(script), 'pytorch', str(tmp_path)],
+                         capture_output=True, text=True, env=env, timeout=240)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.count('BACKEND gloo SUM 3.0') == 2
+    assert _rank_results(tmp_path) == [('rank0.txt', 'gloo 3.0'), ('rank1.txt', 'gloo 3.0')]
 
 
 def test_repairs_are_named_and_applied_once():
@@ -103,21 +119,15 @@ def test_repairs_are_named_and_applied_once():
 def test_init_dist_slurm_on_cpu(tmp_path):
     """Two processes started the way srun starts them (SLURM_* variables), on a machine without CUDA."""
     script = tmp_path / 'slurm_init.py'
-    script.write_text(
-        'import softfree_mm, torch, torch.distributed as dist\n'
-        'from mmengine.dist import init_dist\n'
-        "init_dist('slurm', backend='nccl')\n"
-        't = torch.ones(1) * (dist.get_rank() + 1)\n'
-        'dist.all_reduce(t)\n'
-        "print('BACKEND', dist.get_backend(), 'SUM', float(t))\n"
-        'dist.destroy_process_group()\n')
+    script.write_text(_DIST_SCRIPT)
+    port = str(_free_port())
     procs = []
     for rank in range(2):
         env = dict(os.environ, OMP_NUM_THREADS='1', SLURM_PROCID=str(rank), SLURM_NTASKS='2', SLURM_LOCALID=str(rank),
-                   SLURM_NODELIST='localhost', MASTER_ADDR='127.0.0.1', MASTER_PORT='29733')
-        procs.append(subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True, env=env))
+                   SLURM_NODELIST='localhost', MASTER_ADDR='127.0.0.1', MASTER_PORT=port)
+        procs.append(subprocess.Popen([sys.executable, str(script), 'slurm', str(tmp_path)], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, env=env))
     outs = [p.communicate(timeout=240) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
-        assert 'BACKEND gloo SUM 3.0' in out
+    assert _rank_results(tmp_path) == [('rank0.txt', 'gloo 3.0'), ('rank1.txt', 'gloo 3.0')]
