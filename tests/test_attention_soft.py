@@ -26,24 +26,24 @@ def gauss(a, b, s):
 
 def ref_landmarks(kern, q, hw):
     """Landmarks written cell by cell: the mean of each ratio x ratio cell (clipped at the border) for
-    'avgpool'; for 'conv' the zero-padded cell contracted with the conv weight, then LayerNorm over head_dim
-    per head and exact GELU."""
+    'avgpool'; for 'conv' each head's zero-padded cell contracted with the one (d, d, r, r) conv weight all heads
+    share (no bias), then LayerNorm over head_dim and exact GELU."""
     b, h, n, d = q.shape
     gh, gw = hw
     r = kern.landmark_ratio
-    grid = q.permute(0, 1, 3, 2).reshape(b, h * d, gh, gw)
+    grid = q.permute(0, 1, 3, 2).reshape(b, h, d, gh, gw)
     cells = []
     for y in range(0, gh, r):
         for x in range(0, gw, r):
             if kern.landmark_op == 'avgpool':
-                cells.append(grid[:, :, y:y + r, x:x + r].mean((-2, -1)))
+                cells.append(grid[..., y:y + r, x:x + r].mean((-2, -1)))
             else:
-                patch = torch.zeros(b, h * d, r, r, dtype=F64)
-                part = grid[:, :, y:y + r, x:x + r]
-                patch[:, :, :part.shape[2], :part.shape[3]] = part
+                patch = torch.zeros(b, h, d, r, r, dtype=F64)
+                part = grid[..., y:y + r, x:x + r]
+                patch[..., :part.shape[-2], :part.shape[-1]] = part
                 w = kern.landmark_conv.weight.to(F64)
-                cells.append(torch.einsum('oiyx,biyx->bo', w, patch) + kern.landmark_conv.bias.to(F64))
-    lm = torch.stack(cells, -1).reshape(b, h, d, -1).permute(0, 1, 3, 2)
+                cells.append(torch.einsum('oiyx,bhiyx->bho', w, patch))
+    lm = torch.stack(cells, -2)  # (b, h, m, d)
     if kern.landmark_op == 'conv':
         mu = lm.mean(-1, keepdim=True)
         var = ((lm - mu) ** 2).mean(-1, keepdim=True)
@@ -51,6 +51,22 @@ def ref_landmarks(kern, q, hw):
         lm = (lm - mu) / torch.sqrt(var + ln.eps) * ln.weight.to(F64) + ln.bias.to(F64)
         lm = 0.5 * lm * (1 + torch.erf(lm / math.sqrt(2)))
     return lm
+
+
+def ref_conv_matrix(kern, hw):
+    """The depthwise conv on v as an (h, N, N) matrix, entry by entry: row (y, x) takes weight w[h, 0, dy + c,
+    dx + c] from column (y + dy, x + dx) when that cell lies on the grid (zero padding), c = conv_size // 2."""
+    gh, gw = hw
+    w = kern.v_conv.weight.to(F64)
+    c = kern.conv_size // 2
+    mat = torch.zeros(w.shape[0], gh * gw, gh * gw, dtype=F64)
+    for y in range(gh):
+        for x in range(gw):
+            for dy in range(-c, c + 1):
+                for dx in range(-c, c + 1):
+                    if 0 <= y + dy < gh and 0 <= x + dx < gw:
+                        mat[:, y * gw + x, (y + dy) * gw + x + dx] = w[:, 0, dy + c, dx + c]
+    return mat
 
 
 def ref_matrix(kern, q, k, hw, normalized=False, s=D ** -0.5):
@@ -61,7 +77,10 @@ def ref_matrix(kern, q, k, hw, normalized=False, s=D ** -0.5):
         dinv = torch.diag_embed(kll.sum(-1) ** -0.5)
         inv = dinv @ inv @ dinv
     keys = q if kern.tie_qk else k
-    return gauss(q, lm, s) @ inv @ gauss(lm, keys, s), torch.linalg.cond(kll)
+    a = gauss(q, lm, s) @ inv @ gauss(lm, keys, s)
+    if kern.conv_size:
+        a = a + ref_conv_matrix(kern, hw)
+    return a, torch.linalg.cond(kll)
 
 
 def test_newton_pinv_matches_linalg_pinv_float64():
@@ -82,16 +101,17 @@ def test_gaussian_kernel_matches_distance_formula():
     torch.testing.assert_close(gaussian_kernel(a, b, 0.3), gauss(a, b, 0.3))
 
 
-@pytest.mark.parametrize('landmark_op,normalized,tie_qk,hw', [
-    ('conv', False, True, (4, 6)),
-    ('conv', True, True, (5, 7)),
-    ('avgpool', False, False, (5, 7)),
-    ('avgpool', True, True, (4, 4)),
+@pytest.mark.parametrize('landmark_op,normalized,tie_qk,hw,conv_size', [
+    ('conv', False, True, (4, 6), 3),
+    ('conv', True, True, (5, 7), 0),
+    ('conv', False, True, (5, 7), 5),
+    ('avgpool', False, False, (5, 7), 3),
+    ('avgpool', True, True, (4, 4), 0),
 ])
-def test_forward_and_matrix_match_plain_reference_with_linalg_pinv(landmark_op, normalized, tie_qk, hw):
+def test_forward_and_matrix_match_plain_reference_with_linalg_pinv(landmark_op, normalized, tie_qk, hw, conv_size):
     torch.manual_seed(0)
     kern = build_attention(dict(type='soft', landmark_ratio=2, landmark_op=landmark_op, normalized=normalized,
-                                tie_qk=tie_qk), num_heads=H, head_dim=D)
+                                tie_qk=tie_qk, conv_size=conv_size), num_heads=H, head_dim=D)
     n = hw[0] * hw[1]
     q, k, v = qkv(n)
     # landmarks spread apart (pooled q scaled up; a larger score scale for the LayerNormed conv landmarks) so
@@ -100,7 +120,7 @@ def test_forward_and_matrix_match_plain_reference_with_linalg_pinv(landmark_op, 
     if landmark_op == 'avgpool':
         q = q * 3
     else:
-        s = 0.7
+        s = 1.0
     ref, cond = ref_matrix(kern, q, k, hw, normalized, s)
     assert cond.max() < 100
     torch.testing.assert_close(kern.attention_matrix(q, k, hw=hw, scale=s), ref, rtol=1e-7, atol=1e-9)
@@ -115,9 +135,33 @@ def test_forward_equals_matrix_times_v():
                                rtol=1e-12, atol=1e-12)
 
 
-def test_tied_keys_give_symmetric_matrix_ignoring_k():
+def test_official_defaults_shared_landmark_conv_without_bias_and_3x3_conv_on_v():
+    kern = build_attention('soft', num_heads=3, head_dim=8)
+    assert kern.landmark_ratio == 8 and kern.newton_iters == 20 and kern.tie_qk and kern.conv_size == 3
+    assert kern.landmark_conv.weight.shape == (8, 8, 8, 8) and kern.landmark_conv.bias is None
+    assert kern.v_conv.weight.shape == (3, 1, 3, 3) and kern.v_conv.bias is None
+    assert not hasattr(build_attention(dict(type='soft', conv_size=0), num_heads=3, head_dim=8), 'v_conv')
+
+
+def test_conv_on_v_is_zero_padded_per_head_and_shared_by_the_head_channels():
     torch.manual_seed(0)
     kern = build_attention(dict(type='soft', landmark_ratio=2), num_heads=H, head_dim=D)
+    v = torch.zeros(1, H, 12, 3, dtype=F64)
+    v[0, :, 0, :] = torch.tensor([1.0, 2.0, -1.0], dtype=F64)  # one impulse in the corner cell (0, 0) of a 3x4 grid
+    out = kern.conv_v(v, (3, 4))
+    w = kern.v_conv.weight.to(F64)
+    for head in range(H):
+        got = out[0, head].reshape(3, 4, 3)
+        # the impulse spreads to cells (y, x) with y, x in {0, 1}: weight w[1 - y, 1 - x] (flipped) times v
+        for y in range(3):
+            for x in range(4):
+                expect = w[head, 0, 1 - y, 1 - x] * v[0, head, 0] if y < 2 and x < 2 else torch.zeros(3, dtype=F64)
+                torch.testing.assert_close(got[y, x], expect)
+
+
+def test_tied_keys_give_symmetric_matrix_ignoring_k():
+    torch.manual_seed(0)
+    kern = build_attention(dict(type='soft', landmark_ratio=2, conv_size=0), num_heads=H, head_dim=D)
     q, k, _ = qkv(16)
     a = kern.attention_matrix(q, k)
     torch.testing.assert_close(a, a.transpose(-2, -1))
@@ -137,7 +181,7 @@ def test_odd_grids_with_ratio_8_give_ceil_landmarks(hw, expected_m, landmark_op)
 
 
 def test_num_landmarks_picks_adaptive_grid_with_aspect_ratio():
-    kern = build_attention(dict(type='soft', num_landmarks=15, landmark_op='avgpool'))
+    kern = build_attention(dict(type='soft', num_landmarks=15, landmark_op='avgpool', conv_size=0))
     q = rand(1, 2, 12 * 20, 3, seed=4)
     lm = kern.landmarks(q, (12, 20))
     assert lm.shape == (1, 2, 15, 3)  # a 3 x 5 grid
@@ -191,11 +235,20 @@ def test_compiles_fullgraph():
 def test_errors_name_the_bad_value():
     with pytest.raises(ValueError, match="landmark_op 'max'.*conv, avgpool"):
         build_attention(dict(type='soft', landmark_op='max'))
-    with pytest.raises(ValueError, match='needs num_heads and head_dim'):
+    with pytest.raises(ValueError, match='needs head_dim'):
         build_attention('soft')
+    with pytest.raises(ValueError, match='conv_size=3 .*needs num_heads'):
+        build_attention(dict(type='soft', landmark_op='avgpool'))
+    for bad in (2, -1, True, 1.0):
+        with pytest.raises(ValueError, match=f'conv_size must be an odd positive int or 0.*got {bad!r}'):
+            build_attention(dict(type='soft', conv_size=bad), num_heads=2, head_dim=4)
     with pytest.raises(ValueError, match='landmark_ratio must be a positive int, got 0'):
-        build_attention(dict(type='soft', landmark_ratio=0, landmark_op='avgpool'))
-    kern = build_attention(dict(type='soft', landmark_op='avgpool'))
+        build_attention(dict(type='soft', landmark_ratio=0, landmark_op='avgpool', conv_size=0))
+    untied = build_attention(dict(type='soft', landmark_op='avgpool', tie_qk=False), num_heads=H)
+    q, k, v = qkv(12)
+    with pytest.raises(ValueError, match=r'conv on v \(conv_size=3\).*Nq=6 and Nk=12'):
+        untied(q[:, :, :6], k, v, hw=(2, 3))
+    kern = build_attention(dict(type='soft', landmark_op='avgpool', conv_size=0))
     q, k, v = qkv(12)
     with pytest.raises(ValueError, match='bias'):
         kern(q, k, v, hw=(3, 4), bias=torch.zeros(12, 12))

@@ -6,7 +6,9 @@ queries, ``m`` landmark tokens ``L`` pooled from q on the (H, W) grid and
     A = K(Q, L) @ pinv(K(L, L)) @ K(L, K),   out = K(Q, L) @ (pinv(K(L, L)) @ (K(L, K) @ v))   (O(N)),
 
 with the Moore-Penrose inverse by Newton iteration. SOFT++ (``normalized=True``) symmetrically normalises the
-inverse by the landmark kernel's degrees.
+inverse by the landmark kernel's degrees. As the official blocks, a depthwise ``conv_size x conv_size`` conv on v
+(one kernel per head, shared by the head's channels) is added to the output: a banded term of ``A``, so
+``out == attention_matrix(...) @ v`` still holds.
 """
 import math
 
@@ -65,15 +67,18 @@ class SoftAttention(AttentionKernel):
             the grid is padded (conv) or pooled with ceil (avgpool), so any H, W works and a grid smaller than the
             ratio still gives one landmark. Ignored when ``num_landmarks`` is set.
         num_landmarks: instead of a ratio, about this many landmarks on an adaptive pooled grid.
-        landmark_op: ``'conv'``: strided Conv2d over the h*d channels (kernel = stride = ratio) + LayerNorm (per
-            head, over head_dim) + GELU, as the paper; with ``num_landmarks``: adaptive average pooling, then a
-            learned 1x1 conv + LayerNorm + GELU. ``'avgpool'``: average pooling only, no parameters.
+        landmark_op: ``'conv'``: strided Conv2d over each head's d channels (kernel = stride = ratio, no bias,
+            weights shared by the heads) + LayerNorm (over head_dim) + GELU, as the official code; with
+            ``num_landmarks``: adaptive average pooling, then a learned 1x1 conv (d -> d) + LayerNorm + GELU.
+            ``'avgpool'``: average pooling only, no parameters.
         newton_iters: Newton iterations of the pseudo-inverse.
         normalized: SOFT++: ``D^-1/2 pinv(K(L, L)) D^-1/2``.
         tie_qk: keys tied to queries (the paper: the Gaussian attention matrix is then symmetric); k is ignored.
             With False, the right factor is ``K(L, K)`` from the given k.
+        conv_size: the depthwise conv on v added to the output (official: 3); odd, or 0 for none. Its weights
+            (num_heads, 1, size, size) are zero-padded at the grid border; it needs Nq == Nk == H * W.
 
-    No bias, no mask. The landmark conv's weights need num_heads and head_dim.
+    No bias, no mask. The landmark conv's weights need head_dim, the v conv's num_heads.
     """
 
     supports_bias = False
@@ -82,7 +87,7 @@ class SoftAttention(AttentionKernel):
     needs_hw = True
 
     def __init__(self, num_heads=None, head_dim=None, landmark_ratio=8, num_landmarks=None, landmark_op='conv',
-                 newton_iters=20, normalized=False, tie_qk=True):
+                 newton_iters=20, normalized=False, tie_qk=True, conv_size=3):
         super().__init__(num_heads, head_dim)
         if landmark_op not in LANDMARK_OPS:
             raise ValueError(f"soft: unknown landmark_op {landmark_op!r}; valid landmark ops: "
@@ -94,6 +99,9 @@ class SoftAttention(AttentionKernel):
             raise ValueError(f'soft: num_landmarks must be None or a positive int, got {num_landmarks!r}')
         if isinstance(newton_iters, bool) or not isinstance(newton_iters, int) or newton_iters < 0:
             raise ValueError(f'soft: newton_iters must be an int >= 0, got {newton_iters!r}')
+        if isinstance(conv_size, bool) or not isinstance(conv_size, int) or conv_size < 0 or \
+                (conv_size and conv_size % 2 == 0):
+            raise ValueError(f'soft: conv_size must be an odd positive int or 0 (no conv on v), got {conv_size!r}')
         for arg, val in (('normalized', normalized), ('tie_qk', tie_qk)):
             if not isinstance(val, bool):
                 raise TypeError(f'soft: {arg} must be True or False, got {val!r}')
@@ -103,28 +111,33 @@ class SoftAttention(AttentionKernel):
         self.newton_iters = newton_iters
         self.normalized = normalized
         self.tie_qk = tie_qk
+        self.conv_size = conv_size
         if landmark_op == 'conv':
-            if num_heads is None or head_dim is None:
-                raise ValueError("soft: landmark_op='conv' has learned weights and needs num_heads and head_dim "
-                                 f"(got num_heads={num_heads}, head_dim={head_dim}); pass both, or use "
-                                 "landmark_op='avgpool'")
-            c = num_heads * head_dim
+            if head_dim is None:
+                raise ValueError("soft: landmark_op='conv' has learned weights and needs head_dim "
+                                 f"(got head_dim={head_dim}); pass it, or use landmark_op='avgpool'")
             size = 1 if num_landmarks is not None else landmark_ratio
-            self.landmark_conv = nn.Conv2d(c, c, size, stride=size)
+            self.landmark_conv = nn.Conv2d(head_dim, head_dim, size, stride=size, bias=False)
             self.landmark_norm = nn.LayerNorm(head_dim)
+        if conv_size:
+            if num_heads is None:
+                raise ValueError(f'soft: conv_size={conv_size} adds a learned depthwise conv on v and needs '
+                                 'num_heads; pass it, or set conv_size=0')
+            self.v_conv = nn.Conv2d(num_heads, num_heads, conv_size, padding=conv_size // 2, groups=num_heads,
+                                    bias=False)
 
     def extra_repr(self) -> str:
         m = f'num_landmarks={self.num_landmarks}' if self.num_landmarks is not None else \
             f'landmark_ratio={self.landmark_ratio}'
         return (f'{super().extra_repr()}, {m}, landmark_op={self.landmark_op!r}, newton_iters={self.newton_iters}, '
-                f'normalized={self.normalized}, tie_qk={self.tie_qk}')
+                f'normalized={self.normalized}, tie_qk={self.tie_qk}, conv_size={self.conv_size}')
 
     # ------------------------------------------------------------------ pieces
     def landmarks(self, q, hw):
         """(B, h, m, d) landmark tokens from q (B, h, N, d) on the (H, W) grid, in q's dtype."""
         b, nh, n, d = q.shape
         h, w = hw
-        grid = q.permute(0, 1, 3, 2).reshape(b, nh * d, h, w)
+        grid = q.permute(0, 1, 3, 2).reshape(b * nh, d, h, w)  # every head a batch entry: conv weights shared
         mh, mw = landmark_grid(hw, self.landmark_ratio, self.num_landmarks)
         if self.num_landmarks is not None:
             pooled = F.adaptive_avg_pool2d(grid, (mh, mw))
@@ -134,13 +147,25 @@ class SoftAttention(AttentionKernel):
             r = self.landmark_ratio
             pooled = F.pad(grid, (0, mw * r - w, 0, mh * r - h))  # zero-pad to whole cells
         if self.landmark_op == 'conv':
-            pooled = F.conv2d(pooled, self.landmark_conv.weight.to(q.dtype), self.landmark_conv.bias.to(q.dtype),
-                              stride=self.landmark_conv.stride)
+            pooled = F.conv2d(pooled, self.landmark_conv.weight.to(q.dtype), stride=self.landmark_conv.stride)
         lm = pooled.reshape(b, nh, d, mh * mw).permute(0, 1, 3, 2)
         if self.landmark_op == 'conv':
             lm = F.gelu(F.layer_norm(lm, (d,), self.landmark_norm.weight.to(q.dtype),
                                      self.landmark_norm.bias.to(q.dtype), self.landmark_norm.eps))
         return lm
+
+    def conv_v(self, v, hw):
+        """The depthwise conv on v (B, h, N, dv) laid out on the (H, W) grid, one kernel per head."""
+        b, nh, n, dv = v.shape
+        h, w = resolve_hw(self.name, hw, n)
+        grid = v.permute(0, 3, 1, 2).reshape(b * dv, nh, h, w)  # heads as conv channels, dv into the batch
+        out = F.conv2d(grid, self.v_conv.weight.to(v.dtype), padding=self.conv_size // 2, groups=nh)
+        return out.reshape(b, dv, nh, n).permute(0, 2, 3, 1)
+
+    def _check_conv(self, q, k):
+        if self.conv_size and q.shape[2] != k.shape[2]:
+            raise ValueError(f'soft: the conv on v (conv_size={self.conv_size}) needs as many queries as keys on one '
+                             f'(H, W) grid, got Nq={q.shape[2]} and Nk={k.shape[2]}; set conv_size=0')
 
     def _factors(self, q, k, hw, scale):
         """K(Q, L), the (normalised) pseudo-inverse of K(L, L) and K(L, K), in fp32 / fp64."""
@@ -165,11 +190,18 @@ class SoftAttention(AttentionKernel):
 
     # ------------------------------------------------------------------ API
     def _matrix(self, q, k, hw, scale, bias, mask):
+        self._check_conv(q, k)
         with no_autocast(q):  # Gaussian kernel and Newton iteration in fp32
             k_ql, inv, k_lk = self._factors(q, k, hw, scale)
-            return k_ql @ inv @ k_lk
+            a = k_ql @ inv @ k_lk
+            if self.conv_size:  # the conv's banded matrix: the conv applied to the identity's columns
+                n = k.shape[2]
+                eye = torch.eye(n, dtype=a.dtype, device=a.device).expand(1, self.num_heads, n, n)
+                a = a + self.conv_v(eye, hw)
+            return a
 
     def _forward(self, q, k, v, hw, scale, bias, mask):
+        self._check_conv(q, k)
         dtype = v.dtype
         with no_autocast(q):  # Gaussian kernel and Newton iteration in fp32
             k_ql, inv, k_lk = self._factors(q, k, hw, scale)
@@ -177,4 +209,6 @@ class SoftAttention(AttentionKernel):
             dt = torch.promote_types(k_ql.dtype, v.dtype)
             k_ql, inv, k_lk, v = k_ql.to(dt), inv.to(dt), k_lk.to(dt), v.to(dt)
             out = k_ql @ (inv @ (k_lk @ v))
+            if self.conv_size:
+                out = out + self.conv_v(v, hw)
         return out.to(dtype)
