@@ -5,6 +5,6 @@
 _base_ = './cls_swin_t_softmax.py'
 model = dict(
     backbone=dict(
-        attn_cfg=[dict(type='soft', landmark_ratio=8), dict(type='soft', landmark_ratio=4),
-                  dict(type='soft', landmark_ratio=2), 'softmax'],
+        attn_cfg=[dict(type='soft', landmark_ratio=8, conv_size=3), dict(type='soft', landmark_ratio=4, conv_size=3),
+                  dict(type='soft', landmark_ratio=2, conv_size=3), 'softmax'],
         global_window=(True, True, True, False)))

@@ -5,6 +5,6 @@
 _base_ = './upernet_pvt_v2_b2_softmax.py'
 model = dict(
     backbone=dict(
-        attn_cfg=[dict(type='soft', landmark_ratio=8), dict(type='soft', landmark_ratio=4),
-                  dict(type='soft', landmark_ratio=2), 'softmax'],
+        attn_cfg=[dict(type='soft', landmark_ratio=8, conv_size=3), dict(type='soft', landmark_ratio=4, conv_size=3),
+                  dict(type='soft', landmark_ratio=2, conv_size=3), 'softmax'],
         sr_ratios=(1, 1, 1, 1)))

@@ -127,25 +127,27 @@ def test_forward_and_matrix_match_plain_reference_with_linalg_pinv(landmark_op, 
     torch.testing.assert_close(kern(q, k, v, hw=hw, scale=s), ref @ v, rtol=1e-7, atol=1e-9)
 
 
-def test_forward_equals_matrix_times_v():
+@pytest.mark.parametrize('conv_size', [0, 3])
+def test_forward_equals_matrix_times_v(conv_size):
     torch.manual_seed(0)
-    kern = build_attention(dict(type='soft', landmark_ratio=2), num_heads=H, head_dim=D)
+    kern = build_attention(dict(type='soft', landmark_ratio=2, conv_size=conv_size), num_heads=H, head_dim=D)
     q, k, v = qkv(20, dv=5)
     torch.testing.assert_close(kern(q, k, v, hw=(4, 5)), kern.attention_matrix(q, k, hw=(4, 5)) @ v,
                                rtol=1e-12, atol=1e-12)
 
 
-def test_official_defaults_shared_landmark_conv_without_bias_and_3x3_conv_on_v():
+def test_defaults_shared_landmark_conv_without_bias_and_official_3x3_conv_on_v_on_request():
     kern = build_attention('soft', num_heads=3, head_dim=8)
-    assert kern.landmark_ratio == 8 and kern.newton_iters == 20 and kern.tie_qk and kern.conv_size == 3
+    assert kern.landmark_ratio == 8 and kern.newton_iters == 20 and kern.tie_qk and kern.conv_size == 0
     assert kern.landmark_conv.weight.shape == (8, 8, 8, 8) and kern.landmark_conv.bias is None
-    assert kern.v_conv.weight.shape == (3, 1, 3, 3) and kern.v_conv.bias is None
-    assert not hasattr(build_attention(dict(type='soft', conv_size=0), num_heads=3, head_dim=8), 'v_conv')
+    assert not hasattr(kern, 'v_conv')  # the bare METHODS formula
+    official = build_attention(dict(type='soft', conv_size=3), num_heads=3, head_dim=8)
+    assert official.v_conv.weight.shape == (3, 1, 3, 3) and official.v_conv.bias is None
 
 
 def test_conv_on_v_is_zero_padded_per_head_and_shared_by_the_head_channels():
     torch.manual_seed(0)
-    kern = build_attention(dict(type='soft', landmark_ratio=2), num_heads=H, head_dim=D)
+    kern = build_attention(dict(type='soft', landmark_ratio=2, conv_size=3), num_heads=H, head_dim=D)
     v = torch.zeros(1, H, 12, 3, dtype=F64)
     v[0, :, 0, :] = torch.tensor([1.0, 2.0, -1.0], dtype=F64)  # one impulse in the corner cell (0, 0) of a 3x4 grid
     out = kern.conv_v(v, (3, 4))
@@ -161,7 +163,7 @@ def test_conv_on_v_is_zero_padded_per_head_and_shared_by_the_head_channels():
 
 def test_tied_keys_give_symmetric_matrix_ignoring_k():
     torch.manual_seed(0)
-    kern = build_attention(dict(type='soft', landmark_ratio=2, conv_size=0), num_heads=H, head_dim=D)
+    kern = build_attention(dict(type='soft', landmark_ratio=2), num_heads=H, head_dim=D)
     q, k, _ = qkv(16)
     a = kern.attention_matrix(q, k)
     torch.testing.assert_close(a, a.transpose(-2, -1))
@@ -181,7 +183,7 @@ def test_odd_grids_with_ratio_8_give_ceil_landmarks(hw, expected_m, landmark_op)
 
 
 def test_num_landmarks_picks_adaptive_grid_with_aspect_ratio():
-    kern = build_attention(dict(type='soft', num_landmarks=15, landmark_op='avgpool', conv_size=0))
+    kern = build_attention(dict(type='soft', num_landmarks=15, landmark_op='avgpool'))
     q = rand(1, 2, 12 * 20, 3, seed=4)
     lm = kern.landmarks(q, (12, 20))
     assert lm.shape == (1, 2, 15, 3)  # a 3 x 5 grid
@@ -191,9 +193,10 @@ def test_num_landmarks_picks_adaptive_grid_with_aspect_ratio():
     assert conv.landmarks(q, (12, 20)).shape == (1, 2, 15, 3)
 
 
-def test_gradcheck_float64_tiny():
+@pytest.mark.parametrize('conv_size', [0, 3])
+def test_gradcheck_float64_tiny(conv_size):
     torch.manual_seed(0)
-    kern = build_attention(dict(type='soft', landmark_ratio=2), num_heads=1, head_dim=2)  # float32 parameters
+    kern = build_attention(dict(type='soft', landmark_ratio=2, conv_size=conv_size), num_heads=1, head_dim=2)
     q, v = rand(1, 1, 8, 2, seed=1).requires_grad_(), rand(1, 1, 8, 1, seed=2).requires_grad_()
     assert torch.autograd.gradcheck(lambda a, c: kern(a, a, c, hw=(2, 4)), (q, v))
 
@@ -238,17 +241,17 @@ def test_errors_name_the_bad_value():
     with pytest.raises(ValueError, match='needs head_dim'):
         build_attention('soft')
     with pytest.raises(ValueError, match='conv_size=3 .*needs num_heads'):
-        build_attention(dict(type='soft', landmark_op='avgpool'))
+        build_attention(dict(type='soft', landmark_op='avgpool', conv_size=3))
     for bad in (2, -1, True, 1.0):
         with pytest.raises(ValueError, match=f'conv_size must be an odd positive int or 0.*got {bad!r}'):
             build_attention(dict(type='soft', conv_size=bad), num_heads=2, head_dim=4)
     with pytest.raises(ValueError, match='landmark_ratio must be a positive int, got 0'):
-        build_attention(dict(type='soft', landmark_ratio=0, landmark_op='avgpool', conv_size=0))
-    untied = build_attention(dict(type='soft', landmark_op='avgpool', tie_qk=False), num_heads=H)
+        build_attention(dict(type='soft', landmark_ratio=0, landmark_op='avgpool'))
+    untied = build_attention(dict(type='soft', landmark_op='avgpool', tie_qk=False, conv_size=3), num_heads=H)
     q, k, v = qkv(12)
     with pytest.raises(ValueError, match=r'conv on v \(conv_size=3\).*Nq=6 and Nk=12'):
         untied(q[:, :, :6], k, v, hw=(2, 3))
-    kern = build_attention(dict(type='soft', landmark_op='avgpool', conv_size=0))
+    kern = build_attention(dict(type='soft', landmark_op='avgpool'))
     q, k, v = qkv(12)
     with pytest.raises(ValueError, match='bias'):
         kern(q, k, v, hw=(3, 4), bias=torch.zeros(12, 12))

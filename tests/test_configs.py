@@ -227,3 +227,22 @@ def test_auto_scale_lr_base_batch_equals_header_total_batch(path):
     assert cfg.train_dataloader.batch_size == per_gpu
     assert cfg.auto_scale_lr.base_batch_size == gpus * per_gpu
     assert not cfg.auto_scale_lr.enable  # scaling is opt-in: tools/train.py --auto-scale-lr
+
+
+@pytest.mark.parametrize('backbone', ['pvt_v2_b2', 'swin_t', 'cswin_t'])
+def test_soft_set_up_backbones_run_at_odd_sizes_with_finite_gradients(backbone):
+    """The SOFT set-up (global windows / stripes / no spatial reduction, landmark ratios 8/4/2, conv on v) takes any
+    input size: the kernel sees whole stages, so no pad tokens and no mask reach it."""
+    cfg = Config.fromfile(osp.join(ROOT, 'configs', f'cls_{backbone}_soft.py'))
+    bb_cfg = cfg.model.backbone
+    bb_cfg.update(out_indices=(0, 1, 2, 3), drop_path_rate=0.0)
+    with MODELS.switch_scope_and_registry(cfg.default_scope) as registry:
+        bb = registry.build(bb_cfg)
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 75, 101)
+    outs = bb(x)
+    assert [o.shape[-2:] for o in outs] == [torch.Size((-(-75 // s), -(-101 // s))) for s in (4, 8, 16, 32)]
+    assert all(torch.isfinite(o).all() for o in outs)
+    sum(o.square().mean() for o in outs).backward()
+    soft_convs = [m.v_conv.weight for m in bb.modules() if hasattr(m, 'v_conv')]
+    assert soft_convs and all(w.grad is not None and torch.isfinite(w.grad).all() for w in soft_convs)

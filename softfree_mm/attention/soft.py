@@ -6,9 +6,10 @@ queries, ``m`` landmark tokens ``L`` pooled from q on the (H, W) grid and
     A = K(Q, L) @ pinv(K(L, L)) @ K(L, K),   out = K(Q, L) @ (pinv(K(L, L)) @ (K(L, K) @ v))   (O(N)),
 
 with the Moore-Penrose inverse by Newton iteration. SOFT++ (``normalized=True``) symmetrically normalises the
-inverse by the landmark kernel's degrees. As the official blocks, a depthwise ``conv_size x conv_size`` conv on v
-(one kernel per head, shared by the head's channels) is added to the output: a banded term of ``A``, so
-``out == attention_matrix(...) @ v`` still holds.
+inverse by the landmark kernel's degrees. ``conv_size=3`` adds, as the official blocks do, a depthwise 3x3 conv on
+v (one kernel per head, shared by the head's channels) to the output: a banded term of ``A``, so
+``out == attention_matrix(...) @ v`` still holds. The default (0) is the bare formula; the SOFT set-up configs turn
+the conv on.
 """
 import math
 
@@ -75,8 +76,8 @@ class SoftAttention(AttentionKernel):
         normalized: SOFT++: ``D^-1/2 pinv(K(L, L)) D^-1/2``.
         tie_qk: keys tied to queries (the paper: the Gaussian attention matrix is then symmetric); k is ignored.
             With False, the right factor is ``K(L, K)`` from the given k.
-        conv_size: the depthwise conv on v added to the output (official: 3); odd, or 0 for none. Its weights
-            (num_heads, 1, size, size) are zero-padded at the grid border; it needs Nq == Nk == H * W.
+        conv_size: the depthwise conv on v added to the output (official blocks: 3); odd, or 0 (default) for
+            none. Its weights (num_heads, 1, size, size) are zero-padded at the grid border; it needs Nq == Nk == H * W.
 
     No bias, no mask. The landmark conv's weights need head_dim, the v conv's num_heads.
     """
@@ -87,7 +88,7 @@ class SoftAttention(AttentionKernel):
     needs_hw = True
 
     def __init__(self, num_heads=None, head_dim=None, landmark_ratio=8, num_landmarks=None, landmark_op='conv',
-                 newton_iters=20, normalized=False, tie_qk=True, conv_size=3):
+                 newton_iters=20, normalized=False, tie_qk=True, conv_size=0):
         super().__init__(num_heads, head_dim)
         if landmark_op not in LANDMARK_OPS:
             raise ValueError(f"soft: unknown landmark_op {landmark_op!r}; valid landmark ops: "
