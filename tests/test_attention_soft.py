@@ -225,11 +225,12 @@ def test_bf16_autocast_gives_finite_outputs_and_grads():
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in kern.parameters())
 
 
-def test_compiles_fullgraph():
+@pytest.mark.parametrize('conv_size', [0, 3])
+def test_compiles_fullgraph(conv_size):
     torch.manual_seed(0)
     # few Newton steps: the loop is unrolled into the graph, and capture (no graph break) is what is checked
-    kern = build_attention(dict(type='soft', landmark_ratio=2, normalized=True, newton_iters=2), num_heads=H,
-                           head_dim=D)
+    kern = build_attention(dict(type='soft', landmark_ratio=2, normalized=True, newton_iters=2, conv_size=conv_size),
+                           num_heads=H, head_dim=D)
     q, _, v = (t.float() for t in qkv(15))
     compiled = torch.compile(kern, fullgraph=True, backend='eager')
     torch.testing.assert_close(compiled(q, q, v, hw=(3, 5)), kern(q, q, v, hw=(3, 5)))
