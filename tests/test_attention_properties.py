@@ -83,17 +83,36 @@ def test_output_equals_attention_matrix_times_v_with_mask(name):
 @pytest.mark.parametrize('name', [n for n in KERNELS if ATTENTION.get(n).supports_mask])
 def test_masked_key_equals_deleted_key(name):
     """A key masked out for every query gives the output of the same input without that key (N, means and sums
-    count valid keys only). The last key is the one removed, so position-based kernels keep their positions."""
+    count valid keys only; position-tied logits move up as a deleted key's successors do). Keys removed from the
+    start, the middle and the end."""
     kern = _build(name, **_no_residual(name)).double()
     q, k, v = _qkv(seed=2, n=12)
-    mask = torch.ones(1, 1, 12, 12, dtype=torch.bool)
-    mask[..., -1] = False
-    out_masked = kern(q, k, v, mask=mask)
-    out_deleted = kern(q, k[:, :, :-1], v[:, :, :-1])
-    torch.testing.assert_close(out_masked, out_deleted, rtol=1e-9, atol=1e-10)
-    a_masked = kern.attention_matrix(q, k, mask=mask)
-    a_deleted = kern.attention_matrix(q, k[:, :, :-1])
-    torch.testing.assert_close(a_masked[..., :-1], a_deleted, rtol=1e-9, atol=1e-10)
+    for drop in ([11], [4], [0, 5, 6]):
+        keep = [j for j in range(12) if j not in drop]
+        mask = torch.ones(1, 1, 12, 12, dtype=torch.bool)
+        mask[..., drop] = False
+        out_masked = kern(q, k, v, mask=mask)
+        out_deleted = kern(q, k[:, :, keep], v[:, :, keep])
+        torch.testing.assert_close(out_masked, out_deleted, rtol=1e-9, atol=1e-10, msg=f'{name}: keys {drop}')
+        a_masked = kern.attention_matrix(q, k, mask=mask)
+        a_deleted = kern.attention_matrix(q, k[:, :, keep])
+        torch.testing.assert_close(a_masked[..., keep], a_deleted, rtol=1e-9, atol=1e-10)
+        assert (a_masked[..., drop] == 0).all()
+
+
+@pytest.mark.parametrize('name', [n for n in KERNELS if ATTENTION.get(n).supports_mask])
+def test_per_query_mask_equals_deleting_that_querys_keys(name):
+    """Each query row with its own mask (as in shifted windows) gets the output of its own key subset."""
+    kern = _build(name, **_no_residual(name)).double()
+    q, k, v = _qkv(seed=3, n=10)
+    gen = torch.Generator().manual_seed(0)
+    mask = torch.rand(10, 10, generator=gen) > 0.4
+    mask[:, 3] = True  # every row keeps at least one key
+    out = kern(q, k, v, mask=mask)
+    for i in (0, 4, 9):
+        keep = mask[i].nonzero().flatten()
+        row = kern(q, k[:, :, keep], v[:, :, keep])[:, :, i]  # all queries kept: query positions stay
+        torch.testing.assert_close(out[:, :, i], row, rtol=1e-9, atol=1e-10, msg=f'{name}: row {i}')
 
 
 @pytest.mark.parametrize('name', [n for n in KERNELS if not ATTENTION.get(n).supports_bias])

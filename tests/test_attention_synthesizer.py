@@ -1,4 +1,6 @@
 """Synthesizer attention: each mode's logits against a plain reference, masks, bias, lengths, dtypes, errors."""
+import itertools
+
 import pytest
 import torch
 
@@ -37,6 +39,17 @@ def ref_logits(kern, q, nk):
     return torch.einsum('bhnr,hrl->bhnl', hid, p['w2'][..., :nk]) + p['b2'][..., :nk]
 
 
+def ref_compact(synth, keep):
+    """Masked keys deleted: in each row the j-th kept key reads the synthetic logit of position j (loops)."""
+    keep = keep.expand_as(synth)
+    out = torch.zeros_like(synth)
+    nb, nh, nq, _ = synth.shape
+    for b, h, i in itertools.product(range(nb), range(nh), range(nq)):
+        for rank, j in enumerate(keep[b, h, i].nonzero().flatten().tolist()):
+            out[b, h, i, j] = synth[b, h, i, rank]
+    return out
+
+
 def ref_softmax(logits, keep):
     """exp / sum over the kept entries only; rows with no kept entry are zero."""
     keep = keep.expand_as(logits)
@@ -55,7 +68,7 @@ def test_matrix_and_forward_match_plain_reference(mode, mix):
     bias = rand(H, nq, nk, seed=4)
     keep = torch.rand(B, 1, nq, nk, generator=torch.Generator().manual_seed(5)) > 0.3
     keep[0, 0, 2] = False  # a row with no valid key
-    logits = ref_logits(kern, q, nk) + bias
+    logits = ref_compact(ref_logits(kern, q, nk), keep) + bias
     if mix:
         logits = logits + (q @ k.transpose(-2, -1)) * D ** -0.5
     ref = ref_softmax(logits, keep)

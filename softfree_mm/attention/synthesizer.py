@@ -8,6 +8,10 @@
 The table is sliced to the actual Nq x Nk (a length above ``max_len`` is an error); ``mix=True`` adds the
 dot-product scores ``S = s q.k^T``. Then the bias is added and ``A = softmax(logits)`` with masked keys at -inf
 (a row with no valid key gets zero weights). Fits fixed-size token sets: windows, XCiT's d_h x d_h matrix.
+
+Masked keys are deleted keys here too: the synthetic logits are tied to key positions, so under a mask the valid
+keys of each query row take the table's key positions 0, 1, 2, ... in order, exactly as if the masked keys had been
+removed from the sequence (the bias and the mixed-in scores belong to the keys themselves and stay with them).
 """
 import torch
 from torch import nn
@@ -19,6 +23,14 @@ from .base import AttentionKernel, default_scale, scores, upcast, work_dtype, no
 
 
 MODES = ('random', 'factorized_random', 'dense', 'factorized_dense')
+
+
+def compact_key_positions(logits, mask):
+    """Gather ``logits (.., Nq, Nk)`` so that the j-th valid key of a row reads the table's column j: the logits
+    the row would get with the masked keys deleted. Masked entries get some valid column (masked out later)."""
+    logits, mask = torch.broadcast_tensors(logits, mask)
+    pos = (mask.to(torch.long).cumsum(-1) - 1).clamp_min(0)
+    return torch.gather(logits, -1, pos)
 
 
 def masked_softmax(logits, mask):
@@ -118,6 +130,8 @@ class SynthesizerAttention(AttentionKernel):
         q, k = upcast(q, k)
         with no_autocast(q):  # logits and softmax in fp32
             logits = self.synthetic_logits(q, k.shape[2])
+            if mask is not None:
+                logits = compact_key_positions(logits, mask)
             if self.mix:
                 logits = logits + scores(q, k, default_scale(scale, q.shape[-1], q))
             if bias is not None:
