@@ -72,3 +72,50 @@ def test_cli_errors_name_the_bad_value(tmp_path, capsys):
     with pytest.raises(SystemExit):
         convert_checkpoint.main(['swin', str(tmp_path / 'missing.pth'), str(tmp_path / 'b')])
     assert 'no such checkpoint' in capsys.readouterr().err
+
+
+def test_unwrap_takes_the_backbone_of_a_whole_detector_checkpoint():
+    det = {'state_dict': {'backbone.patch_embed.proj.weight': torch.ones(2), 'backbone.norm0.bias': torch.zeros(2),
+                          'neck.lateral_convs.0.conv.weight': torch.ones(3), 'roi_head.bbox_head.fc_cls.bias':
+                          torch.ones(4)}, 'meta': {}}
+    assert list(unwrap_state_dict(det)) == ['patch_embed.proj.weight', 'norm0.bias']
+    assert len(unwrap_state_dict(det, backbone_only=False)) == 4
+
+
+def _small_timm_swin():
+    timm = pytest.importorskip('timm')
+    torch.manual_seed(0)
+    return timm.create_model('swin_tiny_patch4_window7_224', pretrained=False, embed_dim=16, depths=(1, 1, 2, 1),
+                             num_heads=(1, 2, 2, 4))
+
+
+def test_cli_converts_a_detector_release_to_a_backbone_that_loads(tmp_path):
+    ref = _small_timm_swin()
+    sd = {f'backbone.{k}': v for k, v in ref.state_dict().items()}
+    sd.update({'neck.fpn_convs.0.conv.weight': torch.ones(8, 8, 3, 3), 'rpn_head.rpn_cls.bias': torch.ones(3)})
+    src, dst = tmp_path / 'mask_rcnn_swin.pth', tmp_path / 'ours.pth'
+    torch.save({'state_dict': sd, 'meta': {'epoch': 36}}, src)
+    assert convert_checkpoint.main(['swin', str(src), str(dst)]) == 0
+    from softfree_mm.models.backbones import SoftFreeSwin
+    ours = SoftFreeSwin(arch=dict(embed_dims=16, depths=(1, 1, 2, 1), num_heads=(1, 2, 2, 4)))
+    converted = torch.load(dst)['state_dict']
+    assert not any(k.startswith(('neck.', 'rpn_head.', 'backbone.')) for k in converted)
+    missing, unexpected = ours.load_state_dict(converted, strict=False)
+    # a classification-trained backbone has no per-output norms for strides 4-16 (a detection release has them)
+    assert not [k for k in missing if 'relative_position_index' not in k and not k.startswith(('norm0.', 'norm1.',
+                                                                                              'norm2.'))], missing
+    assert all(k.startswith('head') for k in unexpected), unexpected
+    torch.testing.assert_close(ours.state_dict()['stages.2.blocks.1.attn.qkv.weight'],
+                               ref.state_dict()['layers.2.blocks.1.attn.qkv.weight'])
+
+
+def test_cli_refuses_a_checkpoint_of_another_family(tmp_path, capsys):
+    ref = _small_timm_swin()
+    src = tmp_path / 'swin.pth'
+    torch.save({'model': ref.state_dict()}, src)
+    for family in ('xcit', 'cswin'):
+        with pytest.raises(SystemExit) as e:
+            convert_checkpoint.main([family, str(src), str(tmp_path / 'out.pth')])
+        assert e.value.code == 2
+        assert f'does not look like a {family} checkpoint' in capsys.readouterr().err
+    assert not (tmp_path / 'out.pth').exists()

@@ -32,11 +32,13 @@ def get_converter(family: str) -> Callable[[Dict[str, torch.Tensor]], Dict[str, 
     return getattr(importlib.import_module(mod), fn)
 
 
-def unwrap_state_dict(obj, prefer_ema: bool = False) -> Dict[str, torch.Tensor]:
+def unwrap_state_dict(obj, prefer_ema: bool = False, backbone_only: bool = True) -> Dict[str, torch.Tensor]:
     """A bare state dict from a checkpoint wrapped in 'model', 'state_dict', 'state_dict_ema' or bare.
 
     With ``prefer_ema`` the EMA weights are taken when present; otherwise 'state_dict' / 'model' come first.
-    A leading 'module.' (DDP) and, when every key has it, 'backbone.' are stripped.
+    A leading 'module.' (DDP) is stripped. With ``backbone_only``, a whole-model checkpoint (a detector or
+    segmentor: 'backbone.*' next to 'neck.*', 'roi_head.*', ...) gives its backbone: the 'backbone.*' keys, without
+    the prefix.
     """
     order = WRAPPER_KEYS if prefer_ema else ('state_dict', 'model', 'module', 'state_dict_ema', 'model_ema')
     sd = obj
@@ -53,9 +55,29 @@ def unwrap_state_dict(obj, prefer_ema: bool = False) -> Dict[str, torch.Tensor]:
         if k.startswith('module.'):
             k = k[len('module.'):]
         out[k] = v
-    if out and all(k.startswith('backbone.') for k in out):
-        out = OrderedDict((k[len('backbone.'):], v) for k, v in out.items())
+    if backbone_only and any(k.startswith('backbone.') for k in out):
+        out = OrderedDict((k[len('backbone.'):], v) for k, v in out.items() if k.startswith('backbone.'))
     return out
+
+
+def _pattern(key: str) -> str:
+    return '.'.join('#' if part.isdigit() else part for part in key.split('.'))
+
+
+_PROBES = {  # family -> (class name, arch of the smallest preset): the names a converted file must mostly use
+    'xcit': ('SoftFreeXCiT', 't12'), 'pvt': ('SoftFreePVT', 'tiny'), 'pvt_v2': ('SoftFreePVTv2', 'b0'),
+    'swin': ('SoftFreeSwin', 'tiny'), 'cswin': ('SoftFreeCSWin', 'tiny'),
+}
+
+
+def family_match(family: str, state_dict: Dict[str, torch.Tensor]) -> float:
+    """The share of converted keys whose name pattern (block indices as '#') our ``family`` backbone uses: near 1
+    for a checkpoint of that family, low for another family's file."""
+    from .. import models
+    cls_name, arch = _PROBES[family]
+    ours = {_pattern(k) for k in getattr(models, cls_name)(arch=arch).state_dict()}
+    keys = [k for k in state_dict if not _is_nonpersistent(k)]
+    return sum(_pattern(k) in ours for k in keys) / max(len(keys), 1)
 
 
 def load_pretrained(module: torch.nn.Module, checkpoint: str, convert_fn: Optional[Callable] = None,
@@ -69,7 +91,7 @@ def load_pretrained(module: torch.nn.Module, checkpoint: str, convert_fn: Option
     from mmengine.logging import print_log
 
     raw = CheckpointLoader.load_checkpoint(checkpoint, map_location=map_location)
-    sd = unwrap_state_dict(raw)
+    sd = unwrap_state_dict(raw, backbone_only=not prefix)
     if prefix:
         if not prefix.endswith('.'):
             prefix += '.'
