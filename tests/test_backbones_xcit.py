@@ -28,12 +28,28 @@ def build_in(scope, cfg):
 
 
 def expected_shapes(b, c, h, w, patch=16):
-    g = (math.ceil(h / patch), math.ceil(w / patch))
-    if patch == 16:
-        return [(b, c, 4 * g[0], 4 * g[1]), (b, c, 2 * g[0], 2 * g[1]), (b, c, *g),
-                (b, c, math.ceil(g[0] / 2), math.ceil(g[1] / 2))]
-    return [(b, c, 2 * g[0], 2 * g[1]), (b, c, *g), (b, c, math.ceil(g[0] / 2), math.ceil(g[1] / 2)),
-            (b, c, math.ceil(g[0] / 4), math.ceil(g[1] / 4))]
+    """ceil(H / s) x ceil(W / s) at strides 4, 8, 16, 32, like every other backbone, for either patch size."""
+    return [(b, c, math.ceil(h / s), math.ceil(w / s)) for s in (4, 8, 16, 32)]
+
+
+@pytest.mark.parametrize('patch', [16, 8])
+@pytest.mark.parametrize('hw', [(33, 47), (41, 77), (64, 96)])
+def test_outputs_are_ceil_size_at_each_stride_and_crop_only_past_the_image(patch, hw):
+    """At sizes that are not multiples of the patch, the upsampled levels are cropped to ceil(H / s): the rows kept
+    equal the uncropped adapter's (the crop removes only cells past the image)."""
+    torch.manual_seed(0)
+    model = SoftFreeXCiT(arch='t12', embed_dims=32, num_heads=4, depth=4, out_indices=(0, 1, 2, 3), patch_size=patch,
+                         norm_cfg=dict(type='BN')).eval()
+    x = torch.randn(1, 3, *hw)
+    uncropped = []
+    hooks = [getattr(model, f'fpn{i}').register_forward_hook(lambda m, i, o: uncropped.append(o)) for i in (1, 2, 3, 4)]
+    with torch.no_grad():
+        outs = model(x)
+    for h in hooks:
+        h.remove()
+    assert [tuple(o.shape) for o in outs] == expected_shapes(1, 32, *hw)
+    for o, f in zip(outs, uncropped):
+        torch.testing.assert_close(o, f[..., :o.shape[-2], :o.shape[-1]], rtol=0, atol=0)
 
 
 def refuses_xca(name):

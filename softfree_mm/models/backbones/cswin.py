@@ -266,11 +266,12 @@ class SoftFreeCSWin(StagedBackbone):
         for i in range(num_stages):
             last = i == num_stages - 1
             is_global = last or global_window[i]
-            require_kernel_fit(
-                cfgs[i], owner,
-                f'stage {i} (stripes of width {stripe_widths[i]}, symmetric padding, padded keys masked; set '
-                f'global_window=True for this stage to use it without masks)',
-                needs_mask=not is_global and stripe_widths[i] > 1, varying_length=True)
+            where = (f'stage {i} (attention over the whole stage, whose token count follows the input size)'
+                     if is_global else
+                     f'stage {i} (stripes of width {stripe_widths[i]}, symmetric padding, padded keys masked; set '
+                     f'global_window=True for this stage to use it without masks)')
+            require_kernel_fit(cfgs[i], owner, where, needs_mask=not is_global and stripe_widths[i] > 1,
+                               varying_length=True)
             start = sum(depths[:i])
             blocks = [CSWinBlock(dims[i], num_heads[i], stripe_widths[i], global_window[i], last, cfgs[i],
                                  mlp_ratio, qkv_bias, drop_rate, dpr[start + j], with_cp) for j in range(depths[i])]

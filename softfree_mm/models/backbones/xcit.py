@@ -400,7 +400,7 @@ class SoftFreeXCiT(BaseModule):
         return blk(x, hw)
 
     def forward(self, x):
-        b = x.shape[0]
+        b, img_hw = x.shape[0], x.shape[-2:]
         x, hw = self.patch_embed(x)
         x = x + self.pos_embed(b, hw[0], hw[1]).flatten(2).transpose(1, 2)
         feats = []
@@ -417,7 +417,10 @@ class SoftFreeXCiT(BaseModule):
                     self.with_cp and self.training and x.requires_grad) else blk(x)
             return (self.norm(x)[:, 0],)
         ops = (self.fpn1, self.fpn2, self.fpn3, self.fpn4)
-        return tuple(op(f) for op, f in zip(ops, feats))
+        # the upsampled maps of a partial last patch reach past the image: crop to ceil(H / stride) like the other
+        # backbones (no-op when H and W are multiples of the patch size)
+        return tuple(op(f)[..., :-(-img_hw[0] // s), :-(-img_hw[1] // s)]
+                     for op, f, s in zip(ops, feats, (4, 8, 16, 32)))
 
     # ------------------------------------------------------------------ optimiser helpers
     def get_layer_depth(self, param_name: str, prefix: str = ''):
