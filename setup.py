@@ -1,7 +1,7 @@
 """softfree_mm: softmax-free attention for OpenMMLab 2.x backbones.
 
 ``pip install -e .`` installs the package; configs and tools ship the OpenMMLab way, under ``softfree_mm/.mim``
-(symlinks for an editable install, copies otherwise), so that ``mim`` and ``softfree_mm.get_config_path`` find them.
+(symlinks for an editable install, copies otherwise), so that ``mim`` finds them.
 """
 import os
 import os.path as osp

@@ -10,7 +10,7 @@ model = dict(
         type='SoftFreeCSWin',
         arch='tiny',
         attn_cfg=dict(type='softmax'),
-        drop_path_rate=0.2,
+        drop_path_rate=0.3,  # the official upernet_cswin_tiny.py
         out_indices=(0, 1, 2, 3),
         init_cfg=None),
     neck=dict(in_channels=[64, 128, 256, 512]))

@@ -4,7 +4,8 @@ Guards: the same seed gives byte-identical files; the COCO set holds both polygo
 and box agree with the mask pycocotools decodes, its images carry digits where the masks say (the strokes differ from
 the background), and validation digits come from scans never used in training; the ADE20K-style labels are
 background 1 and digits 2..11 on the digit strokes; the ImageNet-style meta files list existing images with labels
-0..9; a second call keeps a complete set, an unknown set name is an error naming it.
+0..9; a second call keeps a complete set and rebuilds one with a missing file or another seed; an unknown set
+name is an error naming it.
 """
 import filecmp
 import json
@@ -113,3 +114,20 @@ def test_complete_set_is_kept_and_unknown_set_is_an_error(demo):
     assert os.stat(stamp).st_mtime_ns == before
     with pytest.raises(ValueError, match=r"unknown demo data set\(s\) \['voc'\]; valid: \['coco', 'ade', 'imagenet'\]"):
         mdd.make_demo_data(demo, only=['voc'])
+
+
+def test_a_set_with_a_missing_file_or_another_seed_is_rebuilt(tmp_path):
+    out = str(tmp_path / 'demo')
+    mdd.make_demo_data(out, only=['imagenet'])
+    folder = osp.join(out, 'imagenet')
+    first = sorted(_files(folder))
+    victim = osp.join(folder, 'val', 'digit_3', 'val_3_0002.JPEG')
+    original = open(victim, 'rb').read()
+    os.remove(victim)
+    assert not mdd.is_complete(folder, 0)
+    mdd.make_demo_data(out, only=['imagenet'])
+    assert sorted(_files(folder)) == first and open(victim, 'rb').read() == original
+    assert mdd.is_complete(folder, 0) and not mdd.is_complete(folder, 1)
+    mdd.make_demo_data(out, seed=1, only=['imagenet'])  # another seed: rewritten, different pictures
+    assert mdd.is_complete(folder, 1) and open(victim, 'rb').read() != original
+    assert sorted(_files(folder)) == first

@@ -1,10 +1,11 @@
 """Write the embedded demo data sets under ``data/demo/`` (deterministic, a few seconds).
 
 The pictures are real scans, not random blobs: scikit-learn ships the UCI handwritten digits (1,797 scanned 8x8
-digits of 43 writers, ten classes; ``sklearn.datasets.load_digits`` reads them from the package, no download).
-Each digit is scaled up, tinted and scattered on a textured background; its strokes give the instance mask, the
-box and the semantic label, so a model can measurably learn the task. Digits of writers seen in training never
-appear in validation (every fifth scan goes to validation).
+digits, the UCI set's test part written by 13 people, ten classes; ``sklearn.datasets.load_digits`` reads them from
+the package, no download). Each digit is scaled up, tinted and scattered on a textured background; its strokes give
+the instance mask, the box and the semantic label, so a model can measurably learn the task. Every fifth scan goes
+to validation only: validation digits are scans never seen in training (by the same writers: the scans carry no
+writer ids).
 
 Layout written (the same layouts the real COCO / ADE20K / ImageNet configs expect, see the README)::
 
@@ -21,6 +22,7 @@ import argparse
 import json
 import os
 import os.path as osp
+import shutil
 import sys
 
 import cv2
@@ -36,7 +38,7 @@ ADE_SIZE = (128, 160)
 ADE_COUNTS = dict(training=200, validation=50)
 CLS_SIZE = 64
 CLS_COUNTS = dict(train=40, val=10)  # images per class
-STAMP = '.complete'  # written last: a folder without it is incomplete and gets rebuilt
+STAMP = '.complete'  # written last (seed and file count): a folder without it, or not matching it, gets rebuilt
 
 
 def load_digit_scans():
@@ -187,8 +189,26 @@ def make_imagenet(out, rng, scans):
 MAKERS = dict(coco=make_coco, ade=make_ade, imagenet=make_imagenet)
 
 
+def _files(folder):
+    return sum(len([f for f in names if f != STAMP]) for _, _, names in os.walk(folder))
+
+
+def _stamp(folder, seed):
+    return f'seed={seed} files={_files(folder)}\n'
+
+
+def is_complete(folder, seed=0):
+    """The set in ``folder`` was fully written with ``seed`` and no file of it has gone missing."""
+    path = osp.join(folder, STAMP)
+    if not osp.exists(path):
+        return False
+    with open(path) as f:
+        return f.read() == _stamp(folder, seed)
+
+
 def make_demo_data(out='data/demo', seed=0, only=TASKS, force=False):
-    """Write the requested sets under ``out``; a set already complete is kept unless ``force``. Returns ``out``."""
+    """Write the requested sets under ``out``; a set already complete (same seed, no file missing) is kept unless
+    ``force``. Returns ``out``."""
     bad = [t for t in only if t not in TASKS]
     if bad:
         raise ValueError(f'unknown demo data set(s) {bad}; valid: {list(TASKS)}')
@@ -197,12 +217,15 @@ def make_demo_data(out='data/demo', seed=0, only=TASKS, force=False):
         if task not in only:
             continue
         folder = osp.join(out, task)
-        if osp.exists(osp.join(folder, STAMP)) and not force:
+        if not force and is_complete(folder, seed):
             continue
+        if osp.isdir(folder):
+            shutil.rmtree(folder)
         # one generator per set, so each set is the same whether or not the others are written
         MAKERS[task](folder, np.random.default_rng([seed, i]), scans)
+        stamp = _stamp(folder, seed)
         with open(osp.join(folder, STAMP), 'w') as f:
-            f.write(f'seed={seed}\n')
+            f.write(stamp)
     return out
 
 
