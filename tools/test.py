@@ -35,17 +35,23 @@ def parse_args(argv=None):
     return args
 
 
+VISUALIZATION_HOOKS = {'mmdet': 'DetVisualizationHook', 'mmseg': 'SegVisualizationHook',
+                       'mmpretrain': 'VisualizationHook'}
+
+
 def _set_visualization(cfg, show_dir):
-    hooks = cfg.get('default_hooks', {})
-    if 'visualization' not in hooks:
-        from softfree_mm.engine.launch import UsageError
-        raise UsageError('--show-dir: the config has no default_hooks.visualization hook')
-    vis = hooks['visualization']
+    """Draw every test image (interval 1) under show_dir; the scope's hook is created when the config has none."""
     scope = cfg.default_scope
+    if not cfg.get('default_hooks'):
+        cfg.default_hooks = {}
+    if not cfg.default_hooks.get('visualization'):
+        cfg.default_hooks.visualization = dict(type=VISUALIZATION_HOOKS[scope])
+    vis = cfg.default_hooks.visualization
+    vis.update(interval=1)
     if scope == 'mmdet':
         vis.update(draw=True, test_out_dir=osp.abspath(show_dir))
     elif scope == 'mmseg':
-        vis.update(draw=True, interval=1)
+        vis.update(draw=True)
         cfg.visualizer['save_dir'] = show_dir
     else:  # mmpretrain
         vis.update(enable=True, out_dir=osp.abspath(show_dir))
@@ -66,6 +72,7 @@ def _set_format_only(cfg, out_dir):
 
 def prepare(args):
     from softfree_mm.engine import launch
+    launch.check_launcher(args.launcher, 'test')
     cfg = launch.load_config(args.config, args.cfg_options)
     cfg.launcher = args.launcher
     if args.work_dir is not None:
@@ -78,6 +85,7 @@ def prepare(args):
     cfg.resume = False
     launch.check_attention(cfg)
     launch.check_model_types(cfg)
+    launch.check_types(cfg)
     if args.format_only:
         _set_format_only(cfg, osp.join(cfg.work_dir, 'format_only'))
     for root, subset in launch.demo_roots(cfg, ('test', )):
@@ -113,13 +121,18 @@ def main(argv=None):
         print(f'error: {args.config}: {launch.short_error(e)} (SOFTFREE_MM_TRACEBACK=1 shows the traceback)',
               file=sys.stderr)
         return 2
-    metrics = runner.test()
+    try:
+        metrics = launch.run(runner, 'test', args.config)
+    except launch.UsageError as e:
+        print(f'error: {e}', file=sys.stderr)
+        return 2
     metrics = {k: (float(v) if hasattr(v, '__float__') else v) for k, v in (metrics or {}).items()}
     from mmengine.dist import is_main_process
     if is_main_process():
         with open(osp.join(cfg.work_dir, 'test_metrics.json'), 'w') as f:
             json.dump(metrics, f, indent=1)
         print('metrics: ' + json.dumps(metrics))
+    launch.finish_dist()
     return 0
 
 

@@ -4,7 +4,9 @@
         [--auto-scale-lr] [--cfg-options KEY=VALUE ...] [--launcher none|pytorch|slurm|mpi]
 
 Without CUDA the tool switches to CPU settings by itself (gloo, DDP without device_ids, BN for SyncBN). A missing
-data root, an unknown config file or kernel, or a misspelt model type gives one line on stderr and exit status 2.
+data root or image folder, an unknown config file or kernel, a misspelt type anywhere in the config, --cfg-options
+that cannot be applied, a --launcher without its environment, or a setting the Runner refuses while it builds the
+dataloaders, optimizer, schedulers and evaluators gives one line on stderr and exit status 2.
 Demo data roots (``data/demo/...``) are written on demand by tools/make_demo_data.py.
 """
 import argparse
@@ -38,6 +40,7 @@ def parse_args(argv=None):
 def prepare(args):
     """The checked config, ready for the Runner (raises UsageError)."""
     from softfree_mm.engine import launch
+    launch.check_launcher(args.launcher, 'train')
     cfg = launch.load_config(args.config, args.cfg_options)
     cfg.launcher = args.launcher
     if args.work_dir is not None:
@@ -52,6 +55,7 @@ def prepare(args):
         cfg.resume, cfg.load_from = True, args.resume
     launch.check_attention(cfg)
     launch.check_model_types(cfg)
+    launch.check_types(cfg)
     phases = ('train', 'val') if cfg.get('val_cfg') is not None else ('train', )
     for root, subset in launch.demo_roots(cfg, phases):
         make_demo(root, subset)
@@ -93,7 +97,12 @@ def main(argv=None):
         print(f'error: {args.config}: {launch.short_error(e)} (SOFTFREE_MM_TRACEBACK=1 shows the traceback)',
               file=sys.stderr)
         return 2
-    runner.train()
+    try:
+        launch.run(runner, 'train', args.config)
+    except launch.UsageError as e:
+        print(f'error: {e}', file=sys.stderr)
+        return 2
+    launch.finish_dist()
     return 0
 
 

@@ -3,17 +3,21 @@
 The same entry points serve mmdet (detection), mmseg (segmentation) and mmpretrain (classification) configs: the
 config's ``default_scope`` decides the registries, mmengine's Runner does the rest.
 
-Bad input (a config file that does not exist or does not parse, an unknown attention kernel, a model type no
-registry knows, a missing data root or annotation file) raises :class:`UsageError` with one line that names it; the
-tools print that line to stderr and exit with status 2.
+Bad input (a config file that does not exist or does not parse, --cfg-options that cannot be applied, an unknown
+attention kernel, a misspelt registry type, a missing data root, image folder or annotation file, a --launcher
+started without its environment, a setting the Runner refuses while it builds its parts) raises :class:`UsageError`
+with one line that names it; the tools print that line to stderr and exit with status 2.
 """
 import difflib
+import functools
+import importlib
 import os
 import os.path as osp
 from typing import Iterator, List, Optional, Tuple
 
 import torch
 from mmengine.config import Config
+from mmengine.hooks import Hook
 
 TASKS = {'mmdet': 'detection', 'mmseg': 'segmentation', 'mmpretrain': 'classification'}
 DATALOADERS = {'train': ('train_dataloader', ), 'val': ('val_dataloader', ), 'test': ('test_dataloader', )}
@@ -29,16 +33,43 @@ def load_config(path: str, cfg_options: Optional[dict] = None) -> Config:
         raise UsageError(f'config file not found: {path}')
     try:
         cfg = Config.fromfile(path)
-        if cfg_options:
-            cfg.merge_from_dict(cfg_options)
     except Exception as e:  # mmengine reports syntax errors, missing bases and duplicate keys in many types
-        msg = ' '.join(str(e).split())
-        raise UsageError(f'cannot read config {path}: {type(e).__name__}: {msg}') from None
+        raise UsageError(f'cannot read config {path}: {short_error(e)}') from None
+    if cfg_options:
+        try:
+            cfg.merge_from_dict(cfg_options)
+        except Exception as e:
+            problems = [f'{key}: {why}' for key, why in ((k, _option_problem(cfg, k)) for k in cfg_options) if why]
+            why = '; '.join(problems) or f'{", ".join(cfg_options)}: {short_error(e)}'
+            raise UsageError(f'--cfg-options could not be applied to {path}: {why}') from None
     scope = cfg.get('default_scope')
     if scope not in TASKS:
         raise UsageError(f'config {path} has default_scope={scope!r}; these tools run '
                          f'{", ".join(repr(s) for s in TASKS)} configs')
     return cfg
+
+
+def _option_problem(cfg: Config, key: str) -> Optional[str]:
+    """Why the --cfg-options key ``a.b.c`` cannot be merged into ``cfg`` (None when its path looks fine)."""
+    parts = key.split('.')
+    node = cfg._cfg_dict
+    for i, part in enumerate(parts[:-1]):
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            return None  # a new key: merging creates it
+        path, rest = '.'.join(parts[:i + 1]), '.'.join(parts[i + 1:])
+        if isinstance(node, list):
+            if not parts[i + 1].isdigit():
+                return (f'{path} is a list of {len(node)}, not a dict: use index keys such as {path}.0.{rest}, '
+                        f'or give the whole value ({path}=[...])')
+            if int(parts[i + 1]) >= len(node):
+                return f'{path} is a list of {len(node)}: index {parts[i + 1]} is out of range'
+        elif not isinstance(node, dict):
+            return f'{path} is {node!r}, not a dict: give the whole value ({path}=...)'
+    return None
 
 
 # ----------------------------------------------------------------------------------------------------- checks
@@ -90,6 +121,72 @@ def check_model_types(cfg: Config) -> None:
                 raise UsageError(f"{path}.type={node['type']!r} is not a registered {scope} model{hint}")
 
 
+@functools.lru_cache(maxsize=None)
+def registered_names(scope: str) -> frozenset:
+    """Every name the registries of ``scope`` (and mmengine's root registries) know, plus the attention kernels."""
+    from mmengine import registry as root
+    from mmengine.registry import Registry
+    from softfree_mm.attention import list_attentions
+    import softfree_mm  # noqa: F401  (registers our backbones)
+    importlib.import_module(f'{scope}.utils').register_all_modules(init_default_scope=False)
+    names = set(list_attentions())
+    for module in (root, importlib.import_module(f'{scope}.registry')):
+        for reg in vars(module).values():
+            while isinstance(reg, Registry):
+                reg.import_from_location()
+                names.update(reg.module_dict)
+                reg = reg.parent
+    return frozenset(names)
+
+
+def unknown_types(cfg: Config, keys=None) -> Iterator[Tuple[str, str]]:
+    """(key path, type) of every dict under ``keys`` (default: the whole config) whose str 'type' no registry of
+    the config's scope knows ('mmdet.Foo' is looked up in mmdet's registries)."""
+    for key in (keys or [None]):
+        top = cfg._cfg_dict if key is None else cfg.get(key)
+        for path, node in _walk(top, key or ''):
+            name = node.get('type') if isinstance(node, dict) else None
+            if not isinstance(name, str):
+                continue
+            scope, _, short = name.rpartition('.')
+            try:
+                known = registered_names(scope if scope in TASKS else cfg.default_scope)
+            except ImportError:
+                continue
+            if short not in known:
+                yield f'{path}.type' if path else 'type', name
+
+
+def check_types(cfg: Config) -> None:
+    """No 'type' anywhere in the config is a near miss of a registered name (catches typos such as 'ImageNett',
+    'AdamWW' before the Runner builds anything). Names without a close registered match are left alone: some
+    'type' values are not registry names (mmcv ops such as 'RoIAlign' are looked up with getattr)."""
+    for path, name in unknown_types(cfg):
+        scope, _, short = name.rpartition('.')
+        scope = scope if scope in TASKS else cfg.default_scope
+        close = difflib.get_close_matches(short, sorted(registered_names(scope)), n=3, cutoff=0.8)
+        if close:
+            raise UsageError(f'{path}={name!r} is not registered in {scope} or mmengine; '
+                             f'did you mean {", ".join(close)}?')
+
+
+LAUNCH_ENV = {'pytorch': ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT'),
+              'slurm': ('SLURM_PROCID', 'SLURM_NTASKS', 'SLURM_NODELIST'),
+              'mpi': ('OMPI_COMM_WORLD_RANK', 'OMPI_COMM_WORLD_LOCAL_RANK', 'OMPI_COMM_WORLD_SIZE', 'MASTER_ADDR')}
+LAUNCH_HOW = {'pytorch': 'start it with torchrun: bash tools/dist_{tool}.sh ...',
+              'slurm': 'start it with srun: bash tools/slurm_{tool}.sh ...',
+              'mpi': 'start it with mpirun'}
+
+
+def check_launcher(launcher: str, tool: str = 'train') -> None:
+    """The environment variables the launcher's process-group start-up reads are set."""
+    missing = [name for name in LAUNCH_ENV.get(launcher, ()) if name not in os.environ]
+    if missing:
+        how = LAUNCH_HOW[launcher].format(tool=tool)
+        raise UsageError(f'--launcher {launcher}: {", ".join(missing)} not set in the environment; {how} '
+                         '(or use --launcher none for one process)')
+
+
 def _datasets(node) -> Iterator[dict]:
     """A dataset config and the datasets it wraps (RepeatDataset, ConcatDataset, ClassBalancedDataset...)."""
     if isinstance(node, dict):
@@ -117,6 +214,11 @@ def data_roots(cfg: Config, phases=('train', 'val', 'test')) -> List[Tuple[str, 
                 ann = ds.get('ann_file') or ''
                 if ann:
                     out.append((f'{key}.dataset.ann_file', ann if osp.isabs(ann) else osp.join(root, ann)))
+                prefix = ds.get('data_prefix')
+                items = prefix.items() if isinstance(prefix, dict) else [('', prefix)]
+                for name, sub in items:
+                    if sub and isinstance(sub, str) and ds.get('backend_args') is None:  # local files only
+                        out.append((f'{key}.dataset.data_prefix' + (f'.{name}' if name else ''), osp.join(root, sub)))
         ev = cfg.get(EVALUATORS.get(phase, ''), None)
         for e in (ev if isinstance(ev, (list, tuple)) else [ev]):
             if isinstance(e, dict) and e.get('ann_file') and not e.get('format_only', False):
@@ -126,7 +228,7 @@ def data_roots(cfg: Config, phases=('train', 'val', 'test')) -> List[Tuple[str, 
 
 def check_data(cfg: Config, phases=('train', 'val', 'test')) -> None:
     for what, path in data_roots(cfg, phases):
-        if not osp.exists(path):
+        if '://' not in path and not osp.exists(path):
             raise UsageError(f'{what}: {path} does not exist (see the README for the expected data layout, '
                              'or `python tools/make_demo_data.py` for the demo data)')
 
@@ -205,6 +307,45 @@ def build_runner(cfg: Config):
     if 'runner_type' in cfg:
         return RUNNERS.build(cfg)
     return Runner.from_cfg(cfg)
+
+
+class _RunStarted(Hook):
+    """Marks the end of the Runner's lazy building: Runner.train() / test() build loops, dataloaders, datasets,
+    evaluators, optimizer and schedulers before they call the before_run hooks."""
+
+    def __init__(self):
+        self.started = False
+
+    def before_run(self, runner) -> None:
+        self.started = True
+
+
+def run(runner, method: str, config: str):
+    """``runner.train()`` or ``runner.test()``; an error before the run starts is a config error (UsageError),
+    one after it propagates unchanged. SOFTFREE_MM_TRACEBACK=1 re-raises config errors too."""
+    mark = _RunStarted()
+    runner.register_hook(mark, priority='VERY_LOWEST')
+    try:
+        return getattr(runner, method)()
+    except Exception as e:
+        if mark.started or os.environ.get('SOFTFREE_MM_TRACEBACK'):
+            raise
+        msg = short_error(e)
+        if isinstance(e, TypeError) and 'None is not a callable' in msg:  # what mmengine says for an unknown optimizer
+            keys = ('optim_wrapper', 'param_scheduler')
+            unknown = [f'{path}={name!r}' for path, name in unknown_types(runner.cfg, keys)]
+            if unknown:
+                msg += f' (not a registered type: {", ".join(unknown)})'
+        raise UsageError(f'{config}: {msg} (SOFTFREE_MM_TRACEBACK=1 shows the traceback)') from None
+
+
+def finish_dist() -> None:
+    """Wait for every process, then tear the process group down (a rank left with a live group may abort on
+    exit)."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def short_error(e: BaseException) -> str:
