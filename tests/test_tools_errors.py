@@ -2,10 +2,18 @@
 
 Guards: a config file that does not exist, a misspelt kernel or kernel argument (also through --cfg-options), a
 misspelt backbone type, a missing data root, a missing checkpoint, and the CPU settings chosen without CUDA.
-The tools run in-process (their ``main(argv)``) so that no model is built and no training starts.
+The first tests run the tools in-process (their ``main(argv)``) so that no model is built and no training starts.
+The later ones run the real tool in a subprocess on a tiny classifier (written here, demo data written on demand):
+misspelt types anywhere in the config, settings the Runner refuses while it builds its parts inside
+train() / test(), missing image folders, --launcher without its environment, --cfg-options that cannot be
+merged, --show-dir drawing every image, and a clean 2-process teardown.
 """
+import glob
 import importlib.util
+import os
 import os.path as osp
+import socket
+import subprocess
 import sys
 
 import pytest
@@ -137,3 +145,164 @@ def test_kernel_the_backbone_refuses_is_one_line_naming_backbone_and_kernel(trai
     assert rc == 2
     line = _one_line_error(capsys)
     assert 'XCiT' in line and 'inline' in line
+
+
+# ------------------------------------------------------------------------------------- the real tools, subprocess
+DEMO_CLS = osp.join(ROOT, 'configs', 'demo', 'cls_xcit_s12_poly3_demo.py')
+DIST_ENV = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT', 'SLURM_PROCID', 'SLURM_NTASKS',
+            'SLURM_NODELIST', 'OMPI_COMM_WORLD_RANK', 'OMPI_COMM_WORLD_LOCAL_RANK', 'OMPI_COMM_WORLD_SIZE')
+
+
+@pytest.fixture(scope='module')
+def tiny(tmp_path_factory):
+    """A 1-block classifier on 4 demo images (the demo data is written on demand by the first run) and a
+    checkpoint with no weights (loading it only warns)."""
+    folder = tmp_path_factory.mktemp('tiny_cls')
+    root = str(folder / 'data' / 'demo' / 'imagenet')
+    cfg = folder / 'cls_tiny.py'
+    cfg.write_text(f"""_base_ = {DEMO_CLS!r}
+data_root = {root!r}
+model = dict(backbone=dict(embed_dims=32, depth=1, num_heads=4, cls_attn_layers=1), head=dict(in_channels=32))
+train_dataloader = dict(batch_size=4, dataset=dict(data_root=data_root, indices=4))
+val_dataloader = dict(batch_size=4, dataset=dict(data_root=data_root, indices=4))
+test_dataloader = val_dataloader
+train_cfg = dict(max_epochs=1, val_interval=1)
+""")
+    ckpt = folder / 'empty.pth'
+    torch.save({'state_dict': {}, 'meta': {}}, str(ckpt))
+    return dict(cfg=str(cfg), ckpt=str(ckpt), folder=folder)
+
+
+def _run_tool(tool, *args, cwd=None):
+    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV and k != 'SOFTFREE_MM_TRACEBACK'}
+    env.update(OMP_NUM_THREADS='1')
+    return subprocess.run([sys.executable, osp.join(ROOT, 'tools', f'{tool}.py'), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def _error(proc):
+    """The one ``error:`` line of a run that exited 2 without a traceback."""
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert 'Traceback' not in proc.stderr, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith('error: ')]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    return lines[0]
+
+
+def test_misspelt_types_outside_the_model_are_one_line_with_a_suggestion(tiny):
+    line = _error(_run_tool('train', tiny['cfg'], '--work-dir', str(tiny['folder'] / 'w1'),
+                            '--cfg-options', 'train_dataloader.dataset.type=ImageNett'))
+    assert "train_dataloader.dataset.type='ImageNett'" in line and 'ImageNet' in line and 'mmpretrain' in line
+    line = _error(_run_tool('test', tiny['cfg'], tiny['ckpt'], '--work-dir', str(tiny['folder'] / 'w1'),
+                            '--cfg-options', 'test_dataloader.dataset.pipeline.0.type=LoadImageFromFil'))
+    assert "test_dataloader.dataset.pipeline[0].type='LoadImageFromFil'" in line and 'LoadImageFromFile' in line
+
+
+def test_type_check_passes_the_configs_and_names_without_a_close_match():
+    from softfree_mm.engine import launch
+    for path in (DET, SEG, CLS, *sorted(glob.glob(osp.join(ROOT, 'configs', 'demo', '*.py')))):
+        launch.check_types(launch.load_config(path))  # the Mask R-CNN configs hold roi_layer type 'RoIAlign' (mmcv)
+    cfg = launch.load_config(CLS)
+    cfg.optim_wrapper.optimizer.type = 'AdamWW'
+    with pytest.raises(launch.UsageError, match=r"optim_wrapper.optimizer.type='AdamWW'.*AdamW"):
+        launch.check_types(cfg)
+    cfg.optim_wrapper.optimizer.type = 'SomethingElseEntirely'  # no close registered name: left to the Runner
+    launch.check_types(cfg)
+    cfg.optim_wrapper.optimizer.type = 'mmpretrain.AdamW'  # scope-qualified registered names pass
+    launch.check_types(cfg)
+
+
+def test_errors_while_the_runner_builds_its_parts_are_one_line(tiny):
+    # no close registered name, so the pre-build check lets it through; mmengine then fails in build_optim_wrapper
+    line = _error(_run_tool('train', tiny['cfg'], '--work-dir', str(tiny['folder'] / 'w2'),
+                            '--cfg-options', 'optim_wrapper.optimizer.type=NoSuchOptimizer'))
+    assert line.startswith(f"error: {tiny['cfg']}: TypeError")
+    assert "optim_wrapper.optimizer.type='NoSuchOptimizer'" in line
+    line = _error(_run_tool('test', tiny['cfg'], tiny['ckpt'], '--work-dir', str(tiny['folder'] / 'w2'),
+                            '--cfg-options', 'test_evaluator.type=NoSuchMetric'))
+    assert line.startswith(f"error: {tiny['cfg']}: KeyError") and 'NoSuchMetric' in line
+
+
+def test_only_errors_before_the_run_starts_are_config_errors():
+    from softfree_mm.engine import launch
+
+    class FakeRunner:
+        def __init__(self, start):
+            self.hooks, self.start = [], start
+
+        def register_hook(self, hook, priority):
+            self.hooks.append(hook)
+
+        def train(self):
+            if self.start:
+                for hook in self.hooks:
+                    hook.before_run(self)
+            raise RuntimeError('boom')
+
+    with pytest.raises(launch.UsageError, match='cfg.py: RuntimeError: boom'):
+        launch.run(FakeRunner(start=False), 'train', 'cfg.py')
+    with pytest.raises(RuntimeError, match='boom'):
+        launch.run(FakeRunner(start=True), 'train', 'cfg.py')
+
+
+def test_missing_image_folder_under_an_existing_data_root_is_one_line(tmp_path):
+    seg_demo = osp.join(ROOT, 'configs', 'demo', 'upernet_swin_t_poly3_demo.py')
+    line = _error(_run_tool('train', seg_demo, '--work-dir', str(tmp_path / 'w'), '--cfg-options',
+                            f'train_dataloader.dataset.data_root={tmp_path}'))
+    assert f"train_dataloader.dataset.data_prefix.img_path: {tmp_path / 'images' / 'training'} does not exist" in line
+
+
+def test_data_prefix_check_skips_empty_absolute_and_remote_prefixes(tmp_path):
+    from softfree_mm.engine import launch
+    cfg = launch.load_config(DEMO_CLS)
+    ds = cfg.train_dataloader.dataset
+    ds.update(data_root=str(tmp_path), ann_file='', data_prefix='train')
+    with pytest.raises(launch.UsageError, match=r'train_dataloader.dataset.data_prefix: .*train does not exist'):
+        launch.check_data(cfg, ('train', ))
+    for prefix in ('', dict(img_path=''), str(tmp_path)):
+        ds.data_prefix = prefix
+        launch.check_data(cfg, ('train', ))
+    ds.update(data_prefix='train', backend_args=dict(backend='petrel'))
+    launch.check_data(cfg, ('train', ))
+
+
+def test_launcher_without_its_environment_is_one_line_naming_the_variables(tiny):
+    line = _error(_run_tool('train', tiny['cfg'], '--launcher', 'pytorch'))
+    assert 'RANK' in line and 'WORLD_SIZE' in line and 'tools/dist_train.sh' in line and 'KeyError' not in line
+    line = _error(_run_tool('test', tiny['cfg'], tiny['ckpt'], '--launcher', 'slurm'))
+    assert 'SLURM_PROCID' in line and 'tools/slurm_test.sh' in line
+
+
+def test_cfg_options_that_cannot_merge_name_the_option_not_the_config(tmp_path):
+    soft = osp.join(ROOT, 'configs', 'cls_swin_t_soft.py')  # attn_cfg is a list, one per stage
+    line = _error(_run_tool('train', soft, '--cfg-options', 'model.backbone.attn_cfg.type=efficient'))
+    assert '--cfg-options could not be applied' in line and 'cannot read config' not in line
+    assert 'model.backbone.attn_cfg.type' in line and 'is a list' in line and 'model.backbone.attn_cfg.0.type' in line
+
+
+def test_show_dir_draws_every_image_also_without_a_visualization_hook(tiny, test_tool):
+    for n, opts in enumerate(([], ['--cfg-options', 'default_hooks.visualization=None'])):
+        show = tiny['folder'] / f'show{n}'
+        proc = _run_tool('test', tiny['cfg'], tiny['ckpt'], '--work-dir', str(tiny['folder'] / 'w3'),
+                         '--show-dir', str(show), *opts)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert len(glob.glob(str(show / '*.png'))) == 4  # the 4 test images, not 1 in 5000
+    from softfree_mm.engine import launch
+    for path, kind in ((DET, 'DetVisualizationHook'), (SEG, 'SegVisualizationHook')):
+        cfg = launch.load_config(path)
+        cfg.default_hooks.visualization = None
+        test_tool._set_visualization(cfg, str(tiny['folder'] / 'show'))
+        assert cfg.default_hooks.visualization.type == kind and cfg.default_hooks.visualization.draw
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='checks the CPU (gloo) path')
+def test_two_process_test_run_tears_down_cleanly(tiny):
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHON=sys.executable, PORT=str(port), OMP_NUM_THREADS='1')
+    proc = subprocess.run(['bash', osp.join(ROOT, 'tools', 'dist_test.sh'), tiny['cfg'], tiny['ckpt'], '2',
+                           '--work-dir', str(tiny['folder'] / 'w4')],
+                          cwd=str(tiny['folder']), env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert 'terminate called' not in proc.stderr and 'metrics: ' in proc.stdout

@@ -324,7 +324,7 @@ def run(runner, method: str, config: str):
     """``runner.train()`` or ``runner.test()``; an error before the run starts is a config error (UsageError),
     one after it propagates unchanged. SOFTFREE_MM_TRACEBACK=1 re-raises config errors too."""
     mark = _RunStarted()
-    runner.register_hook(mark, priority='VERY_LOWEST')
+    runner.register_hook(mark, priority='LOWEST')
     try:
         return getattr(runner, method)()
     except Exception as e:
