@@ -143,23 +143,36 @@ def test_poly_frobenius_norm_grows_like_sqrt_n():
     assert abs(slope - 0.5) < 0.1, f'log-log slope {slope:.3f}, norms {norms}'
 
 
-def test_poly_float16_large_scores_saturate_instead_of_inf():
-    """Scores of 60 cubed (216000) exceed float16's 65504: the float16 output and the float16 gradients saturate
-    at the largest finite value instead of becoming inf."""
+def test_poly_float16_overflow_is_inf_never_clamped_and_the_loss_scaler_backs_off():
+    """Scores of 60 cubed (216000) exceed float16's 65504: the float16 output and the float16 gradients become inf
+    (a plain cast of the float32 result), never a value clamped at 65504, so that fp16 loss scaling sees the
+    overflow: torch's GradScaler skips the step and halves its scale."""
     kern = build_attention('poly')
     d = 4
+    big = torch.finfo(torch.float16).max
     direction = torch.nn.functional.normalize(_rand(1, 1, 1, d, seed=50), dim=-1)
     q = (direction * math.sqrt(60 * math.sqrt(d))).expand(1, 1, 4, d)
     k = torch.cat([q, -q], dim=2)
     v = torch.cat([torch.ones(1, 1, 4, d), torch.zeros(1, 1, 4, d)], dim=2)  # no cancellation
-    ref = kern(q.float(), k.float(), v)  # the same in float32 overflows float16
-    assert ref.abs().max() > torch.finfo(torch.float16).max
     q16, k16, v16 = (t.half().clone().requires_grad_(True) for t in (q, k, v))
+    ref = kern(q16.detach().float(), k16.detach().float(), v16.detach().float())  # same inputs, float32
+    assert ref.abs().max() > big
     out = kern(q16, k16, v16)
-    assert out.dtype == torch.float16 and torch.isfinite(out).all()
+    assert out.dtype == torch.float16
+    torch.testing.assert_close(out, ref.half(), rtol=1e-3, atol=0)  # inf exactly where float32 overflows float16
+    assert torch.isinf(out).any() and not (out.abs() == big).any()
     out.float().sum().backward()
-    for t in (q16, k16, v16):
-        assert torch.isfinite(t.grad).all()
+    assert torch.isinf(v16.grad).any() and not (v16.grad.abs() == big).any()
+
+    # the loss scaler trusts it: a step with an overflowed gradient is skipped and the scale halves
+    weight = torch.nn.Parameter(torch.ones(d))
+    opt = torch.optim.SGD([weight], lr=0.1)
+    scaler = torch.amp.GradScaler('cpu', init_scale=2.0 ** 10)
+    loss = kern(q16.detach(), k16.detach(), (v16.detach().float() * weight).half()).float().sum()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.get_scale() == 2.0 ** 9 and torch.equal(weight.detach(), torch.ones(d))
 
 
 def test_poly_under_bfloat16_autocast_runs_in_float32():

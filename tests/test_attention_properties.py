@@ -194,6 +194,28 @@ def test_autocast_large_scores_stay_finite(name, amp_dtype):
 
 
 @pytest.mark.parametrize('name', KERNELS)
+@pytest.mark.parametrize('regime', ['large_scores', 'small_scores'])
+def test_float16_overflow_shows_as_inf_never_clamped(name, regime):
+    """float16 in, float16 out: the result is the float32 computation on the same inputs cast back plainly, so a value
+    beyond 65504 is inf (fp16 loss scaling finds overflow by inf / NaN), never one saturated at 65504."""
+    big = torch.finfo(torch.float16).max
+    kern = _build(name, **(dict(conv_size=3) if name == 'soft' else {}))
+    q, k, v = _qkv(torch.float32, seed=6, amp=0.1 if regime == 'small_scores' else 1.0)
+    if regime == 'large_scores':  # |s q.k| up to 60
+        q = q / q.norm(dim=-1, keepdim=True) * math.sqrt(60 * math.sqrt(D))
+        k = torch.cat([q[:, :, : N // 2], -q[:, :, N // 2:]], dim=2)
+    v = v.sign() * 6e4  # values near the top of float16's range
+    q16, k16, v16 = (t.half() for t in (q, k, v))
+    out = kern(q16, k16, v16, hw=GRID)
+    ref = kern(q16.float(), k16.float(), v16.float(), hw=GRID)
+    assert out.dtype == torch.float16
+    assert torch.equal(torch.isinf(out), torch.isinf(ref.half())), 'inf exactly where float32 overflows float16'
+    assert not ((out.abs() == big) & (ref.abs() > 65520)).any(), 'an overflow was clamped to 65504'
+    if name in ('poly', 'soft') and regime == ('large_scores' if name == 'poly' else 'small_scores'):
+        assert torch.isinf(out).any()  # these inputs do overflow: the check above is not vacuous
+
+
+@pytest.mark.parametrize('name', KERNELS)
 def test_torch_compile_fullgraph(name):
     """No graph break anywhere in a kernel (fullgraph=True); the inductor build of two kernels is in
     test_torch_compile_inductor."""

@@ -54,7 +54,7 @@ class AttentionKernel(nn.Module):
         a = self._matrix(q, k, hw, scale, bias, mask)
         with no_autocast(v):
             out = a.to(work_dtype(v)) @ v.to(work_dtype(v))
-        return out.to(v.dtype)
+        return cast_back(out, v.dtype)
 
     # ------------------------------------------------------------------ checks
     def _check(self, q, k, v, hw, scale, bias, mask):
@@ -133,7 +133,18 @@ def no_autocast(t: torch.Tensor):
 
 
 def upcast(*ts):
+    """To the working dtype (float32, float64 stays). Its gradient is cast back like :func:`cast_back`'s output."""
     return tuple(None if t is None else t.to(work_dtype(t)) for t in ts)
+
+
+def cast_back(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A result computed in the working dtype, back to the caller's ``dtype``: a plain cast, so a value beyond
+    float16's range (65504) becomes inf, and so does a gradient on its way back through :func:`upcast`.
+
+    Never clamp here: fp16 mixed precision relies on its loss scaler, which finds an overflow by looking for
+    inf / NaN and then skips the step and lowers the scale. A value saturated at 65504 would pass as a wrong finite
+    number and the scaler would never back off."""
+    return x if x.dtype == dtype else x.to(dtype)
 
 
 def default_scale(scale: Scale, head_dim: int, like: torch.Tensor):

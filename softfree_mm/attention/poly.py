@@ -16,9 +16,7 @@ from typing import Tuple
 import torch
 
 from . import ATTENTION
-from .base import AttentionKernel, default_scale, key_count, scores, work_dtype, no_autocast
-
-
+from .base import AttentionKernel, cast_back, default_scale, key_count, scores, work_dtype, no_autocast
 
 
 SCALE_OPTIONS = "'sqrt_n' (1/sqrt(number of keys a row may look at)) or a float > 0"
@@ -26,36 +24,6 @@ SCALE_OPTIONS = "'sqrt_n' (1/sqrt(number of keys a row may look at)) or a float 
 # rows of one factorised chunk: keeps the (B, h, rows, M) monomial features to about 2^24 numbers
 _CHUNK_ELEMENTS = 1 << 24
 _MAX_CHUNKS = 64
-
-
-class _SaturatingCast(torch.autograd.Function):
-    """``x.to(dtype)`` that clamps to the target's finite range, forwards and backwards (for float16: a cubic
-    score of 60 is 216000, beyond float16's 65504; the result saturates instead of becoming inf)."""
-
-    @staticmethod
-    def forward(ctx, x, dtype):
-        ctx.src_dtype = x.dtype
-        return _clamp_to(x, dtype).to(dtype)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _clamp_to(grad, ctx.src_dtype).to(ctx.src_dtype), None
-
-
-def _clamp_to(x, dtype):
-    if dtype == torch.float16 and x.dtype != torch.float16:
-        big = torch.finfo(torch.float16).max
-        return x.clamp(-big, big)
-    return x
-
-
-def saturating_cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Cast that never turns a finite value (or its gradient) into inf when float16 is on either side."""
-    if x.dtype == dtype:
-        return x
-    if torch.float16 in (x.dtype, dtype):
-        return _SaturatingCast.apply(x, dtype)
-    return x.to(dtype)
 
 
 def monomial_features(x: torch.Tensor, degree: int, weighted: bool) -> torch.Tensor:
@@ -140,7 +108,7 @@ class PolyAttention(AttentionKernel):
     def _matrix(self, q, k, hw, scale, bias, mask):
         wd = work_dtype(q)
         with no_autocast(q):
-            q, k = saturating_cast(q, wd), saturating_cast(k, wd)
+            q, k = q.to(wd), k.to(wd)
             s = scores(q, k, default_scale(scale, q.shape[-1], q), bias)
             # the power runs in fp32 (fp64 for fp64 inputs): |S| > 40 overflows S^3 in fp16
             a = s.pow(self.degree) * self._coef(mask, q, k)
@@ -152,12 +120,12 @@ class PolyAttention(AttentionKernel):
         out_dtype = v.dtype
         wd = work_dtype(v)
         with no_autocast(v):
-            q, k, v = (saturating_cast(t, wd) for t in (q, k, v))
+            q, k, v = q.to(wd), k.to(wd), v.to(wd)
             if self.uses_factorised(q, k, v, bias, mask):
                 out = self.factorised(q, k, v, scale)
             else:
                 out = self._matrix(q, k, hw, scale, bias, mask) @ v
-            return saturating_cast(out, out_dtype)
+            return cast_back(out, out_dtype)  # overflow shows as inf (fp16 loss scaling)
 
     def factorised(self, q, k, v, scale=None):
         """``A @ v`` through degree-p monomial features, without bias or mask; O(N M dv) with

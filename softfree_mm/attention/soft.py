@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import ATTENTION
-from .base import AttentionKernel, default_scale, resolve_hw, upcast, no_autocast
+from .base import AttentionKernel, cast_back, default_scale, resolve_hw, upcast, no_autocast
 
 
 
@@ -212,4 +212,4 @@ class SoftAttention(AttentionKernel):
             out = k_ql @ (inv @ (k_lk @ v))
             if self.conv_size:
                 out = out + self.conv_v(v, hw)
-        return out.to(dtype)
+        return cast_back(out, dtype)  # overflow shows as inf (fp16 loss scaling)
