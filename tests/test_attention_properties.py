@@ -63,7 +63,9 @@ def test_output_equals_attention_matrix_times_v(name):
     out = kern(q, k, v, hw=GRID)
     a = kern.attention_matrix(q, k, hw=GRID)
     assert a.shape == (B, H, N, N)
-    torch.testing.assert_close(out, a @ v, rtol=1e-9, atol=1e-10)
+    rest = kern.residual_output(q, k, v, hw=GRID)  # what A cannot hold (InLine's per-channel residual)
+    assert isinstance(kern.matrix_is_complete, bool) and (rest.abs().max() > 1e-6) == (not kern.matrix_is_complete)
+    torch.testing.assert_close(out, a @ v + rest, rtol=1e-9, atol=1e-10)
 
 
 @pytest.mark.parametrize('name', [n for n in KERNELS if ATTENTION.get(n).supports_mask])
@@ -75,7 +77,7 @@ def test_output_equals_attention_matrix_times_v_with_mask(name):
     mask |= torch.eye(N, dtype=torch.bool)  # every row keeps at least one key
     out = kern(q, k, v, hw=GRID, mask=mask)
     a = kern.attention_matrix(q, k, hw=GRID, mask=mask)
-    torch.testing.assert_close(out, a @ v, rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(out, a @ v + kern.residual_output(q, k, v, hw=GRID, mask=mask), rtol=1e-9, atol=1e-10)
     # masked weights are exactly zero (multiplicative after the activation, -inf before softmax)
     assert torch.all(a.masked_select(~mask.expand_as(a)) == 0)
 

@@ -1,11 +1,12 @@
-"""SOFT attention: Newton pseudo-inverse, the Nystrom formula against a plain reference, grids, dtypes, errors."""
+"""SOFT attention as the official code: Newton inverses, the Nystrom formula against a plain reference (scaled q,
+landmarks from it, regularised inverse), landmark grids, dtypes, errors."""
 import math
 
 import pytest
 import torch
 
 from softfree_mm.attention import build_attention
-from softfree_mm.attention.soft import gaussian_kernel, newton_pinv
+from softfree_mm.attention.soft import gaussian_kernel, newton_inverse, newton_inverse_norm
 
 B, H, D = 2, 2, 8
 F64 = torch.float64
@@ -25,16 +26,21 @@ def gauss(a, b, s):
 
 
 def ref_landmarks(kern, q, hw):
-    """Landmarks written cell by cell: the mean of each ratio x ratio cell (clipped at the border) for
-    'avgpool'; for 'conv' each head's zero-padded cell contracted with the one (d, d, r, r) conv weight all heads
-    share (no bias), then LayerNorm over head_dim and exact GELU."""
+    """Landmarks written cell by cell from the (scaled) q: cells of ratio x ratio tokens, H // ratio of them per axis
+    ('floor', at least one) or ceil(H / ratio) ('ceil'); for 'avgpool' the mean of the cell's tokens; for 'conv' the
+    zero-padded cell contracted with the one (d, d, r, r) conv weight all heads share (no bias), then LayerNorm over
+    head_dim and exact GELU."""
     b, h, n, d = q.shape
     gh, gw = hw
     r = kern.landmark_ratio
+    if kern.landmark_cells == 'floor':
+        mh, mw = max(1, gh // r), max(1, gw // r)
+    else:
+        mh, mw = -(-gh // r), -(-gw // r)
     grid = q.permute(0, 1, 3, 2).reshape(b, h, d, gh, gw)
     cells = []
-    for y in range(0, gh, r):
-        for x in range(0, gw, r):
+    for y in range(0, mh * r, r):
+        for x in range(0, mw * r, r):
             if kern.landmark_op == 'avgpool':
                 cells.append(grid[..., y:y + r, x:x + r].mean((-2, -1)))
             else:
@@ -70,30 +76,62 @@ def ref_conv_matrix(kern, hw):
 
 
 def ref_matrix(kern, q, k, hw, normalized=False, s=D ** -0.5):
+    """The official order: q' = q s^(1/2) first, landmarks from q', K = exp(-|a - b|^2 / 2) on q' and the
+    landmarks; the exact inverse of K(L, L) + 0.01 I (plain) or of K(L, L), normalised by its degrees (Norm)."""
+    q = q * math.sqrt(s)
     lm = ref_landmarks(kern, q, hw)
-    kll = gauss(lm, lm, s)
-    inv = torch.linalg.pinv(kll)
+    kll = gauss(lm, lm, 1.0)
+    m = kll.shape[-1]
     if normalized:
         dinv = torch.diag_embed(kll.sum(-1) ** -0.5)
-        inv = dinv @ inv @ dinv
-    keys = q if kern.tie_qk else k
-    a = gauss(q, lm, s) @ inv @ gauss(lm, keys, s)
+        inv = dinv @ torch.linalg.inv(kll) @ dinv
+    else:
+        inv = torch.linalg.inv(kll + 0.01 * torch.eye(m, dtype=F64))
+    keys = q if kern.tie_qk else k * math.sqrt(s)
+    a = gauss(q, lm, 1.0) @ inv @ gauss(lm, keys, 1.0)
     if kern.conv_size:
         a = a + ref_conv_matrix(kern, hw)
     return a, torch.linalg.cond(kll)
 
 
-def test_newton_pinv_matches_linalg_pinv_float64():
+def test_newton_inverses_match_linalg_float64():
     lm = rand(3, 6, 4, seed=5) * 1.5
     p = gaussian_kernel(lm, lm, 0.5)
     assert torch.linalg.cond(p).max() < 50  # well conditioned: 20 steps converge
-    torch.testing.assert_close(newton_pinv(p, 20), torch.linalg.pinv(p), rtol=1e-9, atol=1e-10)
-    # a singular (rank-2) PSD matrix: 20 steps reach the Moore-Penrose inverse, not an inverse blow-up
-    # (rounding in the null space doubles each step, so far more steps than needed would drift)
-    low = lm[:, :, :2] @ lm[:, :, :2].transpose(-2, -1)
-    vv = newton_pinv(low, 20)
-    torch.testing.assert_close(low @ vv @ low, low, rtol=1e-6, atol=1e-8)
-    torch.testing.assert_close(vv, torch.linalg.pinv(low, hermitian=True), rtol=1e-6, atol=1e-8)
+    eye = torch.eye(6, dtype=F64)
+    torch.testing.assert_close(newton_inverse(p, 20), torch.linalg.inv(p + 0.01 * eye), rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(newton_inverse_norm(p, 20), torch.linalg.inv(p), rtol=1e-9, atol=1e-10)
+
+
+def test_newton_inverse_starts_where_the_official_code_does():
+    """One step shows the start: 2 V0 - V0 P V0 from V0 = alpha P, alpha = 1.8 / (max row sum)^2 per matrix on
+    P = K + 0.01 I (plain); for Norm alpha = 2 / (max row sum over every matrix)^2, halved until
+    max column sum |I - P V0| <= 1.01, on the unregularised K."""
+    lm = rand(2, 5, 3, seed=6)
+    p = gaussian_kernel(lm, lm, 1.0)
+    eye = torch.eye(5, dtype=F64)
+    pr = p + 0.01 * eye
+    v0 = (1.8 / p.sum(-1).amax(-1) ** 2)[:, None, None] * pr
+    torch.testing.assert_close(newton_inverse(p, 1), 2 * v0 - v0 @ pr @ v0)
+    alpha = 2 / p.sum(-1).max() ** 2
+    while (eye - p @ (alpha * p)).abs().sum(-2).max() > 1.01:
+        alpha = alpha / 2
+    v0 = alpha * p
+    torch.testing.assert_close(newton_inverse_norm(p, 1), 2 * v0 - v0 @ p @ v0)
+    # the Norm start couples the matrices of one call, as the official code: another second matrix changes the first
+    other = torch.stack([p[0], gaussian_kernel(lm[1] * 0.01, lm[1] * 0.01, 1.0)])
+    assert not torch.allclose(newton_inverse_norm(other, 1)[0], newton_inverse_norm(p[:1], 1)[0])
+
+
+def test_newton_inverse_backward_is_the_analytic_inverse_gradient():
+    """The official backward: grad_P = -V^T g V^T with V the computed inverse (not the unrolled steps)."""
+    lm = rand(1, 4, 3, seed=7)
+    p = gaussian_kernel(lm, lm, 1.0).requires_grad_()
+    g = rand(1, 4, 4, seed=8)
+    v = newton_inverse(p, 20)
+    (v * g).sum().backward()
+    vd = v.detach()
+    torch.testing.assert_close(p.grad, -(vd.transpose(-2, -1) @ g @ vd.transpose(-2, -1)))
 
 
 def test_gaussian_kernel_matches_distance_formula():
@@ -101,26 +139,25 @@ def test_gaussian_kernel_matches_distance_formula():
     torch.testing.assert_close(gaussian_kernel(a, b, 0.3), gauss(a, b, 0.3))
 
 
-@pytest.mark.parametrize('landmark_op,normalized,tie_qk,hw,conv_size', [
-    ('conv', False, True, (4, 6), 3),
-    ('conv', True, True, (5, 7), 0),
-    ('conv', False, True, (5, 7), 5),
-    ('avgpool', False, False, (5, 7), 3),
-    ('avgpool', True, True, (4, 4), 0),
+@pytest.mark.parametrize('landmark_op,normalized,tie_qk,hw,conv_size,cells', [
+    ('conv', False, True, (4, 6), 3, 'floor'),
+    ('conv', True, True, (5, 7), 0, 'floor'),
+    ('conv', False, True, (5, 7), 5, 'ceil'),
+    ('avgpool', False, False, (5, 7), 3, 'ceil'),
+    ('avgpool', True, True, (4, 4), 0, 'floor'),
 ])
-def test_forward_and_matrix_match_plain_reference_with_linalg_pinv(landmark_op, normalized, tie_qk, hw, conv_size):
+def test_forward_and_matrix_match_plain_reference_with_linalg_inverse(landmark_op, normalized, tie_qk, hw, conv_size,
+                                                                      cells):
     torch.manual_seed(0)
     kern = build_attention(dict(type='soft', landmark_ratio=2, landmark_op=landmark_op, normalized=normalized,
-                                tie_qk=tie_qk, conv_size=conv_size), num_heads=H, head_dim=D)
+                                tie_qk=tie_qk, conv_size=conv_size, landmark_cells=cells), num_heads=H, head_dim=D)
     n = hw[0] * hw[1]
     q, k, v = qkv(n)
-    # landmarks spread apart (pooled q scaled up; a larger score scale for the LayerNormed conv landmarks) so
-    # that K(L, L) is well conditioned and 20 Newton steps reach the exact pseudo-inverse
+    # landmarks spread apart (pooled q scaled up) so that K(L, L) is well conditioned and 20 Newton steps reach
+    # the exact inverse
     s = D ** -0.5
     if landmark_op == 'avgpool':
-        q = q * 3
-    else:
-        s = 1.0
+        q, k = q * 3, k * 3
     ref, cond = ref_matrix(kern, q, k, hw, normalized, s)
     assert cond.max() < 100
     torch.testing.assert_close(kern.attention_matrix(q, k, hw=hw, scale=s), ref, rtol=1e-7, atol=1e-9)
@@ -139,6 +176,7 @@ def test_forward_equals_matrix_times_v(conv_size):
 def test_defaults_shared_landmark_conv_without_bias_and_official_3x3_conv_on_v_on_request():
     kern = build_attention('soft', num_heads=3, head_dim=8)
     assert kern.landmark_ratio == 8 and kern.newton_iters == 20 and kern.tie_qk and kern.conv_size == 0
+    assert kern.landmark_cells == 'floor' and not kern.normalized
     assert kern.landmark_conv.weight.shape == (8, 8, 8, 8) and kern.landmark_conv.bias is None
     assert not hasattr(kern, 'v_conv')  # the bare METHODS formula
     official = build_attention(dict(type='soft', conv_size=3), num_heads=3, head_dim=8)
@@ -170,11 +208,13 @@ def test_tied_keys_give_symmetric_matrix_ignoring_k():
     torch.testing.assert_close(a, kern.attention_matrix(q, -k))
 
 
-@pytest.mark.parametrize('hw,expected_m', [((5, 7), 1), ((25, 42), 4 * 6), ((9, 8), 2)])
+@pytest.mark.parametrize('hw,floor_m,ceil_m', [((5, 7), 1, 1), ((25, 42), 3 * 5, 4 * 6), ((9, 8), 1, 2)])
 @pytest.mark.parametrize('landmark_op', ['conv', 'avgpool'])
-def test_odd_grids_with_ratio_8_give_ceil_landmarks(hw, expected_m, landmark_op):
+@pytest.mark.parametrize('cells', ['floor', 'ceil'])
+def test_odd_grids_with_ratio_8_give_floor_or_ceil_landmarks(hw, floor_m, ceil_m, landmark_op, cells):
     torch.manual_seed(0)
-    kern = build_attention(dict(type='soft', landmark_op=landmark_op), num_heads=1, head_dim=4)
+    kern = build_attention(dict(type='soft', landmark_op=landmark_op, landmark_cells=cells), num_heads=1, head_dim=4)
+    expected_m = floor_m if cells == 'floor' else ceil_m
     n = hw[0] * hw[1]
     q, v = rand(1, 1, n, 4, seed=1), rand(1, 1, n, 4, seed=2)
     assert kern.landmarks(q, hw).shape == (1, 1, expected_m, 4)
@@ -239,6 +279,8 @@ def test_compiles_fullgraph(conv_size):
 def test_errors_name_the_bad_value():
     with pytest.raises(ValueError, match="landmark_op 'max'.*conv, avgpool"):
         build_attention(dict(type='soft', landmark_op='max'))
+    with pytest.raises(ValueError, match="landmark_cells 'round'.*floor, ceil"):
+        build_attention(dict(type='soft', landmark_cells='round'), head_dim=4)
     with pytest.raises(ValueError, match='needs head_dim'):
         build_attention('soft')
     with pytest.raises(ValueError, match='conv_size=3 .*needs num_heads'):

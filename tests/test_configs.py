@@ -102,15 +102,16 @@ def test_config_builds_its_model_with_the_kernels_its_name_promises(path, monkey
         # the InLine set-up keeps softmax only in the last stage(s): the first kernel is InLine, the last softmax
         assert _kernel_name(kernels[0]) == 'inline' and _kernel_name(kernels[-1]) == 'softmax'
     if name.endswith('_soft.py'):
-        # the SOFT set-up: landmark ratios 8 / 4 / 2 in stages 1-3, softmax in stage 4
+        # the SOFT set-up: landmark ratios 8 / 4 / 2 and convs on v 9 / 5 / 3 in stages 1-3, softmax in stage 4
         per_stage = []
         for stage in model.backbone.stages:
-            names = {_kernel_name(k) if _kernel_name(k) == 'softmax' else (_kernel_name(k), k.landmark_ratio)
+            names = {_kernel_name(k) if _kernel_name(k) == 'softmax' else
+                     (_kernel_name(k), k.landmark_ratio, k.conv_size)
                      for k in stage.modules() if isinstance(k, AttentionKernel)}
             assert len(names) == 1, f'{name}: one kernel per stage, got {names}'
             per_stage.append(names.pop())
-        assert per_stage == [('soft', 8), ('soft', 4), ('soft', 2), 'softmax'], per_stage
-        assert all(k.conv_size == 3 and k.tie_qk for k in kernels if _kernel_name(k) == 'soft')
+        assert per_stage == [('soft', 8, 9), ('soft', 4, 5), ('soft', 2, 3), 'softmax'], per_stage
+        assert all(k.tie_qk for k in kernels if _kernel_name(k) == 'soft')
 
 
 def _kernel_name(k):

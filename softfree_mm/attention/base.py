@@ -24,6 +24,11 @@ class AttentionKernel(nn.Module):
     complexity: str = 'quadratic'  # 'quadratic' | 'linear'
     needs_hw: bool = False  # True when the kernel uses the (H, W) token grid
     fixed_length: bool = False  # True when learned weights are tied to token positions up to a maximum length
+    takes_context: bool = False  # True when forward accepts ``context`` (a per-sample summary of the layer input)
+    # True when ``out == attention_matrix(...) @ v`` exactly; False when the kernel adds a term that is not a
+    # token-mixing matrix shared by v's channels (InLine's official per-channel residual): then
+    # ``out == attention_matrix(...) @ v + residual_output(...)``
+    matrix_is_complete: bool = True
 
     def __init__(self, num_heads: Optional[int] = None, head_dim: Optional[int] = None):
         super().__init__()
@@ -35,19 +40,34 @@ class AttentionKernel(nn.Module):
         self.head_dim = head_dim
 
     # ------------------------------------------------------------------ public API
-    def forward(self, q, k, v, hw=None, scale: Scale = None, bias=None, mask=None):
+    def forward(self, q, k, v, hw=None, scale: Scale = None, bias=None, mask=None, context=None):
         self._check(q, k, v, hw, scale, bias, mask)
+        if context is not None:
+            if not self.takes_context:
+                raise ValueError(f"attention kernel '{self.name}' takes no context (argument 'context'); only "
+                                 'kernels with takes_context=True do (inline with local_residual=\'channel\')')
+            return self._forward_context(q, k, v, hw, scale, bias, mask, context)
         return self._forward(q, k, v, hw, scale, bias, mask)
 
     def attention_matrix(self, q, k, hw=None, scale: Scale = None, bias=None, mask=None):
+        """The weights A (B, h, Nq, Nk) shared by v's channels. ``out == A @ v`` when ``matrix_is_complete``;
+        otherwise the rest of the output is ``residual_output(...)``."""
         self._check(q, k, None, hw, scale, bias, mask)
         return self._matrix(q, k, hw, scale, bias, mask)
+
+    def residual_output(self, q, k, v, hw=None, scale: Scale = None, bias=None, mask=None, context=None):
+        """``out - attention_matrix(...) @ v``: zero for every kernel whose matrix is complete."""
+        self._check(q, k, v, hw, scale, bias, mask)
+        return torch.zeros(v.shape[0], v.shape[1], q.shape[2], v.shape[3], dtype=v.dtype, device=v.device)
 
     def extra_repr(self) -> str:
         return f'num_heads={self.num_heads}, head_dim={self.head_dim}, complexity={self.complexity!r}'
 
     # ------------------------------------------------------------------ to override
     def _matrix(self, q, k, hw, scale, bias, mask):
+        raise NotImplementedError
+
+    def _forward_context(self, q, k, v, hw, scale, bias, mask, context):
         raise NotImplementedError
 
     def _forward(self, q, k, v, hw, scale, bias, mask):

@@ -4,7 +4,21 @@
 keys a row may look at (``N`` of them). Rows sum to 1 by subtraction instead of division, weights may be negative,
 and ``q -> A`` is injective (plain linear attention divides, so ``q`` and ``2q`` give the same row).
 Without a mask it is computed in O(N) as ``phi(q) @ (phi(k)^T v) * s/N + (1 - s phi(q).kbar) * vbar``.
+
+The local residual adds a 3x3 depthwise convolution of v on the (H, W) token grid whose weights are predicted per
+sample from a summary vector by ``Conv1d(C, C, 1, groups=h) -> GELU -> Conv1d(C, 9 x, 1, groups=h)``:
+
+* ``'channel'`` (the official code, default): one 3x3 kernel per sample and CHANNEL, predicted from the context,
+  the mean over tokens of the attention layer's input (the backbone passes it: ``context=``). Each channel of v
+  gets its own kernel, so this term is not a matrix shared by v's channels: ``attention_matrix`` returns the linear
+  part only, ``matrix_is_complete`` is False, and ``out == A @ v + residual_output(...)``.
+* ``'head'`` (ours): one 3x3 kernel per sample and HEAD, predicted from the mean key token. It is the paper's
+  formulation (a local residual r_j over the 3x3 neighbourhood that is part of the attention weights), so it is a
+  term of ``A`` and ``out == attention_matrix(...) @ v`` holds, residual included: attention maps and any analysis
+  of A see the whole attention. Its weights are not those of the official releases.
 """
+from typing import Optional, Union
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -12,20 +26,27 @@ from torch import nn
 from . import ATTENTION
 from .base import AttentionKernel, default_scale, resolve_hw, upcast, work_dtype, no_autocast
 
-
-
-
-FEATURE_MAPS = ('identity', 'relu', 'exp')
+FEATURE_MAPS = ('identity', 'relu', 'leakyrelu', 'exp')
+RESIDUALS = ('channel', 'head')
+EXP_TEMPERATURE = 0.2  # the official exp feature map: exp(0.2 x)
+LEAKY_SLOPE = 0.01  # torch's nn.LeakyReLU default, as the official code
 
 # the 3x3 neighbourhood, offset o = (dy + 1) * 3 + (dx + 1) (cross-correlation order, as Conv2d)
 _OFFSETS = tuple((dy, dx) for dy in (-1, 0, 1) for dx in (-1, 0, 1))
 
 
+def _as_4d(mask):
+    """A mask broadcastable to (B, h, Nq, Nk) as a 4-d tensor (leading singleton dims added)."""
+    return mask.view((1,) * (4 - mask.dim()) + tuple(mask.shape))
+
+
 def _feature(x, name):
     if name == 'relu':
         return F.relu(x)
+    if name == 'leakyrelu':
+        return F.leaky_relu(x, LEAKY_SLOPE)
     if name == 'exp':
-        return torch.exp(x)
+        return torch.exp(EXP_TEMPERATURE * x)
     return x
 
 
@@ -59,24 +80,59 @@ def local_conv(v, weights, hw):
     return out.reshape(b, nh, n, dv)
 
 
+def channel_conv(v, weights, hw, keep=None):
+    """The official residual: one 3x3 kernel per sample and channel, ``weights`` (B, h, d, 9) (or (B, h, Nq, d, 9),
+    one set per query row), applied to v (B, h, N, d) on the (H, W) grid with zero padding. With ``keep``
+    (broadcastable to (B, h, N, N), True = may look at) a neighbour that a row may not look at counts as zero, as a
+    neighbour outside the grid does."""
+    b, nh, n, d = v.shape
+    h, w = hw
+    if keep is None and weights.dim() == 4:  # one grouped conv: every (sample, channel) its own 3x3 kernel
+        grid = v.permute(0, 1, 3, 2).reshape(1, b * nh * d, h, w)
+        out = F.conv2d(grid, weights.reshape(b * nh * d, 1, 3, 3).to(v.dtype), padding=1, groups=b * nh * d)
+        return out.reshape(b, nh, d, n).permute(0, 1, 3, 2)
+    per_row = weights.dim() == 5
+    padded = F.pad(v.reshape(b, nh, h, w, d), (0, 0, 1, 1, 1, 1))
+    rows = torch.arange(n, device=v.device)
+    ys, xs = rows // w, rows % w
+    out = torch.zeros_like(v)
+    for o, (dy, dx) in enumerate(_OFFSETS):
+        shifted = padded[:, :, 1 + dy:1 + dy + h, 1 + dx:1 + dx + w, :].reshape(b, nh, n, d)
+        if keep is not None:
+            ny, nx = ys + dy, xs + dx
+            inside = (ny >= 0) & (ny < h) & (nx >= 0) & (nx < w)
+            cols = (ny.clamp(0, h - 1) * w + nx.clamp(0, w - 1)).view(1, 1, n, 1)
+            k4 = _as_4d(keep)
+            k4 = k4.expand(k4.shape[0], k4.shape[1], n, n)
+            sel = torch.gather(k4, 3, cols.expand(k4.shape[0], k4.shape[1], n, 1))
+            shifted = shifted * (sel & inside.view(1, 1, n, 1)).to(v.dtype)
+        wo = weights[..., o].to(v.dtype)  # (B, h, d) or (B, h, Nq, d)
+        out = out + (wo if per_row else wo.unsqueeze(2)) * shifted
+    return out
+
+
 @ATTENTION.register('inline')
 class InLineAttention(AttentionKernel):
     """Injective linear attention with an optional local attention residual.
 
     Args:
-        feature_map: ``'identity'`` (the paper's default), ``'relu'`` or ``'exp'`` applied to q and k.
-        local_residual: add the local attention residual. From the mean key token (masked mean under a mask)
-            a grouped ``Conv1d(h*d -> h*d, 1, groups=h) -> GELU -> Conv1d(h*d -> 9*h, 1, groups=h)`` predicts ONE
-            3x3 kernel per sample and per head, applied to v on the (H, W) grid with zero padding and added to the
-            output. This is the paper's formulation (a local residual r_j over the 3x3 neighbourhood, part of the
-            attention weights); the official code predicts one kernel per channel, but a per-channel kernel is
-            not a weight matrix shared by all of v's channels. Per head, the residual is a term of ``A`` and
-            ``out == attention_matrix(...) @ v`` holds exactly, residual included. Needs ``Nq == Nk == H*W``
-            and the grid (``hw``, or a square grid when N is a perfect square). Its weights need
-            ``num_heads`` and ``head_dim``.
+        feature_map: applied to q and k: ``'identity'`` (the paper's and official default), ``'relu'``,
+            ``'leakyrelu'`` (slope 0.01) or ``'exp'`` (``exp(0.2 x)``, the official temperature).
+        local_residual: ``'channel'`` (default, the official code: a 3x3 kernel per sample and channel predicted
+            from ``context``, the mean of the attention layer's input), ``'head'`` (ours: a 3x3 kernel per sample
+            and head from the mean key token, part of ``A``), or False (none). True means ``'head'``.
+            Both need ``Nq == Nk == H*W`` and the grid (``hw``, or a square grid when N is a perfect square), and
+            ``num_heads`` and ``head_dim`` for their weights ``residual.{0,2}`` (the official names and shapes for
+            ``'channel'``: ``Conv1d(C, C, 1, groups=h)``, ``Conv1d(C, 9C, 1, groups=h)``, C = h x head_dim).
 
-    No additive bias. Masks are honoured by an explicit O(N^2) path (N and means over valid keys, residual
-    weights multiplied by the mask), so a masked key equals a deleted key.
+    ``context`` (forward argument, ``'channel'`` only): (B, C) or (B, h, head_dim), the summary the kernels are
+    predicted from. The backbones pass the official one (Swin, PVT: the mean over the window's / image's tokens
+    of the normed attention input; CSwin: the mean of the block input over the image). Without it the mean key
+    token is used (per query row under a mask), a learned linear image of the mean layer input, so the kernel
+    also runs where nobody passes a context.
+
+    No additive bias. Masks are honoured by an explicit O(N^2) path (N and means over valid keys); the residual
+    treats a neighbour a row may not look at as zero (as one outside the grid), so padded keys change nothing.
     """
 
     supports_bias = False
@@ -84,27 +140,34 @@ class InLineAttention(AttentionKernel):
     complexity = 'linear'
     needs_hw = True
 
-    def __init__(self, num_heads=None, head_dim=None, feature_map='identity', local_residual=True):
+    def __init__(self, num_heads=None, head_dim=None, feature_map='identity',
+                 local_residual: Union[bool, str] = 'channel'):
         super().__init__(num_heads, head_dim)
         if feature_map not in FEATURE_MAPS:
             raise ValueError(f"inline: unknown feature_map {feature_map!r}; valid feature maps: "
                              f"{', '.join(FEATURE_MAPS)}")
-        if not isinstance(local_residual, bool):
-            raise TypeError(f'inline: local_residual must be True or False, got {local_residual!r}')
+        if local_residual is True:
+            local_residual = 'head'
+        if local_residual is not False and local_residual not in RESIDUALS:
+            raise ValueError(f"inline: local_residual must be 'channel' (official), 'head' (part of A) or False, "
+                             f'got {local_residual!r}')
         self.feature_map = feature_map
         self.local_residual = local_residual
-        self.needs_hw = local_residual
+        self.needs_hw = local_residual is not False
+        self.takes_context = local_residual == 'channel'
+        self.matrix_is_complete = local_residual != 'channel'
         if local_residual:
             if num_heads is None or head_dim is None:
                 raise ValueError('inline: the local residual has learned weights and needs num_heads and '
                                  f'head_dim (got num_heads={num_heads}, head_dim={head_dim}); pass both, or '
                                  'set local_residual=False')
             c = num_heads * head_dim
+            out = 9 * c if local_residual == 'channel' else 9 * num_heads
             self.residual = nn.Sequential(
-                nn.Conv1d(c, c, 1, groups=num_heads), nn.GELU(), nn.Conv1d(c, 9 * num_heads, 1, groups=num_heads))
+                nn.Conv1d(c, c, 1, groups=num_heads), nn.GELU(), nn.Conv1d(c, out, 1, groups=num_heads))
 
     def extra_repr(self) -> str:
-        return f'{super().extra_repr()}, feature_map={self.feature_map!r}, local_residual={self.local_residual}'
+        return f'{super().extra_repr()}, feature_map={self.feature_map!r}, local_residual={self.local_residual!r}'
 
     # ------------------------------------------------------------------ pieces
     def _grid(self, q, k, hw):
@@ -113,14 +176,30 @@ class InLineAttention(AttentionKernel):
                              f'Nq={q.shape[2]} and Nk={k.shape[2]}; set local_residual=False for this layout')
         return resolve_hw(self.name, hw, k.shape[2])
 
-    def _residual_weights(self, kbar):
-        """kbar (B, h, L, d) mean key token(s) -> (B, h, L, 9) residual weights (L = 1, or Nq under a mask)."""
-        b, nh, length, d = kbar.shape
-        x = kbar.permute(0, 1, 3, 2).reshape(b, nh * d, length)
+    def _residual_weights(self, summary):
+        """summary (B, h, L, d): one summary vector per sample (L = 1) or per query row -> the residual weights
+        (B, h, L, 9) for 'head', (B, h, L, d, 9) for 'channel'."""
+        b, nh, length, d = summary.shape
+        x = summary.permute(0, 1, 3, 2).reshape(b, nh * d, length)
         conv1, act, conv2 = self.residual
         x = F.conv1d(x, conv1.weight.to(x.dtype), conv1.bias.to(x.dtype), groups=nh)
         x = F.conv1d(act(x), conv2.weight.to(x.dtype), conv2.bias.to(x.dtype), groups=nh)
-        return x.reshape(b, nh, 9, length).permute(0, 1, 3, 2)
+        if self.local_residual == 'head':
+            return x.reshape(b, nh, 9, length).permute(0, 1, 3, 2)
+        # official output layout: channel c of the (grouped) conv gives rows 9c .. 9c+8, the 3x3 kernel of channel c
+        return x.reshape(b, nh, d, 9, length).permute(0, 1, 4, 2, 3)
+
+    def _context_summary(self, context, q):
+        """The given context as (B, h, 1, d), checked."""
+        b, nh, _, d = q.shape
+        if context.dim() == 2 and context.shape == (b, nh * d):
+            ctx = context.view(b, nh, 1, d)
+        elif context.dim() == 3 and context.shape == (b, nh, d):
+            ctx = context.unsqueeze(2)
+        else:
+            raise ValueError(f'inline: context must be (B, C) = ({b}, {nh * d}) or (B, heads, head_dim) = '
+                             f'({b}, {nh}, {d}), got {tuple(context.shape)}')
+        return ctx.to(work_dtype(q))
 
     def _masked_parts(self, q, k, scale, mask):
         """Explicit linear part of A (B, h, Nq, Nk) and the per-row mean key tokens, for a mask (or None)."""
@@ -128,7 +207,7 @@ class InLineAttention(AttentionKernel):
         if mask is None:
             keep = torch.ones(1, 1, q.shape[2], k.shape[2], dtype=q.dtype, device=q.device)
         else:
-            keep = mask.to(q.dtype)
+            keep = _as_4d(mask).to(q.dtype)
         n = keep.sum(-1, keepdim=True).clamp_min(1.0)  # (.., Nq, 1)
         kbar_phi = (keep @ fk) / n  # (B, h, Nq, d) mean of phi(k) over the valid keys of each row
         s = scale
@@ -137,6 +216,21 @@ class InLineAttention(AttentionKernel):
         kbar = (keep @ k) / n  # masked mean key token, one per row
         return a, kbar, keep
 
+    def _channel_term(self, k, v, grid, mask, context):
+        """The official residual for v (B, h, N, d): weights from the context (or the mean key token)."""
+        if v.shape[-1] != k.shape[-1]:
+            raise ValueError(f"inline: local_residual='channel' convolves each channel of v with its own kernel "
+                             f'and needs v with head_dim={k.shape[-1]} channels per head, got {v.shape[-1]}')
+        if context is not None:
+            w = self._residual_weights(self._context_summary(context, k))[:, :, 0]  # (B, h, d, 9)
+        elif mask is None:
+            w = self._residual_weights(k.mean(2, keepdim=True))[:, :, 0]
+        else:  # the mean of each row's valid keys
+            keep = _as_4d(mask).to(k.dtype)
+            kbar = (keep @ k) / keep.sum(-1, keepdim=True).clamp_min(1.0)
+            w = self._residual_weights(kbar.expand(k.shape[0], k.shape[1], -1, -1))  # (B, h, Nq, d, 9)
+        return channel_conv(v, w, grid, keep=mask)
+
     # ------------------------------------------------------------------ API
     def _matrix(self, q, k, hw, scale, bias, mask):
         grid = self._grid(q, k, hw) if self.local_residual else None
@@ -144,19 +238,31 @@ class InLineAttention(AttentionKernel):
         with no_autocast(q):  # sums and means in fp32
             s = default_scale(scale, q.shape[-1], q)
             a, kbar, keep = self._masked_parts(q, k, s, mask)
-            if self.local_residual:
+            if self.local_residual == 'head':
                 r = self._residual_weights(kbar).expand(q.shape[0], q.shape[1], q.shape[2], 9)
                 onehot = neighbour_onehot(grid, q.device, q.dtype)
                 a = a + torch.einsum('bhio,ioj->bhij', r, onehot) * keep
             return a
 
-    def _forward(self, q, k, v, hw, scale, bias, mask):
+    def residual_output(self, q, k, v, hw=None, scale=None, bias=None, mask=None, context=None):
+        """``out - attention_matrix(...) @ v``: the official per-channel residual ('channel'), else zero."""
+        self._check(q, k, v, hw, scale, bias, mask)
+        if self.local_residual != 'channel':
+            return super().residual_output(q, k, v, hw, scale, bias, mask, context)
+        grid = self._grid(q, k, hw)
+        dtype = torch.promote_types(work_dtype(k), work_dtype(v))
+        with no_autocast(v):
+            return self._channel_term(k.to(dtype), v.to(dtype), grid, mask, context).to(v.dtype)
+
+    def _forward(self, q, k, v, hw, scale, bias, mask, context=None):
         if mask is not None:
             # the explicit path: N, means and the residual per row over the valid keys
             a = self._matrix(q, k, hw, scale, bias, mask)
             with no_autocast(v):
                 dt = torch.promote_types(a.dtype, work_dtype(v))
                 out = a.to(dt) @ v.to(dt)
+                if self.local_residual == 'channel':
+                    out = out + self._channel_term(k.to(dt), v.to(dt), self._grid(q, k, hw), mask, context)
             return out.to(v.dtype)
         grid = self._grid(q, k, hw) if self.local_residual else None
         dtype = v.dtype
@@ -171,7 +277,12 @@ class InLineAttention(AttentionKernel):
             kbar_phi = fk.mean(2, keepdim=True)  # (B, h, 1, d)
             vbar = v.mean(2, keepdim=True)  # (B, h, 1, dv)
             out = (fq @ kv) * (s / n) + (1.0 - s * (fq * kbar_phi).sum(-1, keepdim=True)) * vbar
-            if self.local_residual:
+            if self.local_residual == 'head':
                 r = self._residual_weights(k.mean(2, keepdim=True))  # (B, h, 1, 9)
                 out = out + local_conv(v, r, grid)
+            elif self.local_residual == 'channel':
+                out = out + self._channel_term(k, v, grid, None, context)
         return out.to(dtype)
+
+    def _forward_context(self, q, k, v, hw, scale, bias, mask, context):
+        return self._forward(q, k, v, hw, scale, bias, mask, context=context)

@@ -1,15 +1,20 @@
 """SOFT: softmax-free attention with a Gaussian kernel and a Nystrom low-rank approximation (Lu et al. 2021).
 
-``K(a, b) = exp(-s/2 * |a - b|^2)`` (= exp(-|a - b|^2 / (2 sqrt(d))) at the default s = d^-1/2), keys tied to the
-queries, ``m`` landmark tokens ``L`` pooled from q on the (H, W) grid and
+As the official code computes it: q is scaled FIRST, ``q' = sqrt(s) q`` (= q / d^(1/4) at the default
+s = d^-1/2); ``m`` landmark tokens ``L`` are made from q' on the (H, W) grid (strided conv + LayerNorm + GELU) and
+are not rescaled; ``K(a, b) = exp(-|a - b|^2 / 2)`` on q' and L; keys tied to the queries, and
 
-    A = K(Q, L) @ pinv(K(L, L)) @ K(L, K),   out = K(Q, L) @ (pinv(K(L, L)) @ (K(L, K) @ v))   (O(N)),
+    A = K(Q', L) @ inv(K(L, L)) @ K(L, Q'),   out = K(Q', L) @ (inv(K(L, L)) @ (K(L, Q') @ v))   (O(N)),
 
-with the Moore-Penrose inverse by Newton iteration. SOFT++ (``normalized=True``) symmetrically normalises the
-inverse by the landmark kernel's degrees. ``conv_size=3`` adds, as the official blocks do, a depthwise 3x3 conv on
-v (one kernel per head, shared by the head's channels) to the output: a banded term of ``A``, so
-``out == attention_matrix(...) @ v`` still holds. The default (0) is the bare formula; the SOFT set-up configs turn
-the conv on.
+the inverse by 20 Newton steps on the regularised ``K(L, L) + 0.01 I`` from ``V0 = alpha P``,
+``alpha = 1.8 / (max row sum of K(L, L))^2``, computed without gradient; its backward is the inverse's analytic
+gradient ``-V^T g V^T`` (the official ``newton_inverse_kernel``). SOFT-Norm (``normalized=True``, the released
+"-Norm" models) symmetrically normalises the inverse by the landmark kernel's degrees,
+``D^-1/2 inv D^-1/2``, with the official Norm iteration: unregularised, ``alpha = 2 / (max row sum)^2`` over all
+matrices of the call, halved (at most 10 times) until ``max column sum |I - P V| <= 1.01``, differentiated through
+the steps. ``conv_size`` adds, as the official blocks do (9 / 5 / 3 in stages 1 / 2 / 3), a depthwise conv on v
+(one kernel per head, shared by the head's channels): a banded term of ``A``, so ``out == attention_matrix(...) @ v``
+still holds. The default (0) is the bare formula; the SOFT set-up configs and ``SoftFreeSOFT`` turn the conv on.
 """
 import math
 
@@ -20,13 +25,12 @@ from torch import nn
 from . import ATTENTION
 from .base import AttentionKernel, cast_back, default_scale, resolve_hw, upcast, no_autocast
 
-
-
-
 LANDMARK_OPS = ('conv', 'avgpool')
+LANDMARK_CELLS = ('floor', 'ceil')
+NEWTON_REG = 0.01  # the official ridge on K(L, L) (plain SOFT)
 
 
-def gaussian_kernel(a, b, scale):
+def gaussian_kernel(a, b, scale=1.0):
     """``exp(-scale/2 * |a_i - b_j|^2)`` as ``exp(s a.b - s|a|^2/2 - s|b|^2/2)``; call it in fp32 or fp64
     (the expansion cancels large terms)."""
     sq_a = (a * a).sum(-1, keepdim=True)
@@ -35,24 +39,65 @@ def gaussian_kernel(a, b, scale):
     return torch.exp(expo.clamp_max(0.0))  # exponent is <= 0 in exact arithmetic; clip rounding
 
 
-def newton_pinv(p, iters):
-    """Moore-Penrose inverse of the (.., m, m) matrices ``p`` by Newton iteration ``V <- 2V - V P V`` from
-    ``V0 = P^T / (||P||_1 ||P||_inf)``; alpha <= 1 / sigma_max(P)^2 makes the iteration converge. Run in fp32/fp64.
-    On a singular P, rounding in the null space doubles each step: use about as many steps as convergence needs."""
-    norm_1 = p.abs().sum(-2).amax(-1)  # max column sum
-    norm_inf = p.abs().sum(-1).amax(-1)  # max row sum
-    alpha = (1.0 / (norm_1 * norm_inf)).unsqueeze(-1).unsqueeze(-1)
-    v = alpha * p.transpose(-2, -1)
+def _newton_steps(p, v, iters):
     for _ in range(iters):
         v = 2.0 * v - v @ (p @ v)
     return v
 
 
-def landmark_grid(hw, ratio, num_landmarks):
-    """The (mh, mw) landmark grid: ceil(H / ratio) x ceil(W / ratio), or about ``num_landmarks`` tokens with the
-    grid's aspect ratio (at least 1, at most H x W)."""
+class _NewtonInverse(torch.autograd.Function):
+    """Forward: Newton steps from the official start, without gradient; backward: ``-V^T g V^T``."""
+
+    @staticmethod
+    def forward(ctx, k_ll, iters, reg):
+        with torch.no_grad():
+            eye = torch.eye(k_ll.shape[-1], dtype=k_ll.dtype, device=k_ll.device)
+            alpha = 1.8 / k_ll.sum(-1).amax(-1) ** 2  # 0.9 * 2 / (max row sum)^2, per matrix
+            p = k_ll + reg * eye
+            v = _newton_steps(p, alpha[..., None, None] * p, iters)
+        ctx.save_for_backward(v)
+        return v
+
+    @staticmethod
+    def backward(ctx, grad):
+        (v,) = ctx.saved_tensors
+        vt = v.transpose(-2, -1)
+        return -(vt @ grad @ vt), None, None
+
+
+def newton_inverse(k_ll, iters=20, reg=NEWTON_REG):
+    """The official SOFT inverse of the (.., m, m) landmark kernels ``k_ll``: ``inv(k_ll + reg I)`` by ``iters``
+    Newton steps from ``V0 = 1.8 / (max row sum of k_ll)^2 * P``; analytic backward. Run it in fp32 / fp64."""
+    return _NewtonInverse.apply(k_ll, iters, reg)
+
+
+def newton_inverse_norm(k_ll, iters=20):
+    """The official SOFT-Norm inverse: unregularised, ``V0 = alpha P`` with ``alpha = 2 / (max row sum)^2`` taken
+    over ALL matrices of the call (as the official code: the start couples the images and heads of one call),
+    halved at most 10 times until ``max column sum |I - P V0| <= 1.01``; differentiated through the steps."""
+    eye = torch.eye(k_ll.shape[-1], dtype=k_ll.dtype, device=k_ll.device)
+    alpha = 2.0 / k_ll.sum(-1).max() ** 2
+    # the official while-loop, without data-dependent control flow: the first of alpha / 2^j, j = 0..10, whose
+    # start passes the test, else alpha / 2^10
+    halves = 0.5 ** torch.arange(11, dtype=k_ll.dtype, device=k_ll.device)
+    with torch.no_grad():
+        pp = k_ll @ k_ll
+        norms = (eye - (alpha * halves).view(-1, *([1] * k_ll.dim())) * pp).abs().sum(-2)
+        ok = norms.reshape(11, -1).amax(-1) <= 1.01  # (11,)
+        ok = torch.cat([ok[:-1], ok.new_ones(1)])
+        first = ok & (torch.cumsum(ok.to(torch.int32), 0) == 1)  # one-hot: the first start that passes
+        factor = (halves * first.to(halves.dtype)).sum()
+    return _newton_steps(k_ll, alpha * factor * k_ll, iters)
+
+
+def landmark_grid(hw, ratio, num_landmarks, cells='floor'):
+    """The (mh, mw) landmark grid: ``H // ratio`` x ``W // ratio`` ('floor', the official strided conv: a last
+    partial cell makes no landmark; at least one cell per axis) or ``ceil(H / ratio)`` x ``ceil(W / ratio)``
+    ('ceil': partial cells zero-padded); or about ``num_landmarks`` tokens with the grid's aspect ratio."""
     h, w = hw
     if num_landmarks is None:
+        if cells == 'floor':
+            return max(1, h // ratio), max(1, w // ratio)
         return -(-h // ratio), -(-w // ratio)
     mh = min(h, max(1, int(round(math.sqrt(num_landmarks * h / w)))))
     mw = min(w, max(1, int(round(num_landmarks / mh))))
@@ -61,25 +106,30 @@ def landmark_grid(hw, ratio, num_landmarks):
 
 @ATTENTION.register('soft')
 class SoftAttention(AttentionKernel):
-    """SOFT / SOFT++ Gaussian-kernel attention.
+    """SOFT / SOFT-Norm Gaussian-kernel attention, as the official code.
 
     Args:
-        landmark_ratio: landmarks from ``ratio x ratio`` cells of the (H, W) grid (8 / 4 / 2 by stage officially);
-            the grid is padded (conv) or pooled with ceil (avgpool), so any H, W works and a grid smaller than the
-            ratio still gives one landmark. Ignored when ``num_landmarks`` is set.
+        landmark_ratio: landmarks from ``ratio x ratio`` cells of the (H, W) grid (8 / 4 / 2 by stage officially).
+            Ignored when ``num_landmarks`` is set.
+        landmark_cells: ``'floor'`` (default, the official strided conv: ``H // ratio`` cells, a last partial cell
+            makes no landmark; a grid smaller than the ratio still gives one zero-padded cell, where the official
+            code fails) or ``'ceil'`` (ours: partial cells zero-padded (conv) or averaged over their tokens
+            (avgpool), so every token feeds a landmark).
         num_landmarks: instead of a ratio, about this many landmarks on an adaptive pooled grid.
         landmark_op: ``'conv'``: strided Conv2d over each head's d channels (kernel = stride = ratio, no bias,
             weights shared by the heads) + LayerNorm (over head_dim) + GELU, as the official code; with
             ``num_landmarks``: adaptive average pooling, then a learned 1x1 conv (d -> d) + LayerNorm + GELU.
             ``'avgpool'``: average pooling only, no parameters.
-        newton_iters: Newton iterations of the pseudo-inverse.
-        normalized: SOFT++: ``D^-1/2 pinv(K(L, L)) D^-1/2``.
+        newton_iters: Newton steps of the inverse (official 20).
+        normalized: SOFT-Norm: ``D^-1/2 inv(K(L, L)) D^-1/2`` with the official Norm iteration (see the module).
         tie_qk: keys tied to queries (the paper: the Gaussian attention matrix is then symmetric); k is ignored.
-            With False, the right factor is ``K(L, K)`` from the given k.
-        conv_size: the depthwise conv on v added to the output (official blocks: 3); odd, or 0 (default) for
-            none. Its weights (num_heads, 1, size, size) are zero-padded at the grid border; it needs Nq == Nk == H * W.
+            With False, the right factor is ``K(L, K')`` from the given k, scaled as q.
+        conv_size: the depthwise conv on v added to the output (official blocks: 9 / 5 / 3 in stages 1 / 2 / 3);
+            odd, or 0 (default) for none. Its weights (num_heads, 1, size, size) are zero-padded at the grid
+            border; it needs Nq == Nk == H * W.
 
-    No bias, no mask. The landmark conv's weights need head_dim, the v conv's num_heads.
+    ``scale`` s (default head_dim^-1/2) enters as ``q' = sqrt(s) q``. No bias, no mask. The landmark conv's weights
+    need head_dim, the v conv's num_heads.
     """
 
     supports_bias = False
@@ -88,11 +138,13 @@ class SoftAttention(AttentionKernel):
     needs_hw = True
 
     def __init__(self, num_heads=None, head_dim=None, landmark_ratio=8, num_landmarks=None, landmark_op='conv',
-                 newton_iters=20, normalized=False, tie_qk=True, conv_size=0):
+                 landmark_cells='floor', newton_iters=20, normalized=False, tie_qk=True, conv_size=0):
         super().__init__(num_heads, head_dim)
         if landmark_op not in LANDMARK_OPS:
             raise ValueError(f"soft: unknown landmark_op {landmark_op!r}; valid landmark ops: "
                              f"{', '.join(LANDMARK_OPS)}")
+        if landmark_cells not in LANDMARK_CELLS:
+            raise ValueError(f"soft: unknown landmark_cells {landmark_cells!r}; valid: {', '.join(LANDMARK_CELLS)}")
         if isinstance(landmark_ratio, bool) or not isinstance(landmark_ratio, int) or landmark_ratio < 1:
             raise ValueError(f'soft: landmark_ratio must be a positive int, got {landmark_ratio!r}')
         if num_landmarks is not None and (isinstance(num_landmarks, bool) or not isinstance(num_landmarks, int)
@@ -109,6 +161,7 @@ class SoftAttention(AttentionKernel):
         self.landmark_ratio = landmark_ratio
         self.num_landmarks = num_landmarks
         self.landmark_op = landmark_op
+        self.landmark_cells = landmark_cells
         self.newton_iters = newton_iters
         self.normalized = normalized
         self.tie_qk = tie_qk
@@ -129,24 +182,26 @@ class SoftAttention(AttentionKernel):
 
     def extra_repr(self) -> str:
         m = f'num_landmarks={self.num_landmarks}' if self.num_landmarks is not None else \
-            f'landmark_ratio={self.landmark_ratio}'
+            f'landmark_ratio={self.landmark_ratio}, landmark_cells={self.landmark_cells!r}'
         return (f'{super().extra_repr()}, {m}, landmark_op={self.landmark_op!r}, newton_iters={self.newton_iters}, '
                 f'normalized={self.normalized}, tie_qk={self.tie_qk}, conv_size={self.conv_size}')
 
     # ------------------------------------------------------------------ pieces
     def landmarks(self, q, hw):
-        """(B, h, m, d) landmark tokens from q (B, h, N, d) on the (H, W) grid, in q's dtype."""
+        """(B, h, m, d) landmark tokens from the (already scaled) q (B, h, N, d) on the (H, W) grid."""
         b, nh, n, d = q.shape
         h, w = hw
         grid = q.permute(0, 1, 3, 2).reshape(b * nh, d, h, w)  # every head a batch entry: conv weights shared
-        mh, mw = landmark_grid(hw, self.landmark_ratio, self.num_landmarks)
+        mh, mw = landmark_grid(hw, self.landmark_ratio, self.num_landmarks, self.landmark_cells)
+        r = self.landmark_ratio
         if self.num_landmarks is not None:
             pooled = F.adaptive_avg_pool2d(grid, (mh, mw))
-        elif self.landmark_op == 'avgpool':
-            pooled = F.avg_pool2d(grid, self.landmark_ratio, self.landmark_ratio, ceil_mode=True)
         else:
-            r = self.landmark_ratio
-            pooled = F.pad(grid, (0, mw * r - w, 0, mh * r - h))  # zero-pad to whole cells
+            grid = grid[..., :mh * r, :mw * r]  # 'floor': the last partial cell makes no landmark
+            if self.landmark_op == 'avgpool':  # partial cells ('ceil', or a grid below the ratio) average their tokens
+                pooled = F.avg_pool2d(grid, r, r, ceil_mode=True)
+            else:
+                pooled = F.pad(grid, (0, mw * r - grid.shape[-1], 0, mh * r - grid.shape[-2]))  # zero-pad cells
         if self.landmark_op == 'conv':
             pooled = F.conv2d(pooled, self.landmark_conv.weight.to(q.dtype), stride=self.landmark_conv.stride)
         lm = pooled.reshape(b, nh, d, mh * mw).permute(0, 1, 3, 2)
@@ -169,24 +224,25 @@ class SoftAttention(AttentionKernel):
                              f'(H, W) grid, got Nq={q.shape[2]} and Nk={k.shape[2]}; set conv_size=0')
 
     def _factors(self, q, k, hw, scale):
-        """K(Q, L), the (normalised) pseudo-inverse of K(L, L) and K(L, K), in fp32 / fp64."""
+        """K(Q', L), the (normalised) inverse of K(L, L) and K(L, K'), in fp32 / fp64."""
         if self.tie_qk and q.shape[2] != k.shape[2]:
             raise ValueError(f'soft: tie_qk=True replaces the keys by the queries, so Nq must equal Nk; got '
                              f'Nq={q.shape[2]}, Nk={k.shape[2]} (set tie_qk=False)')
         grid = resolve_hw(self.name, hw, q.shape[2])
         q, k = upcast(q, k)
-        if self.tie_qk:
-            k = q
         s = default_scale(scale, q.shape[-1], q)
+        root = math.sqrt(s) if isinstance(s, float) else s.sqrt()
+        q = q * root  # the official order: scale first, landmarks from the scaled q, not rescaled
         lm = self.landmarks(q, grid)
-        k_ql = gaussian_kernel(q, lm, s)  # (B, h, N, m)
-        k_ll = gaussian_kernel(lm, lm, s)  # (B, h, m, m)
-        k_lk = k_ql.transpose(-2, -1) if self.tie_qk else gaussian_kernel(lm, k, s)
-        inv = newton_pinv(k_ll, self.newton_iters)
+        k_ql = gaussian_kernel(q, lm)  # (B, h, N, m)
+        k_ll = gaussian_kernel(lm, lm)  # (B, h, m, m)
+        k_lk = k_ql.transpose(-2, -1) if self.tie_qk else gaussian_kernel(lm, k * root)
         if self.normalized:
-            # SOFT++: D = diag of the row sums of K(L, L) (the landmark kernel's degrees), as the official code
+            # SOFT-Norm: D = diag of the row sums of K(L, L) (the landmark kernel's degrees), as the official code
             d_inv_sqrt = k_ll.sum(-1, keepdim=True).rsqrt()  # (B, h, m, 1), row sums >= 1 (diagonal is 1)
-            inv = d_inv_sqrt * inv * d_inv_sqrt.transpose(-2, -1)
+            inv = d_inv_sqrt * newton_inverse_norm(k_ll, self.newton_iters) * d_inv_sqrt.transpose(-2, -1)
+        else:
+            inv = newton_inverse(k_ll, self.newton_iters)
         return k_ql, inv, k_lk
 
     # ------------------------------------------------------------------ API
