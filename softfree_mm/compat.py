@@ -11,13 +11,24 @@ Each repair is a function, applied once when ``softfree_mm`` is imported, and te
 2. ``init_dist_without_cuda``: mmengine's ``_init_dist_pytorch`` and ``_init_dist_slurm`` call
    ``torch.cuda.set_device`` unconditionally ("Found no NVIDIA driver" on CPU machines). Without CUDA we skip it
    and use the gloo backend.
+3. ``mmcv_ops_on_torchvision``: mmcv 2.1.0 has no wheel for torch 2.14; the one built here (and by a plain
+   ``pip install`` on a machine without nvcc) has CPU ops only, so a Mask R-CNN on CUDA dies at its first NMS
+   ("nms_impl: implementation for device cuda:0 not found"). The shipped configs call exactly three compiled mmcv
+   ops: ``nms`` (the RPN's and the test-time ``batched_nms``), ``roi_align_forward`` / ``roi_align_backward``
+   (``RoIAlign`` in both RoI extractors, and ``roi_align`` in mmdet's mask targets); UperNet, Semantic FPN and the
+   classifiers call none (tests/test_compat_ops.py checks both). Where mmcv has no CUDA ops, calls on CUDA tensors
+   go to torchvision's kernels, which compute the same thing (tested against mmcv's own ops on CPU by forcing the
+   route); logged once. ``SOFTFREE_MM_TORCHVISION_OPS=1`` routes every call (CPU too; for tests),
+   ``=0`` never routes (an mmcv compiled with CUDA ops is then used as it is).
 """
 import functools
+import os
 
 import numpy as np
 import torch
 
 APPLIED = []
+CHECKPOINT_SAFE_GLOBALS = []  # what allow_mmengine_checkpoint_types adds to torch's weights-only unpickler
 
 
 def _numpy_safe_globals():
@@ -45,6 +56,7 @@ def allow_mmengine_checkpoint_types():
     HistoryBuffer.__getstate__ = __getstate__
     HistoryBuffer.__setstate__ = __setstate__
     safe = [HistoryBuffer, *_numpy_safe_globals()]
+    CHECKPOINT_SAFE_GLOBALS[:] = safe
     torch.serialization.add_safe_globals(safe)
     APPLIED.append('allow_mmengine_checkpoint_types')
 
@@ -77,11 +89,125 @@ def init_dist_without_cuda():
     APPLIED.append('init_dist_without_cuda')
 
 
+# ----------------------------------------------------------------------------------- mmcv ops on torchvision
+ROUTED_OPS = ('nms', 'roi_align_forward', 'roi_align_backward')
+ROUTE_ENV = 'SOFTFREE_MM_TORCHVISION_OPS'
+
+
+@functools.lru_cache(maxsize=None)
+def mmcv_has_cuda_ops() -> bool:
+    """Whether the installed mmcv was compiled with CUDA ops."""
+    try:
+        from mmcv.ops import get_compiling_cuda_version
+    except ImportError:
+        return False
+    return get_compiling_cuda_version() not in ('not available', '')
+
+
+class TorchvisionOps:
+    """Stands in for mmcv's compiled extension module (``ext_module``) inside ``mmcv.ops.nms`` and
+    ``mmcv.ops.roi_align``. ``nms``, ``roi_align_forward`` and ``roi_align_backward`` run on torchvision's kernels
+    when :meth:`routes` says so (CUDA tensors and an mmcv without CUDA ops, or forced), else on mmcv's; every other
+    name is mmcv's. ``calls`` counts the calls each way: ``('torchvision', 'nms')``, ``('mmcv', 'nms')``..."""
+
+    def __init__(self, ext):
+        self._ext = ext
+        self.calls = {}
+        self.logged = False
+
+    def __getattr__(self, name):
+        return getattr(self._ext, name)
+
+    def routes(self, t) -> bool:
+        mode = os.environ.get(ROUTE_ENV, '')
+        if mode == '1':
+            return True
+        if mode == '0':
+            return False
+        return t.is_cuda and not mmcv_has_cuda_ops()
+
+    def _count(self, how, name):
+        self.calls[(how, name)] = self.calls.get((how, name), 0) + 1
+        if how == 'torchvision' and not self.logged:
+            self.logged = True
+            from mmengine.logging import print_log
+            why = 'forced by ' + ROUTE_ENV if os.environ.get(ROUTE_ENV) == '1' else 'mmcv was built without CUDA ops'
+            print_log(f'[softfree_mm] mmcv nms / roi_align run on torchvision\'s kernels ({why}); see '
+                      'softfree_mm/compat.py', logger='current', level=30)
+
+    def nms(self, bboxes, scores, iou_threshold, offset=0):
+        if not self.routes(bboxes):
+            self._count('mmcv', 'nms')
+            return self._ext.nms(bboxes, scores, iou_threshold=iou_threshold, offset=offset)
+        self._count('torchvision', 'nms')
+        if offset:  # mmcv's legacy +1 box size: the same IoU as boxes one unit larger
+            bboxes = torch.cat([bboxes[:, :2], bboxes[:, 2:4] + offset], dim=1)
+        return torch.ops.torchvision.nms(bboxes, scores, float(iou_threshold))
+
+    @staticmethod
+    def _check_pool_mode(pool_mode):
+        if pool_mode != 1:
+            raise RuntimeError("RoIAlign with pool_mode='max' has no torchvision kernel; use pool_mode='avg' or an "
+                               'mmcv compiled with CUDA ops (MMCV_CUDA=1 bash tools/setup_env.sh)')
+
+    def roi_align_forward(self, input, rois, output, argmax_y, argmax_x, aligned_height, aligned_width,
+                          spatial_scale, sampling_ratio, pool_mode, aligned):
+        if not self.routes(input):
+            self._count('mmcv', 'roi_align_forward')
+            return self._ext.roi_align_forward(
+                input, rois, output, argmax_y, argmax_x, aligned_height=aligned_height, aligned_width=aligned_width,
+                spatial_scale=spatial_scale, sampling_ratio=sampling_ratio, pool_mode=pool_mode, aligned=aligned)
+        self._count('torchvision', 'roi_align_forward')
+        self._check_pool_mode(pool_mode)
+        dt = torch.promote_types(input.dtype, rois.dtype)  # box coordinates never in float16
+        out = torch.ops.torchvision.roi_align(input.to(dt), rois.to(dt), float(spatial_scale), int(aligned_height),
+                                              int(aligned_width), int(sampling_ratio), bool(aligned))
+        output.copy_(out)
+
+    def roi_align_backward(self, grad_output, rois, argmax_y, argmax_x, grad_input, aligned_height, aligned_width,
+                           spatial_scale, sampling_ratio, pool_mode, aligned):
+        if not self.routes(grad_output):
+            self._count('mmcv', 'roi_align_backward')
+            return self._ext.roi_align_backward(
+                grad_output, rois, argmax_y, argmax_x, grad_input, aligned_height=aligned_height,
+                aligned_width=aligned_width, spatial_scale=spatial_scale, sampling_ratio=sampling_ratio,
+                pool_mode=pool_mode, aligned=aligned)
+        self._count('torchvision', 'roi_align_backward')
+        self._check_pool_mode(pool_mode)
+        dt = torch.promote_types(grad_output.dtype, rois.dtype)
+        b, c, h, w = grad_input.shape
+        grad = torch.ops.torchvision._roi_align_backward(
+            grad_output.to(dt), rois.to(dt), float(spatial_scale), int(aligned_height), int(aligned_width), b, c, h,
+            w, int(sampling_ratio), bool(aligned))
+        grad_input.copy_(grad)
+
+
+TORCHVISION_OPS = None
+
+
+def mmcv_ops_on_torchvision():
+    """Puts one :class:`TorchvisionOps` in place of ``ext_module`` in ``mmcv.ops.nms`` and ``mmcv.ops.roi_align``
+    (every caller, whatever it imported, ends in these two modules' ``ext_module``)."""
+    global TORCHVISION_OPS
+    import importlib
+    try:
+        import torchvision  # noqa: F401  (registers torch.ops.torchvision)
+        modules = [importlib.import_module(f'mmcv.ops.{name}') for name in ('nms', 'roi_align')]
+    except ImportError:  # no mmcv ops or no torchvision: nothing to route
+        return
+    ext = modules[0].ext_module
+    TORCHVISION_OPS = ext if isinstance(ext, TorchvisionOps) else TorchvisionOps(ext)
+    for mod in modules:
+        mod.ext_module = TORCHVISION_OPS
+    APPLIED.append('mmcv_ops_on_torchvision')
+
+
 def apply_all():
     if APPLIED:
         return APPLIED
     allow_mmengine_checkpoint_types()
     init_dist_without_cuda()
+    mmcv_ops_on_torchvision()
     return APPLIED
 
 

@@ -90,6 +90,43 @@ def test_allow_list_still_refuses_arbitrary_objects(tmp_path):
         torch.load(path)
 
 
+def _qualname(g):
+    if isinstance(g, tuple):  # (object, the name it pickles under)
+        return f'{g[1]} (as {g[0].__module__}.{g[0].__name__})'
+    return f'{g.__module__}.{g.__qualname__}'
+
+
+def test_allow_list_is_exactly_mmengines_checkpoint_types():
+    """The exact set the repair allow-lists: anything more (``builtins.getattr`` above all: a pickle of
+    ``[1].append`` goes through it) widens what a downloaded checkpoint can execute."""
+    core = 'numpy._core' if hasattr(np, '_core') else 'numpy.core'
+    expected = {
+        'mmengine.logging.history_buffer.HistoryBuffer',
+        f'numpy.core.multiarray.scalar (as {core}.multiarray.scalar)', f'{core}.multiarray.scalar',
+        f'numpy.core.multiarray._reconstruct (as {core}.multiarray._reconstruct)', f'{core}.multiarray._reconstruct',
+        'numpy.ndarray', 'numpy.dtype',
+        *(f'numpy.dtypes.{t}DType' for t in ('Float16', 'Float32', 'Float64', 'Int8', 'Int16', 'Int32', 'Int64',
+                                             'UInt8', 'Bool', 'Complex64', 'Complex128')),
+    }
+    assert {_qualname(g) for g in compat.CHECKPOINT_SAFE_GLOBALS} == expected
+    # and nothing else reached torch's list from this package: the rest is torch's own (its exception classes,
+    # tracebacks, distributed tensors)
+    ours = {id(g) for g in compat.CHECKPOINT_SAFE_GLOBALS}
+    others = [g for g in torch.serialization.get_safe_globals() if id(g) not in ours]
+    for g in others:
+        obj = g[0] if isinstance(g, tuple) else g
+        assert (isinstance(obj, type) and issubclass(obj, BaseException)) or \
+            getattr(obj, '__module__', '').split('.')[0] in ('torch', 'traceback'), f'unexpected safe global {g!r}'
+
+
+def test_pickled_bound_method_through_getattr_is_refused(tmp_path):
+    """``[1].append`` pickles as ``builtins.getattr([1], 'append')``: loading it must fail under the allow-list."""
+    path = tmp_path / 'getattr.pth'
+    torch.save({'f': [1].append}, path)
+    with pytest.raises(Exception, match='getattr'):
+        torch.load(path)
+
+
 def test_numpy_scalars_round_trip(tmp_path):
     path = tmp_path / 'np.pth'
     obj = {'a': np.float64(1.5), 'b': np.int64(3), 'arr': np.arange(3, dtype=np.float32)}
@@ -111,7 +148,7 @@ def test_init_dist_on_cpu_uses_gloo_and_skips_set_device(tmp_path):
 
 
 def test_repairs_are_named_and_applied_once():
-    assert compat.APPLIED == ['allow_mmengine_checkpoint_types', 'init_dist_without_cuda']
+    assert compat.APPLIED == ['allow_mmengine_checkpoint_types', 'init_dist_without_cuda', 'mmcv_ops_on_torchvision']
     assert compat.apply_all() == compat.APPLIED
 
 
