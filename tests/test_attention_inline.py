@@ -307,3 +307,25 @@ def test_mixed_input_dtypes_compute_in_the_wider_dtype():
     out = kern(q, k, v.float())
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, kern(q, k, v.float().double()).float(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize('residual', ['channel', 'head'])
+def test_masked_keys_content_changes_nothing_residual_included(residual):
+    """Masked key == deleted key for the local residual too: under a per-row mask, changing the masked keys' k and v
+    leaves every output unchanged (the residual's weights come from the mean of each row's valid keys, not of all
+    keys; a masked neighbour counts as zero)."""
+    torch.manual_seed(0)
+    kern = build_attention(dict(type='inline', local_residual=residual), num_heads=H, head_dim=D)
+    q, k, v = qkv(12)
+    g = torch.Generator().manual_seed(5)
+    mask = torch.rand(B, 1, 12, 12, generator=g) > 0.4
+    mask |= torch.eye(12, dtype=torch.bool)  # every row keeps at least itself
+    mask[:, :, :, [3, 8]] = False  # two keys no row may look at (among others the random mask hides)
+    hidden = (~mask).all(dim=2).view(B, 1, 12, 1)  # (B, 1, Nk, 1): masked for every row
+    assert hidden.sum() >= 2 * B
+    k2 = torch.where(hidden, rand(B, H, 12, D, seed=40) * 5, k)
+    v2 = torch.where(hidden, rand(B, H, 12, D, seed=41) * 5, v)
+    out = kern(q, k, v, hw=(3, 4), mask=mask)
+    torch.testing.assert_close(kern(q, k2, v2, hw=(3, 4), mask=mask), out, rtol=1e-10, atol=1e-12)
+    # and the change is visible without the mask (the perturbation is not a no-op)
+    assert not torch.allclose(kern(q, k2, v2, hw=(3, 4)), kern(q, k, v, hw=(3, 4)))

@@ -197,13 +197,19 @@ def test_softmax_xcit_p16_equals_timm_blocks_7_and_11_with_converted_weights():
     torch.testing.assert_close(outs[3], F.max_pool2d(inter[1], 2), rtol=1e-4, atol=1e-4)
 
 
-def test_softmax_xcit_p8_stride8_output_equals_timm_block_5():
+def test_softmax_xcit_p8_equals_timm_block_5_and_max_pools_of_blocks_7_and_11():
+    """Patch 8: stride 8 is block 5 itself, strides 16 and 32 the 2x2 and 4x4 MAX pools of blocks 7 and 11 (the
+    official adapter; an average pool would not match)."""
     ref, ours = _timm_pair('xcit_tiny_12_p8_224', arch='t12', patch_size=8)
     ours.load_state_dict(convert_xcit(ref.state_dict()), strict=False)
     x = torch.randn(1, 3, 96, 128)
     with torch.no_grad():
-        (inter,) = ref.forward_intermediates(x, indices=[5], intermediates_only=True)
-        torch.testing.assert_close(ours(x)[1], inter, rtol=1e-4, atol=1e-4)
+        b5, b7, b11 = ref.forward_intermediates(x, indices=[5, 7, 11], intermediates_only=True)
+        outs = ours(x)
+    torch.testing.assert_close(outs[1], b5, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(outs[2], F.max_pool2d(b7, 2), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(outs[3], F.max_pool2d(b11, 4), rtol=1e-4, atol=1e-4)
+    assert (F.avg_pool2d(b11, 4) - outs[3]).abs().max() > 0.1  # the two pools differ on these features
 
 
 def test_cls_token_mode_equals_timm_class_token_and_loads_strictly():
