@@ -4,14 +4,14 @@
 ``sigmoid``: ``A = sigmoid(S - log N) * keep`` (Apple 2024, sigmoid attention with bias -log N).
 
 ``S = s * q @ k^T (+ bias)``; N counts the True entries of the row's mask (all keys without a mask), so a
-masked key gives exactly the result of deleting it. A row with no valid key is a zero row.
+masked key gives exactly the result of deleting it. A row with no valid key is a zero row. Where one (batch, head)
+matrix is larger than a tile, forward and backward run in tiles (``blocked.py``) and never hold ``A``.
 """
 import torch
 
 from . import ATTENTION
-from .base import AttentionKernel, default_scale, key_count, scores, upcast, no_autocast
-
-
+from .base import AttentionKernel, cast_back, default_scale, key_count, scores, upcast, no_autocast, work_dtype
+from .blocked import pointwise_attention, use_tiles
 
 
 class _PointwiseAttention(AttentionKernel):
@@ -25,6 +25,10 @@ class _PointwiseAttention(AttentionKernel):
     def _activation(self, s, n):
         raise NotImplementedError
 
+    def _tiled(self, q, k, v, scale, bias, mask):
+        """``A @ v`` in tiles; inputs in the working dtype."""
+        raise NotImplementedError
+
     def _matrix(self, q, k, hw, scale, bias, mask):
         q, k = upcast(q, k)
         with no_autocast(q):  # activation and normaliser in fp32 (fp64 for fp64 inputs)
@@ -35,6 +39,11 @@ class _PointwiseAttention(AttentionKernel):
             return a
 
     def _forward(self, q, k, v, hw, scale, bias, mask):
+        if use_tiles(q.shape[2], k.shape[2]):
+            dtype, wd = v.dtype, work_dtype(v)
+            with no_autocast(v):  # activation and normaliser in fp32 (fp64 for fp64 inputs)
+                q, k, v = q.to(wd), k.to(wd), v.to(wd)
+                return cast_back(self._tiled(q, k, v, default_scale(scale, q.shape[-1], q), bias, mask), dtype)
         a = self._matrix(q, k, hw, scale, bias, mask)
         with no_autocast(v):  # A @ v in the working dtype
             return (a @ v.to(a.dtype)).to(v.dtype)
@@ -47,6 +56,10 @@ class ReluAttention(_PointwiseAttention):
     def _activation(self, s, n):
         return torch.relu(s) / n
 
+    def _tiled(self, q, k, v, scale, bias, mask):
+        return pointwise_attention(q, k, v, 'relu', 1, scale, key_count(mask, q, k).reciprocal(), bias=bias,
+                                   mask=mask)
+
 
 @ATTENTION.register('sigmoid')
 class SigmoidAttention(_PointwiseAttention):
@@ -54,3 +67,7 @@ class SigmoidAttention(_PointwiseAttention):
 
     def _activation(self, s, n):
         return torch.sigmoid(s - torch.log(n))
+
+    def _tiled(self, q, k, v, scale, bias, mask):
+        return pointwise_attention(q, k, v, 'sigmoid', 1, scale, 1.0, bias=bias, shift=-key_count(mask, q, k).log(),
+                                   mask=mask)

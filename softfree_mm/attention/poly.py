@@ -8,7 +8,8 @@ Without bias and mask the power factorises through symmetric tensor powers,
 ``(a . b)^p = sum_{|m| = p} multinomial(p; m) a^m b^m``, one feature per monomial of degree p in d variables
 (``M = C(d + p - 1, p)`` features instead of ``d^p``), so ``A @ v`` costs ``O(N M dv)`` instead of
 ``O(N^2 (d + dv))``. ``forward`` takes that path whenever its flop count, computed from the static shapes, is
-the smaller one. ``p = 1`` is plain linear attention ``c * s * q @ (k^T @ v)``.
+the smaller one. ``p = 1`` is plain linear attention ``c * s * q @ (k^T @ v)``. Otherwise, where one (batch, head)
+matrix is larger than a tile, forward and backward run in tiles (``blocked.py``) and never hold ``A``.
 """
 import math
 from typing import Tuple
@@ -17,7 +18,7 @@ import torch
 
 from . import ATTENTION
 from .base import AttentionKernel, cast_back, default_scale, key_count, scores, work_dtype, no_autocast
-
+from .blocked import pointwise_attention, use_tiles
 
 SCALE_OPTIONS = "'sqrt_n' (1/sqrt(number of keys a row may look at)) or a float > 0"
 
@@ -123,6 +124,9 @@ class PolyAttention(AttentionKernel):
             q, k, v = q.to(wd), k.to(wd), v.to(wd)
             if self.uses_factorised(q, k, v, bias, mask):
                 out = self.factorised(q, k, v, scale)
+            elif use_tiles(q.shape[2], k.shape[2]):  # forward and backward in tiles: A is never held
+                out = pointwise_attention(q, k, v, 'pow', self.degree, default_scale(scale, q.shape[-1], q),
+                                          self._coef(mask, q, k), bias=bias, mask=mask)
             else:
                 out = self._matrix(q, k, hw, scale, bias, mask) @ v
             return cast_back(out, out_dtype)  # overflow shows as inf (fp16 loss scaling)

@@ -1,0 +1,213 @@
+"""Pointwise attention ``out = (g(S) * keep) @ v`` in tiles, forward and backward, never holding ``S`` or ``A``.
+
+``S = alpha * q @ k^T (+ bias) (+ shift)``, ``g`` one of ``S^p`` (poly), ``relu`` and ``sigmoid``. The weights of
+a pointwise activation need no row normaliser (unlike softmax), so ``A @ v`` is a plain sum over key tiles: the
+forward pass walks tiles of (rows x cols) scores, and the backward pass recomputes each tile's scores from
+``q`` and ``k`` (as flash attention does), so the memory beyond the inputs, the output and the gradients is a
+few tiles. Row coefficients (``1/sqrt(N)``, ``1/N``) are applied by the caller to the output, outside.
+
+Tensors arrive in the working dtype (float32, or float64); every tile runs in it. This file imports torch only.
+"""
+from typing import Optional, Tuple
+
+import torch
+
+# numbers in one tile of scores, over all (batch, head) pairs: 2^16 float32 scores are 256 KiB, so a tile and its
+# activation stay in a core's L2 cache while the GEMMs around them stay large enough to run at full speed
+TILE_ELEMENTS = 1 << 16
+# keys per tile (at most): long rows are cut so that a tile still holds several query rows
+TILE_COLS = 1024
+ACTIVATIONS = ('pow', 'relu', 'sigmoid')
+
+
+def tile_shape(bh: int, nq: int, nk: int, elements: Optional[int] = None) -> Tuple[int, int]:
+    """(rows, cols) of one tile for ``bh`` (batch x heads) matrices of ``nq x nk`` scores: at most ``TILE_COLS``
+    keys, and as many query rows as ``elements`` allows (at least 16, so that the GEMMs keep their speed)."""
+    elements = TILE_ELEMENTS if elements is None else elements
+    cols = max(1, min(nk, TILE_COLS))
+    rows = max(1, min(nq, max(16, elements // max(1, bh * cols))))
+    return rows, cols
+
+
+def use_tiles(nq: int, nk: int) -> bool:
+    """Tiles pay off where one (batch, head) matrix is larger than a tile (global attention); small windows
+    (Swin's 49 x 49, XCiT's d_h x d_h) are faster built whole, and are no larger than their activations."""
+    return nq * nk > TILE_ELEMENTS
+
+
+def _part(t: Optional[torch.Tensor], rows: slice, cols: slice) -> Optional[torch.Tensor]:
+    """The (rows, cols) part of a tensor that broadcasts to (B, h, Nq, Nk) (size-1 dims stay whole)."""
+    if t is None:
+        return None
+    return t[..., rows if t.shape[-2] != 1 else slice(None), cols if t.shape[-1] != 1 else slice(None)]
+
+
+def _to4(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    if t is None:
+        return None
+    return t.reshape((1,) * (4 - t.dim()) + tuple(t.shape))
+
+
+def _activate(kind: str, power: int, s: torch.Tensor) -> torch.Tensor:
+    """g(S), in place (``s`` is a scratch tile)."""
+    if kind == 'pow':
+        return s if power == 1 else s.pow_(power)  # integer powers 2 and 3 are one vectorised pass
+    if kind == 'relu':
+        return s.relu_()
+    return s.sigmoid_()
+
+
+def _activate_with_slope(kind: str, power: int, s: torch.Tensor):
+    """(g(S), g'(S) / const) with const = p for powers (applied once to the gradients at the end), else 1; None
+    stands for a slope of 1. ``s`` is a scratch tile."""
+    if kind == 'pow':
+        if power == 1:
+            return s, None
+        low = s if power == 2 else s.pow(power - 1)
+        return low * s, low
+    if kind == 'relu':
+        slope = s > 0
+        return s.relu_(), slope
+    a = s.sigmoid_()
+    return a, a * (1.0 - a)
+
+
+class TiledPointwiseAttention(torch.autograd.Function):
+    """``(g(alpha q k^T + bias + shift) * keep) @ v`` in tiles; gradients for q, k, v and bias.
+
+    Args (forward): q (B, h, Nq, d), k (B, h, Nk, d), v (B, h, Nk, dv) in one float dtype, contiguous, with the
+    same B and h; bias: None or a 4-d tensor broadcastable to (B, h, Nq, Nk) (may require grad: its gradient is
+    summed over its broadcast dims); shift: None or a 4-d (.., .., Nq or 1, 1) per-row addend without gradient
+    (sigmoid's -log N); mask: None or a 4-d bool tensor, broadcastable, True = keep; alpha: float score scale;
+    kind: 'pow' | 'relu' | 'sigmoid'; power: p for 'pow'; rows, cols: the tile shape.
+    The (batch, head) pairs run as one batched GEMM per tile; bias, shift and mask act on its 4-d view.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, shift, mask, alpha: float, kind: str, power: int, rows: int, cols: int):
+        b, h, nq, d = q.shape
+        nk, dv = k.shape[2], v.shape[3]
+        q3, k3, v3 = q.reshape(b * h, nq, d), k.reshape(b * h, nk, d), v.reshape(b * h, nk, dv)
+        kt3 = k3.transpose(1, 2)
+        out = q.new_zeros(b * h, nq, dv)
+        for i in range(0, nq, rows):
+            ri = slice(i, i + rows)
+            q_i, out_i = q3[:, ri], out[:, ri]
+            for j in range(0, nk, cols):
+                cj = slice(j, j + cols)
+                s = _scores(q_i, kt3[:, :, cj], alpha, b, h, _part(bias, ri, cj), _part(shift, ri, slice(None)))
+                a = _activate(kind, power, s)
+                keep = _part(mask, ri, cj)
+                if keep is not None:
+                    a = _masked(a, keep, b, h)
+                out_i.baddbmm_(a, v3[:, cj])
+        ctx.save_for_backward(q, k, v, bias, shift, mask)
+        ctx.setup = (alpha, kind, power, rows, cols)
+        return out.view(b, h, nq, dv)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout):
+        q, k, v, bias, shift, mask = ctx.saved_tensors
+        alpha, kind, power, rows, cols = ctx.setup
+        b, h, nq, d = q.shape
+        nk, dv = k.shape[2], v.shape[3]
+        need_q, need_k, need_v, need_bias = ctx.needs_input_grad[:4]
+        q3, k3, v3 = q.reshape(b * h, nq, d), k.reshape(b * h, nk, d), v.reshape(b * h, nk, dv)
+        kt3, vt3 = k3.transpose(1, 2), v3.transpose(1, 2)
+        do3 = dout.reshape(b * h, nq, dv)
+        dq = torch.zeros_like(q3) if need_q else None
+        dk = torch.zeros_like(k3) if need_k else None
+        dv_ = torch.zeros_like(v3) if need_v else None
+        dbias = torch.zeros(bias.shape, dtype=bias.dtype, device=bias.device) if need_bias else None
+        for i in range(0, nq, rows):
+            ri = slice(i, i + rows)
+            q_i, do_i = q3[:, ri], do3[:, ri]
+            for j in range(0, nk, cols):
+                cj = slice(j, j + cols)
+                s = _scores(q_i, kt3[:, :, cj], alpha, b, h, _part(bias, ri, cj), _part(shift, ri, slice(None)))
+                a, slope = _activate_with_slope(kind, power, s)
+                keep = _part(mask, ri, cj)
+                if keep is not None:
+                    a = _masked(a, keep, b, h)
+                if need_v:
+                    dv_[:, cj].baddbmm_(a.transpose(1, 2), do_i)
+                if not (need_q or need_k or need_bias):
+                    continue
+                ds = torch.bmm(do_i, vt3[:, :, cj])  # dA
+                if slope is not None:
+                    ds.mul_(slope)
+                if keep is not None:
+                    ds = _masked(ds, keep, b, h)
+                if need_q:
+                    dq[:, ri].baddbmm_(ds, k3[:, cj])
+                if need_k:
+                    dk[:, cj].baddbmm_(ds.transpose(1, 2), q_i)
+                if need_bias:
+                    part = _part(dbias, ri, cj)
+                    part.add_(_reduce_to(ds.view(b, h, ds.shape[1], ds.shape[2]), part.shape))
+        factor = power if kind == 'pow' else 1  # the slope's constant (see _activate_with_slope)
+        if dbias is not None and factor != 1:
+            dbias.mul_(factor)
+        view = (lambda t, n, c: None if t is None else t.view(b, h, n, c))
+        if alpha * factor != 1.0:
+            for t in (dq, dk):
+                if t is not None:
+                    t.mul_(alpha * factor)
+        return view(dq, nq, d), view(dk, nk, d), view(dv_, nk, dv), dbias, None, None, None, None, None, None, None
+
+
+def _scores(q_i, kt_j, alpha, b, h, bias_ij, shift_i):
+    """The (B*h, rows, cols) tile of ``alpha q k^T + bias + shift``."""
+    s = torch.bmm(q_i, kt_j)
+    if alpha != 1.0:
+        s.mul_(alpha)
+    if bias_ij is not None or shift_i is not None:
+        s4 = s.view(b, h, s.shape[1], s.shape[2])
+        if bias_ij is not None:
+            s4.add_(bias_ij)
+        if shift_i is not None:
+            s4.add_(shift_i)
+    return s
+
+
+def _masked(t, keep, b, h):
+    return t.view(b, h, t.shape[1], t.shape[2]).masked_fill_(~keep, 0.0).view(t.shape)
+
+
+def _reduce_to(t: torch.Tensor, shape) -> torch.Tensor:
+    """Sum ``t`` over the dims where ``shape`` is 1 (a broadcast operand's gradient)."""
+    dims = [i for i, (a, b) in enumerate(zip(t.shape, shape)) if b == 1 and a != 1]
+    return t.sum(dim=dims, keepdim=True) if dims else t
+
+
+def tiled_pointwise(q, k, v, kind: str, power: int = 1, alpha: float = 1.0, bias=None, shift=None, mask=None,
+                    tile_elements: Optional[int] = None) -> torch.Tensor:
+    """``(g(alpha q k^T + bias + shift) * keep) @ v`` without holding the (Nq, Nk) matrix (see the module doc).
+    Inputs in one working dtype; ``bias``, ``mask`` broadcastable to (B, h, Nq, Nk), ``shift`` to (B, h, Nq, 1)."""
+    if kind not in ACTIVATIONS:
+        raise ValueError(f'tiled_pointwise: kind must be one of {ACTIVATIONS}, got {kind!r}')
+    bias, shift, mask = _to4(bias), _to4(shift), _to4(mask)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    rows, cols = tile_shape(q.shape[0] * q.shape[1], q.shape[2], k.shape[2], tile_elements)
+    return TiledPointwiseAttention.apply(q, k, v, bias, shift, mask, float(alpha), kind, int(power), rows, cols)
+
+
+def pointwise_attention(q, k, v, kind: str, power: int, scale, coef, bias=None, shift=None, mask=None):
+    """``coef * ((g(scale q k^T + bias + shift) * keep) @ v)`` in tiles, for the kernels' forward.
+
+    ``scale``: a float > 0 or a tensor broadcastable to (B, h, 1, 1) (folded into q, so it gets its gradient);
+    ``coef``: a float or a per-row tensor (B, h, Nq, 1) multiplying the output. Without bias and shift a float
+    scale of the homogeneous activations (x^p, relu) moves into ``coef``: one pass less over every tile.
+    """
+    alpha = 1.0
+    if isinstance(scale, torch.Tensor):
+        q = q * scale
+    elif bias is None and shift is None and kind in ('pow', 'relu'):
+        coef = coef * float(scale) ** (power if kind == 'pow' else 1)  # (a s)^p = a^p s^p, relu(a s) = a relu(s)
+    else:
+        alpha = float(scale)
+    if bias is not None:
+        bias = bias.to(q.dtype)
+    out = tiled_pointwise(q, k, v, kind, power, alpha, bias, shift, mask)
+    return out * coef
