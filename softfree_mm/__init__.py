@@ -1,6 +1,8 @@
 """softfree_mm: softmax-free attention kernels swappable inside XCiT, PVT, Swin and CSwin, for OpenMMLab 2.x."""
 __version__ = '0.1.0'
 
+from .swap import swap_attention  # noqa: E402,F401  (torch only: kernels into timm / mmdet / mmpretrain models)
+
 try:
     import mmengine  # noqa: F401
 except ImportError:  # the kernel library (softfree_mm.attention) needs torch only
