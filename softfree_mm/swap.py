@@ -776,12 +776,16 @@ def _select(entries: List[_Entry], layers) -> List[_Entry]:
     return [e for e in entries if e.index in chosen]
 
 
+def _message(e: Exception) -> str:
+    return str(e.args[0]) if e.args else str(e)
+
+
 def _assign_cfgs(attn_cfg, entries: List[_Entry], selected: List[_Entry]) -> List[dict]:
     if not isinstance(attn_cfg, (list, tuple)):
         try:
             cfg = normalize_cfg(attn_cfg)
         except (KeyError, TypeError, ValueError) as e:
-            raise type(e)(f'swap_attention: attn_cfg: {e}') from None
+            raise type(e)(f'swap_attention: attn_cfg: {_message(e)}') from None
         return [copy.deepcopy(cfg) for _ in selected]
     keys = [_stage_key(e.path) for e in entries]
     stages = list(dict.fromkeys(k for k in keys if k is not None))
@@ -791,7 +795,7 @@ def _assign_cfgs(attn_cfg, entries: List[_Entry], selected: List[_Entry]) -> Lis
         try:
             cfgs.append(normalize_cfg(c))
         except (KeyError, TypeError, ValueError) as e:
-            raise type(e)(f'swap_attention: attn_cfg[{i}]: {e}') from None
+            raise type(e)(f'swap_attention: attn_cfg[{i}]: {_message(e)}') from None
     if has_stages and len(cfgs) == len(stages):
         return [copy.deepcopy(cfgs[stages.index(_stage_key(e.path))]) for e in selected]
     if len(cfgs) == len(selected):
@@ -946,7 +950,7 @@ def swap_attention(model: nn.Module, attn_cfg, *, layers=None, prefix_attention=
         try:
             prefix_attention = normalize_cfg(prefix_attention)
         except (KeyError, TypeError, ValueError) as e:
-            raise type(e)(f'swap_attention: prefix_attention: {e}') from None
+            raise type(e)(f'swap_attention: prefix_attention: {_message(e)}') from None
     entries = _discover(model)
     if not entries:
         raise SwapError(f'swap_attention: no attention module found in {type(model).__name__}; supported layouts: '

@@ -84,7 +84,7 @@ def mmdet_pvt_v2():
 def mmdet_detr_decoder():
     import softfree_mm  # noqa: F401
     from mmdet.models.layers.transformer import DetrTransformerDecoder
-    attn = dict(embed_dims=32, num_heads=4, dropout=0.0)
+    attn = dict(embed_dims=32, num_heads=4, attn_drop=0.0)
     return DetrTransformerDecoder(num_layers=2, layer_cfg=dict(self_attn_cfg=dict(attn), cross_attn_cfg=dict(attn),
                                                                ffn_cfg=dict(embed_dims=32, feedforward_channels=64)))
 
