@@ -149,13 +149,26 @@ def _parent(model: nn.Module, path: str) -> Optional[nn.Module]:
 
 
 # ============================================================================================ shared pieces
-def _mix(kernel, q, k, v, hw, scale, bias, mask, drop_p: float, training: bool):
-    """``kernel(q, k, v)``; in training with attention dropout p > 0, ``dropout(A) @ v`` with A built explicitly."""
+def _mix(kernel, q, k, v, hw, scale, bias, mask, drop_p: float, training: bool, context=None):
+    """``kernel(q, k, v)``; in training with attention dropout p > 0, ``dropout(A) @ v`` with A built explicitly
+    (plus the kernel's residual_output where A is not its whole output). ``context`` goes to kernels that take one."""
+    context = context if kernel.takes_context else None
     if training and drop_p > 0:
         a = kernel.attention_matrix(q, k, hw=hw, scale=scale, bias=bias, mask=mask)
         a = F.dropout(a, drop_p, True)
-        return (a @ v.to(a.dtype)).to(v.dtype)
-    return kernel(q, k, v, hw=hw, scale=scale, bias=bias, mask=mask)
+        out = (a @ v.to(a.dtype)).to(v.dtype)
+        if not kernel.matrix_is_complete:
+            out = out + kernel.residual_output(q, k, v, hw=hw, scale=scale, bias=bias, mask=mask, context=context)
+        return out
+    return kernel(q, k, v, hw=hw, scale=scale, bias=bias, mask=mask, context=context)
+
+
+def _context(kernel, x, heads, head_dim):
+    """The per-sample summary a context-taking kernel gets (InLine's official residual): the mean over the kernel's
+    tokens of the attention module's input, where its channels are the heads' channels."""
+    if not kernel.takes_context or x.shape[-1] != heads * head_dim:
+        return None
+    return x.mean(1)
 
 
 def _rows(t, start, stop):
@@ -171,8 +184,9 @@ def _cols(t, start):
     return t[..., start:]
 
 
-def _attend_tokens(self, q, k, v, hw, scale, bias, mask, drop_p):
-    """Tokens = ``self._sf_prefix`` class/register tokens then the grid tokens (see the module docstring)."""
+def _attend_tokens(self, q, k, v, hw, scale, bias, mask, drop_p, x):
+    """Tokens = ``self._sf_prefix`` class/register tokens then the grid tokens (see the module docstring); ``x`` is
+    the module's input (the context of kernels that take one: the mean over the grid tokens)."""
     kern, p = self.kernel, self._sf_prefix
     if not kern.needs_hw:
         return _mix(kern, q, k, v, None, scale, bias, mask, drop_p, self.training)
@@ -180,14 +194,15 @@ def _attend_tokens(self, q, k, v, hw, scale, bias, mask, drop_p):
     if hw is None or n - p != hw[0] * hw[1]:
         raise ValueError(f'{self._sf_path}: kernel {kern.name!r} needs the token grid; {n} tokens with {p} prefix '
                          f'token(s) do not match the grid {hw}')
+    ctx = _context(kern, x[:, p:], q.shape[1], q.shape[3])
     if p == 0:
-        return _mix(kern, q, k, v, hw, scale, bias, mask, drop_p, self.training)
+        return _mix(kern, q, k, v, hw, scale, bias, mask, drop_p, self.training, ctx)
     # prefix queries: over all tokens through the prefix kernel (class attention)
     out_prefix = _mix(self.prefix_kernel, q[:, :, :p], k, v, None, scale, _rows(bias, 0, p), _rows(mask, 0, p),
                       drop_p, self.training)
     # patch queries over patch keys on their grid
     out_grid = _mix(kern, q[:, :, p:], k[:, :, p:], v[:, :, p:], hw, scale, _cols(_rows(bias, p, n), p),
-                    _cols(_rows(mask, p, n), p), drop_p, self.training)
+                    _cols(_rows(mask, p, n), p), drop_p, self.training, ctx)
     return torch.cat([out_prefix, out_grid], dim=2)
 
 
@@ -306,7 +321,7 @@ def _timm_vit_forward(self, x, attn_mask=None, is_causal=False):
     q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
     q, k = self.q_norm(q), self.k_norm(k)
     keep, bias = _sdpa_mask(attn_mask, is_causal, n, n, x.device)
-    out = _attend_tokens(self, q, k, v, _grid_now(self), self.scale, bias, keep, self.attn_drop.p)
+    out = _attend_tokens(self, q, k, v, _grid_now(self), self.scale, bias, keep, self.attn_drop.p, x)
     x = out.transpose(1, 2).reshape(b, n, self.num_heads * self.head_dim)
     x = self.norm(x) if hasattr(self, 'norm') else x
     if gate is not None:
@@ -339,7 +354,8 @@ def _timm_swin_forward(self, x, mask=None):
     bias = self._get_rel_pos_bias() if self.kernel.supports_bias else None
     keep = _window_keep(mask, b_, n)
     hw = tuple(self.window_size) if self.kernel.needs_hw else None
-    out = _mix(self.kernel, q, k, v, hw, self.scale, bias, keep, self.attn_drop.p, self.training)
+    ctx = _context(self.kernel, x, q.shape[1], q.shape[3])
+    out = _mix(self.kernel, q, k, v, hw, self.scale, bias, keep, self.attn_drop.p, self.training, ctx)
     return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b_, n, -1)))
 
 
@@ -373,7 +389,8 @@ def _mm_window_forward(self, x, mask=None):
     bias = _mm_rel_pos_bias(self, n) if self.kernel.supports_bias else None
     keep = _window_keep(mask, b_, n)
     hw = tuple(self.window_size) if self.kernel.needs_hw else None
-    out = _mix(self.kernel, q, k, v, hw, self.scale, bias, keep, self.attn_drop.p, self.training)
+    ctx = _context(self.kernel, x, self.num_heads, c // self.num_heads)
+    out = _mix(self.kernel, q, k, v, hw, self.scale, bias, keep, self.attn_drop.p, self.training, ctx)
     return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b_, n, c)))
 
 
@@ -406,6 +423,7 @@ def _timm_pvt_forward(self, x, feat_size):
     b, n, c = x.shape
     h, w = feat_size
     q = self.q(x).reshape(b, n, self.num_heads, -1).permute(0, 2, 1, 3)
+    ctx = _context(self.kernel, x, self.num_heads, self.head_dim)
     if self.pool is not None:
         x = x.permute(0, 2, 1).reshape(b, c, h, w)
         x = self.act(self.norm(self.sr(self.pool(x)).reshape(b, c, -1).permute(0, 2, 1)))
@@ -414,7 +432,7 @@ def _timm_pvt_forward(self, x, feat_size):
         x = self.norm(self.sr(x).reshape(b, c, -1).permute(0, 2, 1))
     k, v = self.kv(x).reshape(b, -1, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
     hw = (int(h), int(w)) if self.kernel.needs_hw else None
-    out = _mix(self.kernel, q, k, v, hw, self.scale, None, None, self.attn_drop.p, self.training)
+    out = _mix(self.kernel, q, k, v, hw, self.scale, None, None, self.attn_drop.p, self.training, ctx)
     return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
 
 
@@ -511,7 +529,7 @@ def _mmpretrain_mha_install(m, path, model, lay):
 def _mmpretrain_mha_forward(self, x):
     b, n, _ = x.shape
     q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dims).permute(2, 0, 3, 1, 4).unbind(0)
-    out = _attend_tokens(self, q, k, v, _grid_now(self), self._sf_scale, None, None, float(self.attn_drop))
+    out = _attend_tokens(self, q, k, v, _grid_now(self), self._sf_scale, None, None, float(self.attn_drop), x)
     x = self.proj(out.transpose(1, 2).reshape(b, n, self.embed_dims))
     x = self.out_drop(self.gamma1(self.proj_drop(x)))
     if self.v_shortcut:
@@ -672,7 +690,7 @@ def _mm_sra_forward(self, x, hw_shape, identity=None):
     if self.kernel.needs_hw:  # only reached without spatial reduction: queries and keys share the grid
         q, k, v = _torch_mha_qkv(self.attn, x_q, x_kv, x_kv)
         out = _mix(self.kernel, q, k, v, (int(hw_shape[0]), int(hw_shape[1])), self.attn.head_dim ** -0.5, None,
-                   None, float(self.attn.dropout), self.training)
+                   None, float(self.attn.dropout), self.training, _context(self.kernel, x_q, q.shape[1], q.shape[3]))
         out = F.linear(out.transpose(1, 2).flatten(2), self.attn.out_proj.weight, self.attn.out_proj.bias)
     else:
         out = _torch_mha_attend(self, self.attn, x_q, x_kv, x_kv, None, None)
@@ -1031,6 +1049,8 @@ def _install(model, plan: _Plan) -> dict:
             p.requires_grad_(False)
         m._sf_frozen = frozen
         notes.append(f'{lay.bias} left out (the kernel takes no bias; table kept, frozen)')
+    if kern.takes_context:
+        notes.append("context: the mean of the module's input over the kernel's tokens")
     if kern.needs_hw and lay.prefix:
         notes.append(f"{lay.prefix} prefix token(s) attend over all tokens through "
                      f"{_kernel_label(normalize_cfg(plan.prefix_kernel.name))}; patch tokens through the kernel on "

@@ -180,7 +180,9 @@ def test_grid_kernel_gets_patch_tokens_on_their_grid_and_prefix_tokens_attend_ov
     with torch.no_grad():
         q, k, v = attn.qkv(x).reshape(2, 19, 3, 2, 16).permute(2, 0, 3, 1, 4).unbind(0)
         q, k = attn.q_norm(q), attn.k_norm(k)
-        grid = attn.kernel(q[:, :, 3:], k[:, :, 3:], v[:, :, 3:], hw=(4, 4), scale=16 ** -0.5)
+        assert attn.kernel.takes_context  # InLine's official residual: predicted from the mean patch input
+        grid = attn.kernel(q[:, :, 3:], k[:, :, 3:], v[:, :, 3:], hw=(4, 4), scale=16 ** -0.5,
+                           context=x[:, 3:].mean(1))
         prefix = torch.softmax(q[:, :, :3] @ k.transpose(-2, -1) * 16 ** -0.5, dim=-1) @ v  # plain formula
         expect = attn.proj(torch.cat([prefix, grid], dim=2).transpose(1, 2).reshape(2, 19, 32))
         torch.testing.assert_close(attn(x), expect, atol=1e-5, rtol=1e-5)
@@ -254,6 +256,14 @@ def test_attention_dropout_is_kept_in_training():
     assert (a - b).abs().max() > 1e-4  # dropout acts on the weights
     vit.eval()
     torch.testing.assert_close(vit(x), vit(x))
+    # the explicit path (A, dropout, A @ v + the part A cannot hold) equals the kernel's own forward at p -> 0
+    from softfree_mm.attention import build_attention
+    from softfree_mm.swap import _mix
+    kern = build_attention('inline', num_heads=2, head_dim=8)  # official per-channel residual: not all in A
+    q, k, v = torch.randn(3, 2, 2, 16, 8).unbind(0)
+    ctx = torch.randn(2, 16)
+    torch.testing.assert_close(_mix(kern, q, k, v, (4, 4), None, None, None, 1e-12, True, ctx),
+                               kern(q, k, v, hw=(4, 4), context=ctx), atol=1e-5, rtol=1e-5)
 
 
 def test_detr_cross_attention_masked_memory_equals_deleted_memory():
