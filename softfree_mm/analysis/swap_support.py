@@ -18,6 +18,7 @@ from ..swap import SwapError, swap_attention, swap_summary
 
 
 # ------------------------------------------------------------------------------------------------ tiny models
+# (no stochastic depth: a training step must reach every attention layer)
 def _mm(scope: str, cfg: dict):
     from mmengine.registry import DefaultScope
     import softfree_mm  # noqa: F401  (compat repairs, registries)
@@ -67,18 +68,19 @@ def mmpretrain_vit():
 
 def mmpretrain_swin():
     return _mm('mmpretrain', dict(type='SwinTransformer', img_size=64, window_size=4, out_indices=(0, 1),
+                                  drop_path_rate=0.0,
                                   arch=dict(embed_dims=16, depths=[2, 2], num_heads=[1, 2])))
 
 
 def mmdet_swin():
     return _mm('mmdet', dict(type='SwinTransformer', embed_dims=16, depths=(2, 2), num_heads=(1, 2), window_size=4,
-                             strides=(4, 2), out_indices=(0, 1)))
+                             strides=(4, 2), out_indices=(0, 1), drop_path_rate=0.0))
 
 
 def mmdet_pvt_v2():
     return _mm('mmdet', dict(type='PyramidVisionTransformerV2', embed_dims=8, num_layers=[1, 1, 1, 1],
                              num_heads=[1, 1, 2, 2], sr_ratios=[4, 2, 1, 1], mlp_ratios=[2, 2, 2, 2],
-                             out_indices=(0, 1, 2, 3)))
+                             out_indices=(0, 1, 2, 3), drop_path_rate=0.0))
 
 
 def mmdet_detr_decoder():
