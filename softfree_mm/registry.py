@@ -4,26 +4,31 @@ Every class in ``softfree_mm.models.__all__`` is registered into the MODELS regi
 mmpretrain (whichever are installed) and into this package's own scope, ``softfree_mm``, so that
 ``dict(type='SoftFreeSwin', ...)`` works in any mmdet, mmseg or mmpretrain config with that config's default scope.
 ``SoftFreeSwap`` (a builder function, registered the same way) swaps the attention kernel of any registered model.
+The hooks of ``softfree_mm.engine.hooks`` (``AttentionStatsHook``) go into the HOOKS registries the same way.
 """
 import importlib
 
+from mmengine.registry import HOOKS as MMENGINE_HOOKS
 from mmengine.registry import MODELS as MMENGINE_MODELS
 from mmengine.registry import Registry
 
 from . import models
+from .engine import hooks
 
 # Our own scope; its parent is mmengine's root so scope-qualified names ('softfree_mm.SoftFreeSwin') resolve.
 MODELS = Registry('model', parent=MMENGINE_MODELS, scope='softfree_mm', locations=['softfree_mm.models'])
+HOOKS = Registry('hook', parent=MMENGINE_HOOKS, scope='softfree_mm', locations=['softfree_mm.engine.hooks'])
+HOOK_CLASSES = ('AttentionStatsHook', )
 
 DOWNSTREAM = ('mmdet', 'mmseg', 'mmpretrain')
 REGISTERED = {}
 
 
-def _downstream_registries():
-    regs = {'softfree_mm': MODELS}
+def _downstream_registries(kind='MODELS'):
+    regs = {'softfree_mm': MODELS if kind == 'MODELS' else HOOKS}
     for pkg in DOWNSTREAM:
         try:
-            regs[pkg] = importlib.import_module(f'{pkg}.registry').MODELS
+            regs[pkg] = getattr(importlib.import_module(f'{pkg}.registry'), kind)
         except ImportError:  # a downstream package that is not installed simply gets nothing
             continue
     return regs
@@ -76,6 +81,11 @@ def register_all():
             if name not in reg.module_dict:
                 reg.register_module(name=name, module=fn)
         REGISTERED[scope] = reg
+    for reg in _downstream_registries('HOOKS').values():
+        for name in HOOK_CLASSES:
+            cls = getattr(hooks, name)
+            if reg.get(name) is not cls and name not in reg.module_dict:
+                reg.register_module(module=cls)
     return REGISTERED
 
 

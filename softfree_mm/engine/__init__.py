@@ -1,1 +1,2 @@
-"""Training-time helpers (not imported by ``import softfree_mm``): the shared logic of tools/train.py and test.py."""
+"""Training-time helpers: the shared logic of tools/train.py and test.py (``launch``, imported by the tools only)
+and the hooks of ``engine.hooks`` (registered by ``softfree_mm.registry``)."""

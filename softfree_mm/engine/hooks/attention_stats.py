@@ -1,0 +1,120 @@
+"""``AttentionStatsHook``: the attention norms of seed 000, per layer and head, recorded during training.
+
+Every ``interval`` training iterations the hook watches the forward pass of the current batch (forward pre-hooks on
+the kernels, see :mod:`.capture`) and records, for every attention layer and head, averaged over the batch's
+attention problems (images x windows / stripes; padding queries left out):
+
+* ``{prefix}/{layer}/fro_h{i}``: ||A||_F of head i (and ``fro``: the mean over heads);
+* ``{prefix}/{layer}/jac_h{i}``: the Frobenius norm of the Jacobian of A with respect to its scores, exact closed
+  forms (:mod:`softfree_mm.analysis.norms`); kernels without a score map get no ``jac`` (the log says why once);
+* ``{prefix}/{layer}/rows`` and ``keys``: real query rows per problem and valid keys per row (softmax's bounds:
+  ||A||_F <= sqrt(rows), ||J||_F <= 2 sqrt(rows)).
+
+The numbers go through the runner's visualizer: every backend the config names gets them (``LocalVisBackend``:
+``vis_data/scalars.json`` and ``vis_data/attention_stats.json``; ``TensorboardVisBackend`` where tensorboard is
+installed). Between records no hook is attached to the model: the only cost is one modulo per iteration.
+Plot the curves after training with ``tools/analysis/plot_attention_stats.py``.
+
+    custom_hooks = [dict(type='AttentionStatsHook', interval=50)]
+"""
+from typing import Dict, Optional, Sequence
+
+from mmengine.dist import is_main_process
+from mmengine.hooks import Hook
+from mmengine.model import is_model_wrapper
+
+from ...analysis.norms import call_stats
+from .capture import AttentionCapture
+
+
+class AttentionStatsHook(Hook):
+    """Record ||A||_F and the score-Jacobian norm per attention layer and head every ``interval`` iterations.
+
+    Args:
+        interval (int): record on every ``interval``-th training iteration.
+        first (bool): also record on the first iteration (the norms at initialisation).
+        layers (list[str] | None): layer names to watch (module paths without ``.kernel``); None = all.
+        jacobian (bool): also compute the Jacobian norms.
+        per_head (bool): write one scalar per head (besides the mean over heads).
+        prefix (str): scalar name prefix.
+        file_name (str): the JSON file (in the visualizer's save dir) that gets only these records.
+    """
+
+    priority = 'LOW'
+
+    def __init__(self, interval: int = 50, first: bool = True, layers: Optional[Sequence[str]] = None,
+                 jacobian: bool = True, per_head: bool = True, prefix: str = 'attn',
+                 file_name: str = 'attention_stats.json'):
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise ValueError(f'AttentionStatsHook: interval must be a positive int, got {interval!r}')
+        if layers is not None and (isinstance(layers, str) or not all(isinstance(n, str) for n in layers)):
+            raise TypeError(f'AttentionStatsHook: layers must be a list of layer names or None, got {layers!r}')
+        if not isinstance(file_name, str) or not file_name.endswith('.json') or file_name == 'scalars.json':
+            raise ValueError(f"AttentionStatsHook: file_name must end in '.json' and differ from 'scalars.json', "
+                             f'got {file_name!r}')
+        for name, val in (('first', first), ('jacobian', jacobian), ('per_head', per_head)):
+            if not isinstance(val, bool):
+                raise TypeError(f'AttentionStatsHook: {name} must be True or False, got {val!r}')
+        self.interval, self.first, self.layers = interval, first, None if layers is None else list(layers)
+        self.jacobian, self.per_head, self.prefix, self.file_name = jacobian, per_head, prefix, file_name
+        self._capture: Optional[AttentionCapture] = None
+        self._stats: Dict[str, dict] = {}
+        self._noted = set()
+
+    # ------------------------------------------------------------------ mmengine
+    def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
+        self._detach()
+        if not (self.every_n_train_iters(runner, self.interval) or (self.first and runner.iter == 0)):
+            return
+        if not is_main_process():
+            return
+        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        self._stats = {}
+        self._capture = AttentionCapture(model, layers=self.layers, on_call=self._record, store=False)
+        self._capture.__enter__()
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        if self._capture is None:
+            return
+        self._detach()
+        scalars = self.scalars(self._stats)
+        for name, st in self._stats.items():
+            if st['jac'] is None and name not in self._noted:
+                self._noted.add(name)
+                runner.logger.info(f'AttentionStatsHook: {name}: no Jacobian norm ({st["jac_note"]})')
+        if scalars:
+            runner.visualizer.add_scalars(scalars, step=runner.iter + 1, file_path=self.file_name)
+        self._stats = {}
+
+    def after_train(self, runner) -> None:
+        self._detach()
+
+    def on_exception(self, runner, exception) -> None:  # hooks must never outlive a failed run
+        self._detach()
+
+    # ------------------------------------------------------------------ pieces
+    def _detach(self):
+        if self._capture is not None:
+            self._capture.remove()
+            self._capture = None
+
+    def _record(self, call) -> None:
+        self._stats[call.name] = call_stats(call, jacobian=self.jacobian)
+
+    def scalars(self, stats: Dict[str, dict]) -> Dict[str, float]:
+        out = {}
+        for name, st in stats.items():
+            base = f'{self.prefix}/{name}'
+            out[f'{base}/fro'] = float(st['fro'].mean())
+            if st['jac'] is not None:
+                out[f'{base}/jac'] = float(st['jac'].mean())
+            out[f'{base}/rows'] = float(st['rows'])
+            out[f'{base}/keys'] = float(st['keys'])
+            if self.per_head:
+                for h, v in enumerate(st['fro'].tolist()):
+                    out[f'{base}/fro_h{h}'] = v
+                if st['jac'] is not None:
+                    for h, v in enumerate(st['jac'].tolist()):
+                        out[f'{base}/jac_h{h}'] = v
+        return out
+

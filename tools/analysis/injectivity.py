@@ -1,0 +1,85 @@
+#!/usr/bin/env python
+"""Confusions per image and layer (InLine's injectivity measure): pairs of distinct queries with (nearly) the same
+attention row.
+
+    python tools/analysis/injectivity.py CONFIG CHECKPOINT [--split val] [--num-images 8] [--threshold 1e-3]
+        [--query-threshold 1e-3] [--layer L] [--out work_dirs/analysis/injectivity] [--cfg-options K=V ...]
+
+For every image of the split (the first --num-images) and every attention layer, the pairs of queries that are at
+least --query-threshold apart (L2) but whose attention rows differ by less than --threshold (L2; InLine uses 1e-3)
+are counted within each attention problem (a window's queries share its keys; padding queries left out) and summed
+over the problems of the image, per head. Writes PREFIX.csv (image, layer, kind, head, queries, pairs, confusions)
+and PREFIX.png (mean confusions per image of each layer, summed over heads). CHECKPOINT 'none' measures the
+initialised model. Bad input: one line, exit status 2.
+"""
+import csv
+import os.path as osp
+import sys
+
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+from _cli import Parser, fail, run  # noqa: E402
+
+
+def parse_args(argv=None, doc=__doc__, threshold=True):
+    from mmengine.config import DictAction
+    p = Parser(doc)
+    p.add_argument('config')
+    p.add_argument('checkpoint', help="a .pth file, or 'none' for the initialised model")
+    p.add_argument('--split', default='val', help='train, val or test (the config\'s <split>_dataloader)')
+    p.add_argument('--num-images', type=int, default=8)
+    if threshold:
+        p.add_argument('--threshold', type=float, default=1e-3, help='rows closer than this (L2) are confused')
+        p.add_argument('--query-threshold', type=float, default=1e-3,
+                       help='queries at least this far apart (L2) are distinct')
+    p.add_argument('--layer', help='one layer (name or index); default: every layer')
+    p.add_argument('--out', default=f'work_dirs/analysis/{"injectivity" if threshold else "locality"}',
+                   help='output prefix (.csv, .png)')
+    p.add_argument('--cfg-options', nargs='+', action=DictAction)
+    args = p.parse_args(argv)
+    if args.num_images < 1:
+        p.error(f'--num-images must be >= 1, got {args.num_images}')
+    if threshold and not (args.threshold > 0 and args.query_threshold >= 0):
+        p.error(f'--threshold must be > 0 and --query-threshold >= 0, got {args.threshold}, {args.query_threshold}')
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from softfree_mm.analysis import plots, probe
+    from softfree_mm.analysis.injectivity import call_confusions
+
+    model, cfg = probe.load_model(args.config, args.checkpoint, args.cfg_options)
+    layers = probe.pick_layers(model, args.layer)
+    rows, order = [], []
+    for name, sample in probe.dataset_samples(cfg, args.split, args.num_images, args.config):
+        _, cap = probe.run_backbone(model, sample, layers)
+        for layer, call in cap.calls.items():
+            if layer not in order:
+                order.append(layer)
+            conf, pairs, queries = call_confusions(call, 0, args.threshold, args.query_threshold)
+            for h in range(call.num_heads):
+                rows.append(dict(image=name, layer=layer, kind=call.layout.kind, head=h, queries=queries,
+                                 pairs=int(pairs[h]), confusions=int(conf[h])))
+    csv_path, png_path = probe.out_paths(args.out)
+    write_csv(csv_path, rows, ['image', 'layer', 'kind', 'head', 'queries', 'pairs', 'confusions'])
+    images = sorted({r['image'] for r in rows})
+    means = [sum(r['confusions'] for r in rows if r['layer'] == layer) / len(images) for layer in order]
+    plots.per_layer_bars(order, means, png_path, ylabel='confusions per image (sum over heads)', log=True,
+                         title=f'{osp.basename(args.config)}: {len(images)} {args.split} images, rows closer than '
+                               f'{args.threshold:g} for queries >= {args.query_threshold:g} apart')
+    for layer, m in zip(order, means):
+        print(f'{layer}: {m:.1f} confusions per image')
+    print(f'wrote {csv_path} and {png_path}')
+    return 0
+
+
+def write_csv(path, rows, fields):
+    with open(path, 'w', newline='') as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for r in rows:
+            w.writerow(r)
+
+
+if __name__ == '__main__':
+    sys.exit(run(main))
