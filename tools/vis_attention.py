@@ -46,14 +46,16 @@ def main(argv=None):
     from softfree_mm.analysis import probe
     from softfree_mm.analysis.attention_maps import query_map
 
-    model, cfg = probe.load_model(args.config, args.checkpoint, args.cfg_options)
-    layers = probe.pick_layers(model, args.layer)
+    probe.check_checkpoint(args.checkpoint)
+    cfg = probe.load_config(args.config, args.cfg_options)
     sample = probe.load_image(cfg, args.image)
-    img, cap = probe.run_backbone(model, sample, layers)
-    ih, iw = img.shape[:2]
+    ih, iw = sample['inputs'].shape[-2:]
     xy = tuple(args.query) if args.query else (iw / 2, ih / 2)
     if not (0 <= xy[0] < iw and 0 <= xy[1] < ih):
         fail(f'--query {xy[0]:g} {xy[1]:g} lies outside the {iw}x{ih} network input (after the test pipeline)')
+    model = probe.build_model(cfg, args.checkpoint, args.config)
+    layers = probe.pick_layers(model, args.layer)
+    img, cap = probe.run_backbone(model, sample, layers)
     panels = []
     for name, call in cap.calls.items():
         if args.head != 'mean' and args.head >= call.num_heads:

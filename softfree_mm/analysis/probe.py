@@ -17,10 +17,9 @@ from ..engine.launch import UsageError
 SPLITS = ('train', 'val', 'test')
 
 
-def load_model(config: str, checkpoint: str, cfg_options: Optional[dict] = None, device: str = 'cpu'):
-    """(model in eval mode, config). ``checkpoint='none'``: the freshly initialised model (``init_weights``)."""
-    from mmengine.registry import MODELS, init_default_scope
-    from mmengine.runner import load_checkpoint
+def load_config(config: str, cfg_options: Optional[dict] = None):
+    """The checked config (kernels, model types); its default scope becomes the current one."""
+    from mmengine.registry import init_default_scope
 
     from ..engine import launch
     cfg = launch.load_config(config, cfg_options)
@@ -28,8 +27,21 @@ def load_model(config: str, checkpoint: str, cfg_options: Optional[dict] = None,
     launch.check_model_types(cfg)
     launch.apply_device_settings(cfg, 'none')
     init_default_scope(cfg.default_scope)
+    return cfg
+
+
+def check_checkpoint(checkpoint: str) -> None:
     if checkpoint != 'none' and not osp.isfile(checkpoint):
         raise UsageError(f'checkpoint not found: {checkpoint} (give a .pth file, or none for the initialised model)')
+
+
+def build_model(cfg, checkpoint: str, config: str = '', device: str = 'cpu'):
+    """The config's model in eval mode with the checkpoint's weights (``'none'``: ``init_weights``)."""
+    from mmengine.registry import MODELS
+    from mmengine.runner import load_checkpoint
+
+    from ..engine import launch
+    check_checkpoint(checkpoint)
     model_cfg = cfg.model
     if isinstance(model_cfg, dict) and cfg.get('data_preprocessor') is not None:
         model_cfg.setdefault('data_preprocessor', cfg.data_preprocessor)  # as the Runner merges it
@@ -45,7 +57,7 @@ def load_model(config: str, checkpoint: str, cfg_options: Optional[dict] = None,
             load_checkpoint(model, checkpoint, map_location='cpu', strict=True, logger='silent')
         except Exception as e:  # missing / unexpected keys, shape mismatches, unreadable files
             raise UsageError(f'checkpoint {checkpoint} does not fit {config}: {launch.short_error(e)}') from None
-    return model.to(device).eval(), cfg
+    return model.to(device).eval()
 
 
 def _pipeline_cfg(cfg, split: str):
@@ -81,8 +93,8 @@ def load_image(cfg, path: str) -> dict:
     return test_pipeline(cfg)(dict(img_path=path))
 
 
-def dataset_samples(cfg, split: str, num: int, config: str = '') -> Iterator[Tuple[str, dict]]:
-    """(name, packed sample) for the first ``num`` samples of the split's dataset (demo data written on demand)."""
+def build_dataset(cfg, split: str, config: str = ''):
+    """The split's dataset (demo data written on demand); checked before any model is built."""
     from mmengine.registry import DATASETS
 
     from ..engine import launch
@@ -99,10 +111,15 @@ def dataset_samples(cfg, split: str, num: int, config: str = '') -> Iterator[Tup
         raise UsageError(f'{config}: the {split} dataset does not build: {launch.short_error(e)}') from None
     if len(ds) == 0:
         raise UsageError(f'{config}: the {split} dataset is empty')
+    return ds
+
+
+def dataset_samples(ds, num: int) -> Iterator[Tuple[str, dict]]:
+    """(name, packed sample) for the first ``num`` samples of ``ds``."""
     for i in range(min(num, len(ds))):
         sample = ds[i]
         meta = sample['data_samples'].metainfo if hasattr(sample.get('data_samples'), 'metainfo') else {}
-        yield osp.basename(meta.get('img_path', f'{split}_{i}')), sample
+        yield osp.basename(meta.get('img_path', f'sample_{i}')), sample
 
 
 def _make_demo(root, subset):

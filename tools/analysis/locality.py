@@ -26,10 +26,13 @@ def main(argv=None):
     from softfree_mm.analysis import plots, probe
     from softfree_mm.analysis.locality import call_locality
 
-    model, cfg = probe.load_model(args.config, args.checkpoint, args.cfg_options)
+    probe.check_checkpoint(args.checkpoint)
+    cfg = probe.load_config(args.config, args.cfg_options)
+    ds = probe.build_dataset(cfg, args.split, args.config)
+    model = probe.build_model(cfg, args.checkpoint, args.config)
     layers = probe.pick_layers(model, args.layer)
     rows, order, notes = [], [], {}
-    for name, sample in probe.dataset_samples(cfg, args.split, args.num_images, args.config):
+    for name, sample in probe.dataset_samples(ds, args.num_images):
         _, cap = probe.run_backbone(model, sample, layers)
         for layer, call in cap.calls.items():
             if layer not in order:

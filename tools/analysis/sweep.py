@@ -48,10 +48,10 @@ def main(argv=None):
     for config in args.configs:  # a bad config or option fails here, before any training
         cfg = launch.load_config(config, options)
         node = cfg._cfg_dict
-        for part in args.key.split('.')[:-1]:
+        for part in args.key.split('.'):
             node = node.get(part) if isinstance(node, dict) else None
-        if not isinstance(node, dict):
-            fail(f'--key {args.key}: {config} has no {args.key.rsplit(".", 1)[0]} dict to put the kernel in')
+        if node is None:
+            fail(f'--key {args.key}: {config} has no {args.key} (the kernel config to replace)')
 
     from softfree_mm.analysis import plots
     from softfree_mm.analysis.sweep import FIELDS, markdown, series, sweep

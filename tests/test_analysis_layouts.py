@@ -1,0 +1,213 @@
+"""Attention capture by forward hooks, and each layer's layout in image space, for every backbone.
+
+Guards: one record per kernel, whatever the backbone (XCiT, PVT v1 / v2, Swin, CSwin) and kernel; the recorded
+explicit A reproduces the kernel's output (out == A @ v); the layout puts every token back where it came from: the q
+(and k) the kernel received for query i of problem g equal the projection of the owner block's input at grid
+position ``query_pos[g, i]`` (Swin's shifted / padded windows, CSwin's symmetric stripe padding), PVT's reduced key j
+is the one pooled from the cell its footprint names, XCiT's values are token maps on the grid; query_map draws a
+softmax row where its keys lie, with the mass preserved.
+"""
+import pytest
+import torch
+
+from softfree_mm import models
+from softfree_mm.analysis.attention_maps import query_map
+from softfree_mm.analysis.support import TINY
+from softfree_mm.engine.hooks import AttentionCapture, attention_layers
+
+SIZE = (61, 90)  # odd sizes: padding in Swin / CSwin / PVT v1 patch embedding, partial windows
+
+
+def _build(name, attn='softmax', **kw):
+    torch.manual_seed(0)
+    return getattr(models, name)(**{**TINY[name], **kw}, attn_cfg=attn).eval()
+
+
+def _run(model, b=2):
+    torch.manual_seed(1)
+    x = torch.randn(b, 3, *SIZE)
+    with AttentionCapture(model) as cap, torch.no_grad():
+        model(x)
+    return cap
+
+
+@pytest.mark.parametrize('name', list(TINY))
+def test_capture_records_each_kernel_once_with_its_layout_and_a_matching_matrix(name):
+    model = _build(name, 'linear' if name == 'SoftFreeXCiT' else 'softmax')
+    outputs = {}
+    hooks = [k.register_forward_hook(lambda mod, a, kw, out, n=n: outputs.setdefault(n, out), with_kwargs=True)
+             for n, k in attention_layers(model)]
+    cap = _run(model)
+    for h in hooks:
+        h.remove()
+    assert list(cap.calls) == [n for n, _ in attention_layers(model)]
+    assert cap.image_size == SIZE and cap.batch == 2
+    kinds = {c.layout.kind for c in cap.calls.values()}
+    expected = {'SoftFreeXCiT': {'channel'}, 'SoftFreePVT': {'reduction', 'global'},
+                'SoftFreePVTv2': {'reduction', 'global'}, 'SoftFreeSwin': {'window'},
+                'SoftFreeCSWin': {'stripe', 'global'}}[name]
+    assert kinds == expected, kinds
+    for n, call in cap.calls.items():
+        assert call.q.shape[0] == 2 * call.layout.groups
+        torch.testing.assert_close(call.matrix() @ call.v.float(), outputs[n].float(), rtol=1e-4, atol=1e-5)
+    # no hook is left behind
+    assert all(not k._forward_pre_hooks for _, k in attention_layers(model))
+    assert not model._forward_pre_hooks
+
+
+def _swin_expected_q(model, x):
+    """Per block: the q each grid token projects to, from the block's own norm1 output (B, H, W, heads, d)."""
+    got = {}
+    hooks = []
+    for si, stage in enumerate(model.stages):
+        for bi, blk in enumerate(stage.blocks):
+            def hook(mod, args, out, key=f'stages.{si}.blocks.{bi}.attn', blk=blk):
+                c = out.shape[-1]
+                q = blk.attn.qkv(out)[..., :c]
+                got[key] = q.view(*q.shape[:3], blk.attn.num_heads, -1)
+            hooks.append(blk.norm1.register_forward_hook(hook))
+    return got, hooks
+
+
+def _check_positions(call, expected, b):
+    """call.q[b * G + g, :, i] == expected[b, y, x] for every real query; every grid token is exactly one query."""
+    layout = call.layout
+    hh, w = layout.grid
+    pos = layout.query_pos
+    valid = pos >= 0
+    got = call.q[b * layout.groups:(b + 1) * layout.groups].transpose(1, 2)  # (G, Nq, heads, d)
+    want = expected[b].reshape(hh * w, *expected.shape[-2:])
+    torch.testing.assert_close(got[valid], want[pos[valid]], rtol=1e-5, atol=1e-6)
+    assert (torch.bincount(pos[valid], minlength=hh * w) == 1).all()
+
+
+def test_swin_window_layout_maps_every_query_to_its_token_shifted_and_padded():
+    model = _build('SoftFreeSwin')
+    x = torch.randn(2, 3, *SIZE)
+    expected, hooks = _swin_expected_q(model, x)
+    with AttentionCapture(model) as cap, torch.no_grad():
+        model(x)
+    for h in hooks:
+        h.remove()
+    shifted = [n for n, c in cap.calls.items() if c.layout.extra['shift'] != (0, 0)]
+    padded = [n for n, c in cap.calls.items() if c.layout.extra['padded'] != c.layout.grid]
+    assert shifted and padded
+    for name, call in cap.calls.items():
+        for b in range(2):
+            _check_positions(call, expected[name], b)
+
+
+def test_cswin_stripe_layout_maps_every_query_to_its_token():
+    model = _build('SoftFreeCSWin')
+    got, hooks = {}, []
+    for name, m in model.named_modules():
+        if type(m).__name__ == 'StripeBranch':
+            def hook(mod, args, key=name):
+                q = args[0]
+                got[key] = q.reshape(*q.shape[:3], mod.num_heads, mod.head_dim)
+            hooks.append(m.register_forward_pre_hook(hook))
+    x = torch.randn(2, 3, *SIZE)
+    with AttentionCapture(model) as cap, torch.no_grad():
+        model(x)
+    for h in hooks:
+        h.remove()
+    assert any(c.layout.extra.get('pad', (0,) * 4) != (0, 0, 0, 0) for c in cap.calls.values())
+    for name, call in cap.calls.items():
+        for b in range(2):
+            _check_positions(call, got[name], b)
+
+
+@pytest.mark.parametrize('name', ['SoftFreePVT', 'SoftFreePVTv2'])
+def test_pvt_reduced_keys_come_from_the_cells_their_footprints_name(name):
+    model = _build(name)
+    inputs = {}
+    hooks = [m.register_forward_pre_hook(lambda mod, args, key=n: inputs.setdefault(key, args))
+             for n, m in model.named_modules() if type(m).__name__ == 'SRAttention']
+    x = torch.randn(1, 3, *SIZE)
+    with AttentionCapture(model) as cap, torch.no_grad():
+        model(x)
+    for h in hooks:
+        h.remove()
+    reduced = [n for n, c in cap.calls.items() if c.layout.kind == 'reduction']
+    assert reduced
+    for n in reduced:
+        call, (xin, hw) = cap.calls[n], inputs[n]
+        attn = dict(model.named_modules())[n]
+        layout = call.layout
+        hh, ww = hw
+        # queries: the token order of the grid
+        q = attn.q(xin).view(1, hh * ww, attn.num_heads, attn.head_dim).transpose(1, 2)
+        torch.testing.assert_close(call.q, q)
+        assert torch.equal(layout.query_pos[0], torch.arange(hh * ww))
+        # keys: key j is the sr conv (kernel = stride = r, no padding) of the cell its footprint lists
+        grid = xin.transpose(1, 2).reshape(1, -1, hh, ww)
+        r = attn.sr.stride[0]
+        for j in range(call.k.shape[2]):
+            cell = layout.key_index[0, j]
+            cell = cell[cell >= 0]
+            ys, xs = cell // ww, cell % ww
+            y0, x0 = int(ys.min()), int(xs.min())
+            assert len(cell) == r * r and int(ys.max()) == y0 + r - 1 and int(xs.max()) == x0 + r - 1
+            pooled = attn.sr(grid[:, :, y0:y0 + r, x0:x0 + r]).flatten(1)
+            kv = attn.kv(attn.norm(pooled))
+            k = kv[:, :kv.shape[1] // 2].view(attn.num_heads, attn.head_dim)
+            torch.testing.assert_close(call.k[0, :, j], k, rtol=1e-4, atol=1e-5)
+        assert torch.allclose(layout.key_weight.sum(-1), torch.ones(1, call.k.shape[2]))
+
+
+def test_query_map_draws_softmax_rows_where_their_keys_lie_and_keeps_the_mass():
+    model = _build('SoftFreePVT')
+    cap = _run(model, b=1)
+    for name, call in cap.calls.items():
+        h, w = call.layout.grid
+        ih, iw = SIZE
+        res = query_map(call, (iw - 1, ih - 1), head=0)
+        vals = res['values']
+        assert res['token'] == (h - 1, w - 1)
+        finite = torch.isfinite(vals)
+        assert abs(float(vals[finite].sum()) - 1.0) < 1e-5  # a softmax row spread over the grid keeps its mass
+        if call.num_heads > 1:
+            each = [query_map(call, (iw - 1, ih - 1), head=i)['values'] for i in range(call.num_heads)]
+            torch.testing.assert_close(query_map(call, (iw - 1, ih - 1), head='mean')['values'],
+                                       torch.stack(each).mean(0), equal_nan=True)
+        g, i = call.layout.find_query((h - 1) * w + (w - 1))
+        a = call.matrix(slice(0, 1))[0, 0, i]
+        # every token shows its key's weight divided by the key's cell size
+        for t in range(h * w):
+            y, x = divmod(t, w)
+            hits = (call.layout.key_index[0] == t).nonzero()
+            want = sum(float(a[j]) * float(call.layout.key_weight[0, j, p]) for j, p in hits.tolist())
+            if hits.numel():
+                assert abs(float(vals[y, x]) - want) < 1e-6
+            else:
+                assert not finite[y, x]  # a token no key covers (PVT v1 drops the last rows of a stride) is blank
+
+
+def test_query_map_of_channel_attention_is_the_rows_mix_of_value_maps():
+    model = _build('SoftFreeXCiT')
+    cap = _run(model, b=1)
+    call = next(iter(cap.calls.values()))
+    res = query_map(call, (0, 0), head=1, channel=3)
+    h, w = call.layout.grid
+    q, k, v = call.q[0, 1], call.k[0, 1], call.v[0, 1]  # (d, N): channels are the kernel's tokens
+    a = torch.softmax(q @ k.T, -1)  # scale 1: XCA folds its temperature into q
+    torch.testing.assert_close(res['values'], (a[3] @ v).view(h, w), rtol=1e-5, atol=1e-6)
+    assert res['token'] is None and res['kind'] == 'channel'
+
+
+def test_checkpointed_blocks_are_recorded_once():
+    model = _build('SoftFreeSwin', with_cp=True).train()
+    x = torch.randn(1, 3, 32, 32, requires_grad=True)
+    with AttentionCapture(model) as cap:
+        model(x)[-1].sum().backward()  # the backward pass re-runs every block
+    assert len(cap.calls) == len(attention_layers(model))
+
+
+def test_capture_rejects_unknown_layers_and_models_without_kernels():
+    model = _build('SoftFreeSwin')
+    with pytest.raises(ValueError, match='unknown attention layer'):
+        AttentionCapture(model, layers=['stages.9.blocks.0.attn'])
+    with pytest.raises(ValueError, match='no softfree_mm attention kernel'):
+        AttentionCapture(torch.nn.Linear(2, 2))
+    cap = AttentionCapture(model, layers=lambda n: n.startswith('stages.1'))
+    assert [n for n, _ in cap.layers] == ['stages.1.blocks.0.attn', 'stages.1.blocks.1.attn']
