@@ -40,7 +40,7 @@ import logging
 import re
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -333,25 +333,25 @@ _register('timm ViT attention', ['timm.layers.attention.Attention', 'timm.models
           _timm_vit_layout, _timm_vit_forward, _timm_vit_install)
 
 
-# ============================================================================================ timm: Swin
-def _timm_swin_layout(m, path, model):
+# ============================================================================================ Swin windows
+def _window_layout(m, path, bias_reader: str, shift) -> Layout:
+    """Windows of ``m.window_size`` with a relative position bias; ``shift``: the block's shift (falsy: none)."""
     _need(m, path, 'qkv', 'proj', 'proj_drop', 'attn_drop', 'num_heads', 'scale', 'window_size',
-          'relative_position_bias_table', '_get_rel_pos_bias')
+          'relative_position_bias_table', bias_reader)
     wh, ww = m.window_size
     lay = Layout(num_heads=m.num_heads, head_dim=m.qkv.out_features // (3 * m.num_heads), nq=wh * ww, nk=wh * ww,
                  grid=(wh, ww), scale=m.scale, bias='relative position bias')
-    block = _parent(model, path)
-    shift = tuple(getattr(block, 'shift_size', (0, 0)) or (0, 0))
-    if any(shift) or getattr(block, 'dynamic_mask', False):
+    if shift:
         lay.masks = f'the block shifts its windows (shift_size={shift}) and keeps the regions apart with a mask'
     lay.where = f'{wh}x{ww} windows' + (', shifted (mask)' if lay.masks else '')
     return lay
 
 
-def _timm_swin_forward(self, x, mask=None):
+def _window_forward(self, x, mask, rel_pos_bias):
+    """(B * nW, N, C) window tokens, Swin's additive (nW, N, N) shift mask -> the kernel, as timm's and mm's W-MSA."""
     b_, n, _ = x.shape
     q, k, v = self.qkv(x).reshape(b_, n, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
-    bias = self._get_rel_pos_bias() if self.kernel.supports_bias else None
+    bias = rel_pos_bias(self, n) if self.kernel.supports_bias else None
     keep = _window_keep(mask, b_, n)
     hw = tuple(self.window_size) if self.kernel.needs_hw else None
     ctx = _context(self.kernel, x, q.shape[1], q.shape[3])
@@ -359,23 +359,23 @@ def _timm_swin_forward(self, x, mask=None):
     return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b_, n, -1)))
 
 
+def _timm_swin_layout(m, path, model):
+    block = _parent(model, path)
+    shift = tuple(getattr(block, 'shift_size', (0, 0)) or (0, 0))
+    dynamic = getattr(block, 'dynamic_mask', False)
+    return _window_layout(m, path, '_get_rel_pos_bias', shift if any(shift) or dynamic else None)
+
+
+def _timm_swin_forward(self, x, mask=None):
+    return _window_forward(self, x, mask, lambda m, n: m._get_rel_pos_bias())
+
+
 _register('timm Swin window attention', ['timm.models.swin_transformer.WindowAttention'], _timm_swin_layout,
           _timm_swin_forward)
 
 
-# ============================================================================================ mmdet/mmseg/mmpretrain: Swin
 def _mm_window_layout(m, path, model):
-    _need(m, path, 'qkv', 'proj', 'proj_drop', 'attn_drop', 'num_heads', 'scale', 'window_size',
-          'relative_position_bias_table', 'relative_position_index')
-    wh, ww = m.window_size
-    lay = Layout(num_heads=m.num_heads, head_dim=m.qkv.out_features // (3 * m.num_heads), nq=wh * ww, nk=wh * ww,
-                 grid=(wh, ww), scale=m.scale, bias='relative position bias')
-    shifter = _parent(model, path)
-    shift = getattr(shifter, 'shift_size', 0)
-    if shift:
-        lay.masks = f'the block shifts its windows (shift_size={shift}) and keeps the regions apart with a mask'
-    lay.where = f'{wh}x{ww} windows' + (', shifted (mask)' if lay.masks else '')
-    return lay
+    return _window_layout(m, path, 'relative_position_index', getattr(_parent(model, path), 'shift_size', 0))
 
 
 def _mm_rel_pos_bias(self, n):
@@ -384,14 +384,7 @@ def _mm_rel_pos_bias(self, n):
 
 
 def _mm_window_forward(self, x, mask=None):
-    b_, n, c = x.shape
-    q, k, v = self.qkv(x).reshape(b_, n, 3, self.num_heads, c // self.num_heads).permute(2, 0, 3, 1, 4).unbind(0)
-    bias = _mm_rel_pos_bias(self, n) if self.kernel.supports_bias else None
-    keep = _window_keep(mask, b_, n)
-    hw = tuple(self.window_size) if self.kernel.needs_hw else None
-    ctx = _context(self.kernel, x, self.num_heads, c // self.num_heads)
-    out = _mix(self.kernel, q, k, v, hw, self.scale, bias, keep, self.attn_drop.p, self.training, ctx)
-    return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b_, n, c)))
+    return _window_forward(self, x, mask, _mm_rel_pos_bias)
 
 
 _register('OpenMMLab Swin window attention (W-MSA)',
@@ -399,24 +392,27 @@ _register('OpenMMLab Swin window attention (W-MSA)',
            'mmseg.models.backbones.swin.WindowMSA'], _mm_window_layout, _mm_window_forward)
 
 
-# ============================================================================================ timm: PVTv2
-def _timm_pvt_layout(m, path, model):
-    _need(m, path, 'q', 'kv', 'proj', 'proj_drop', 'attn_drop', 'num_heads', 'head_dim', 'scale', 'sr', 'pool')
-    lay = Layout(num_heads=m.num_heads, head_dim=m.head_dim, nq=24, nk=24, grid=(4, 6), scale=m.scale,
-                 varying='global attention: the token count follows the image size')
-    if m.pool is not None:
+# ============================================================================================ PVT spatial reduction
+def _sra_layout(heads, head_dim, scale, sr_ratio, pooled) -> Layout:
+    """Global attention over an image's tokens, keys spatially reduced by ``sr_ratio`` or pooled to 7x7."""
+    lay = Layout(num_heads=heads, head_dim=head_dim, nq=24, nk=24, grid=(4, 6), scale=scale,
+                 varying='global attention: the token count follows the image size',
+                 where='global, no spatial reduction')
+    if pooled:
         lay.grid, lay.nk = None, 49
         lay.no_grid = 'linear SRA pools the keys to a 7x7 grid, so queries and keys do not share one grid'
         lay.where = 'linear SRA (7x7 pooled keys)'
-    elif m.sr is not None:
-        r = m.sr.stride[0]
+    elif sr_ratio > 1:
         lay.grid, lay.nk = None, 6
-        lay.no_grid = (f'spatial reduction (sr_ratio={r}) gives keys on a coarser grid than the queries; a grid '
-                       'kernel fits the stages without it (sr_ratio=1)')
-        lay.where = f'spatial reduction sr_ratio={r}'
-    else:
-        lay.where = 'global, no spatial reduction'
+        lay.no_grid = (f'spatial reduction (sr_ratio={sr_ratio}) gives keys on a coarser grid than the queries; a '
+                       'grid kernel fits the stages without it (sr_ratio=1)')
+        lay.where = f'spatial reduction sr_ratio={sr_ratio}'
     return lay
+
+
+def _timm_pvt_layout(m, path, model):
+    _need(m, path, 'q', 'kv', 'proj', 'proj_drop', 'attn_drop', 'num_heads', 'head_dim', 'scale', 'sr', 'pool')
+    return _sra_layout(m.num_heads, m.head_dim, m.scale, m.sr.stride[0] if m.sr is not None else 1, m.pool is not None)
 
 
 def _timm_pvt_forward(self, x, feat_size):
@@ -546,7 +542,7 @@ _register('mmpretrain MultiheadAttention (ViT)', ['mmpretrain.models.utils.atten
           _mmpretrain_mha_layout, _mmpretrain_mha_forward, _mmpretrain_mha_install_all)
 
 
-# ============================================================================================ torch / mmcv MultiheadAttention
+# ============================================================================================ torch/mmcv MHA
 def _torch_mha_check(mha, path):
     if not isinstance(mha, nn.MultiheadAttention):
         raise SwapError(f'unknown layout: its .attn is {type(mha).__name__}, not torch.nn.MultiheadAttention')
@@ -665,16 +661,7 @@ def _mm_sra_layout(m, path, model):
     _torch_mha_check(m.attn, path)
     if 'forward' in vars(m):
         raise SwapError('unknown layout: the instance replaces its forward (legacy mmcv < 1.3.17 path)')
-    lay = Layout(num_heads=m.num_heads, head_dim=m.attn.head_dim, nq=24, nk=24, grid=(4, 6),
-                 scale=m.attn.head_dim ** -0.5, varying='global attention: the token count follows the image size')
-    if m.sr_ratio > 1:
-        lay.grid, lay.nk = None, 6
-        lay.no_grid = (f'spatial reduction (sr_ratio={m.sr_ratio}) gives keys on a coarser grid than the queries; '
-                       'a grid kernel fits the stages without it (sr_ratio=1)')
-        lay.where = f'spatial reduction sr_ratio={m.sr_ratio}'
-    else:
-        lay.where = 'global, no spatial reduction'
-    return lay
+    return _sra_layout(m.num_heads, m.attn.head_dim, m.attn.head_dim ** -0.5, m.sr_ratio, False)
 
 
 def _mm_sra_forward(self, x, hw_shape, identity=None):
@@ -819,9 +806,10 @@ def _assign_cfgs(attn_cfg, entries: List[_Entry], selected: List[_Entry]) -> Lis
     if len(cfgs) == len(selected):
         return [copy.deepcopy(c) for c in cfgs]
     stage_txt = f'{len(stages)} stages ({", ".join(stages)}), ' if has_stages else ''
+    per_stage = f'one per stage ({len(stages)}), ' if has_stages else ''
     raise SwapError(f'swap_attention: attn_cfg is a list of {len(cfgs)} kernel configs; the model has {stage_txt}'
-                    f'{len(selected)} selected attention module(s); give one config for all, '
-                    + (f'one per stage ({len(stages)}), ' if has_stages else '') + f'or one per module ({len(selected)})')
+                    f'{len(selected)} selected attention module(s); give one config for all, {per_stage}'
+                    f'or one per module ({len(selected)})')
 
 
 # ============================================================================================ fit checks
@@ -838,15 +826,16 @@ def _misfit(cfg: dict, kern: AttentionKernel, lay: Layout, prefix_cfg) -> Tuple[
     """(code, why) ``kern`` cannot run in ``lay`` (('', '') when it fits), from its declared abilities."""
     name = cfg['type']
     if lay.cross and getattr(kern, 'tie_qk', False):
-        return 'ties_qk', (f"kernel '{name}' ties keys to queries (tie_qk=True), but {lay.cross}; tie_qk=False would take the "
-                'given keys')
+        return 'ties_qk', (f"kernel '{name}' ties keys to queries (tie_qk=True), but {lay.cross}; tie_qk=False "
+                           'would take the given keys')
     if kern.needs_hw and lay.grid is None:
         return 'grid', (f"kernel '{name}' needs the token grid (needs_hw), but {lay.no_grid}; kernels without a grid: "
                 f"{_fits(lambda c: not c.needs_hw)}")
     if kern.needs_hw and lay.prefix and prefix_cfg is None:
-        return 'prefix', (f"kernel '{name}' needs the token grid and the tokens include {lay.prefix} class/register token(s) "
-                "that are not on it, and prefix_attention=None refuses them; pass prefix_attention='softmax' (or "
-                'another kernel without a grid) to let them attend over all tokens')
+        return 'prefix', (f"kernel '{name}' needs the token grid and the tokens include {lay.prefix} class/register "
+                          "token(s) that are not on it, and prefix_attention=None refuses them; pass "
+                          "prefix_attention='softmax' (or another kernel without a grid) to let them attend over all "
+                          'tokens')
     if lay.masks and not kern.supports_mask:
         return 'mask', (f"kernel '{name}' cannot honour a mask, but {lay.masks}; kernels that can: "
                 f"{_fits(lambda c: c.supports_mask)}")
@@ -1004,6 +993,10 @@ def _plan(model, entry: _Entry, cfg: dict, prefix_attention):
         lay = entry.adapter.layout(entry.module, entry.path, model)
     except SwapError as e:
         return where, 'layout', str(e)
+    if not hasattr(type(entry.module), '_sf_original_class'):
+        taken = [n for n in ('kernel', 'prefix_kernel') if hasattr(entry.module, n)]
+        if taken:
+            return where, 'layout', f'the module already has an attribute {taken[0]!r}, where the kernel would go'
     try:
         kern = build_attention(cfg, num_heads=lay.num_heads, head_dim=lay.head_dim)
     except (ValueError, TypeError) as e:
@@ -1029,9 +1022,6 @@ def _install(model, plan: _Plan) -> dict:
     m, lay, kern = plan.entry.module, plan.layout, plan.kernel
     if getattr(type(m), '_sf_original_class', None) is not None:  # swapped before: start from the original
         restore_attention(m)
-    for name in ('kernel', 'prefix_kernel'):
-        if hasattr(m, name):
-            raise SwapError(f'{plan.entry.path}: the module already has an attribute {name!r}; cannot attach the kernel')
     device, dtype = _device_dtype(m)
     m.__class__ = _swapped_class(type(m))
     m.add_module('kernel', kern.to(device=device, dtype=dtype))

@@ -7,9 +7,8 @@ import pickle
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-import softfree_mm
+import softfree_mm  # noqa: F401  (registers SoftFreeSwap and the backbones)
 from mmengine.registry import DefaultScope
 from softfree_mm import swap_attention
 from softfree_mm.analysis.swap_support import MODELS, build, kernel_cfg, outputs, randomize_
