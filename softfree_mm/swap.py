@@ -39,7 +39,7 @@ import functools
 import logging
 import re
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -922,6 +922,13 @@ def restore_attention(model: nn.Module) -> nn.Module:
         for attr in [a for a in vars(m) if a.startswith('_sf_')]:
             delattr(m, attr)
         m.__class__ = orig
+    if not any(hasattr(type(m), '_sf_original_class') for m in model.modules()):
+        for m in model.modules():  # the grid hooks on patch embeddings, once nothing under model reads them
+            ctx = vars(m).pop('_sf_grid_context', None)
+            if ctx is not None:
+                for hooks in (m._forward_pre_hooks, m._forward_hooks):
+                    for key in [k for k, h in hooks.items() if getattr(h, '__self__', None) is ctx]:
+                        del hooks[key]
     return model
 
 
@@ -932,7 +939,6 @@ class _Plan:
     layout: Layout
     kernel: AttentionKernel
     prefix_kernel: Optional[AttentionKernel]
-    notes: List[str] = field(default_factory=list)
 
 
 def swap_attention(model: nn.Module, attn_cfg, *, layers=None, prefix_attention='softmax') -> nn.Module:

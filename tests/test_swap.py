@@ -212,6 +212,8 @@ def test_grid_follows_the_input_size_in_dynamic_timm_and_mmpretrain_vits():
     with torch.no_grad():
         mm(torch.randn(1, 3, 40, 24))
     assert seen == [(5, 3)]
+    restore_attention(mm)  # and the grid hook goes with the swap
+    assert not mm.patch_embed._forward_hooks and not hasattr(mm.patch_embed, '_sf_grid_context')
 
 
 # ------------------------------------------------------------------------------------------------ configs per stage
