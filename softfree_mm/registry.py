@@ -5,12 +5,14 @@ mmpretrain (whichever are installed) and into this package's own scope, ``softfr
 ``dict(type='SoftFreeSwin', ...)`` works in any mmdet, mmseg or mmpretrain config with that config's default scope.
 ``SoftFreeSwap`` (a builder function, registered the same way) swaps the attention kernel of any registered model.
 The hooks of ``softfree_mm.engine.hooks`` (``AttentionStatsHook``) go into the HOOKS registries the same way.
+The ``Scratch`` weight initializer (``init_cfg=dict(type='Scratch')``: train from the module's own initialisation,
+on purpose) is registered into mmengine's root WEIGHT_INITIALIZERS, which every scope falls back to.
 """
 import importlib
 
 from mmengine.registry import HOOKS as MMENGINE_HOOKS
 from mmengine.registry import MODELS as MMENGINE_MODELS
-from mmengine.registry import Registry
+from mmengine.registry import WEIGHT_INITIALIZERS, Registry
 
 from . import models
 from .engine import hooks
@@ -86,6 +88,9 @@ def register_all():
             cls = getattr(hooks, name)
             if reg.get(name) is not cls and name not in reg.module_dict:
                 reg.register_module(module=cls)
+    if WEIGHT_INITIALIZERS.get('Scratch') is None:
+        from .models.layers import ScratchInit
+        WEIGHT_INITIALIZERS.register_module('Scratch', module=ScratchInit)
     return REGISTERED
 
 

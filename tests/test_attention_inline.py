@@ -92,7 +92,8 @@ def test_rows_sum_to_one_and_weights_can_be_negative():
 
 def test_head_residual_matches_per_head_conv2d_reference_on_non_square_grid():
     torch.manual_seed(0)
-    kern = build_attention(dict(type='inline', local_residual='head'), num_heads=H, head_dim=D)  # float32 parameters, float64 input
+    # float32 parameters, float64 input
+    kern = build_attention(dict(type='inline', local_residual='head'), num_heads=H, head_dim=D)
     hw = (3, 5)
     q, k, v = qkv(15, dv=6)
     out = kern(q, k, v, hw=hw)

@@ -169,16 +169,17 @@ def test_values_in_padded_stripe_slots_change_no_valid_output(kernel):
     assert not torch.allclose(run_with(one_valid)[1], ref[1], atol=1e-3)
 
 
-def test_global_window_gives_both_halves_the_whole_grid_without_mask():
+def test_global_window_gives_one_branch_with_all_heads_the_whole_grid_without_mask():
     model = SoftFreeCSWin(arch=dict(TINY), attn_cfg='linear', global_window=True).eval()
     seen = []
+    assert all(len(blk.branches) == 1 for s in model.stages for blk in s.blocks)  # as the official 'I' stages
     for br in model.stages[1].blocks[0].branches:
         br.kernel.register_forward_hook(
             lambda m, args, kwargs, out: seen.append((args[0].shape, kwargs['hw'], kwargs['mask'])),
             with_kwargs=True)
     with torch.no_grad():
         model(torch.randn(1, 3, 67, 85))
-    assert seen == [(torch.Size([1, 1, 9 * 11, 16]), (9, 11), None)] * 2
+    assert seen == [(torch.Size([1, 2, 9 * 11, 16]), (9, 11), None)]
 
 
 # ------------------------------------------------------------------------------------------- conversion

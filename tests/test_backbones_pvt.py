@@ -126,8 +126,13 @@ def test_full_presets_have_the_official_channels_heads_and_reductions():
     assert [s.blocks[0].mlp.fc1.out_features // d for s, d in zip(v1.stages, v1.embed_dims)] == [8, 8, 4, 4]
     assert [tuple(s.pos_embed.shape) for s in v1.stages] == [(1, 56 * 56, 64), (1, 28 * 28, 128),
                                                             (1, 14 * 14, 320), (1, 49, 512)]
-    assert {a: SoftFreePVT.arch_zoo[a]['depths'] for a in SoftFreePVT.arch_zoo} == {
-        'tiny': (2, 2, 2, 2), 'small': (3, 4, 6, 3), 'medium': (3, 4, 18, 3), 'large': (3, 8, 27, 3)}
+    sizes = {'tiny': (2, 2, 2, 2), 'small': (3, 4, 6, 3), 'medium': (3, 4, 18, 3), 'large': (3, 8, 27, 3)}
+    assert {a: SoftFreePVT.arch_zoo[a]['depths'] for a in SoftFreePVT.arch_zoo} == \
+        dict(sizes, **{'inline_' + k: v for k, v in sizes.items()})
+    for size in sizes:  # the official InLine-PVT models: heads 2-4-10-16, no spatial reduction, InLine everywhere
+        preset = SoftFreePVT.arch_zoo['inline_' + size]
+        assert preset['num_heads'] == (2, 4, 10, 16) and preset['sr_ratios'] == (1, 1, 1, 1)
+        assert preset['attn_cfg'] == 'inline' and preset['mlp_ratios'] == (8, 8, 4, 4)
     b0 = SoftFreePVTv2(arch='b0')
     assert b0.out_channels == (32, 64, 160, 256)
     zoo = SoftFreePVTv2.arch_zoo

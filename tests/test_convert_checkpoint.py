@@ -17,7 +17,8 @@ import convert_checkpoint  # noqa: E402
 
 
 def test_every_family_has_a_converter():
-    assert list_converters() == ['cswin', 'pvt', 'pvt_v2', 'swin', 'xcit']
+    assert list_converters() == ['cswin', 'inline_cswin', 'inline_pvt', 'inline_swin', 'pvt', 'pvt_v2', 'soft', 'swin',
+                                 'xcit']
     for fam in list_converters():
         assert callable(get_converter(fam))
 

@@ -1,11 +1,13 @@
 #!/usr/bin/env python
 """Convert an official release or timm checkpoint to softfree_mm's backbone layout.
 
-    python tools/convert_checkpoint.py {xcit|pvt|pvt_v2|swin|cswin} SRC DST [--ema]
+    python tools/convert_checkpoint.py {auto|xcit|pvt|pvt_v2|swin|cswin|soft|inline_swin|inline_pvt|inline_cswin} SRC DST [--ema]
 
-SRC may wrap its weights in 'model', 'state_dict', 'state_dict_ema' or be bare; a whole detector or segmentor
-checkpoint gives its 'backbone.*' weights. DST is a plain ``{'state_dict': ...}`` file that
-``init_cfg=dict(type='Pretrained', checkpoint=DST)`` loads. A file of another family is refused.
+``auto`` detects the family from the key names. SRC may wrap its weights in 'model', 'state_dict', 'state_dict_ema'
+or be bare (the official releases' other entries, such as the training arguments or config, are read as plain
+data, never executed); a whole detector or segmentor checkpoint gives its 'backbone.*' weights. DST is a plain
+``{'state_dict': ...}`` file that ``init_cfg=dict(type='Pretrained', checkpoint=DST)`` loads. The tool prints how
+many keys it placed and names any key the family's backbones do not have; a file of another family is refused.
 """
 import argparse
 import os
@@ -16,34 +18,46 @@ import torch
 
 def main(argv=None):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from softfree_mm.models.converters import family_match, get_converter, list_converters, unwrap_state_dict
+    from softfree_mm.models.converters import (detect_family, family_match, get_converter, list_converters,
+                                               read_checkpoint, unplaced_keys, unwrap_state_dict)
 
+    families = ['auto'] + list_converters()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('family', help=f'one of {", ".join(list_converters())}')
+    parser.add_argument('family', help=f'one of {", ".join(families)}')
     parser.add_argument('src', help='official or timm checkpoint')
     parser.add_argument('dst', help='output file')
     parser.add_argument('--ema', action='store_true', help='take the EMA weights when the file has them')
     args = parser.parse_args(argv)
-    if args.family not in list_converters():
-        parser.error(f'unknown family {args.family!r}; valid: {", ".join(list_converters())}')
+    if args.family not in families:
+        parser.error(f'unknown family {args.family!r}; valid: {", ".join(families)}')
     if not os.path.isfile(args.src):
         parser.error(f'no such checkpoint: {args.src}')
-    # a release file from elsewhere: weights only (torch's safe unpickler)
-    try:
-        raw = torch.load(args.src, map_location='cpu', weights_only=True)
+    try:  # a release file from elsewhere: weights only (torch's safe unpickler)
+        raw = read_checkpoint(args.src)
     except Exception as e:  # noqa: BLE001  (report, don't trace)
         parser.error(f'{args.src} is not a weights-only torch checkpoint: {str(e).splitlines()[0]}')
-    sd = unwrap_state_dict(raw, prefer_ema=args.ema)
-    out = get_converter(args.family)(sd)
-    share = family_match(args.family, out)
+    try:
+        sd = unwrap_state_dict(raw, prefer_ema=args.ema)
+    except ValueError as e:
+        parser.error(f'{args.src}: {e}')
+    if args.family == 'auto':
+        family, out = detect_family(sd)
+    else:
+        family, out = args.family, get_converter(args.family)(sd)
+    share = family_match(family, out)
     if share < 0.6:
-        parser.error(f'{args.src} does not look like a {args.family} checkpoint: after conversion only '
-                     f'{share:.0%} of its {len(out)} keys are {args.family} names (e.g. {sorted(out)[:3]}); '
-                     f'pick the family it was released for: {", ".join(list_converters())}')
+        what = 'any family' if args.family == 'auto' else f'a {family} checkpoint'
+        parser.error(f'{args.src} does not look like {what}: after conversion only {share:.0%} of its {len(out)} '
+                     f'keys are {family} names (e.g. {sorted(out)[:3]}); pick the family it was released for: '
+                     f'{", ".join(list_converters())}')
+    unplaced = unplaced_keys(family, out)
     os.makedirs(os.path.dirname(os.path.abspath(args.dst)), exist_ok=True)
-    torch.save({'state_dict': out, 'meta': {'converted_from': os.path.basename(args.src),
-                                            'family': args.family}}, args.dst)
-    print(f'{args.family}: {len(sd)} keys in, {len(out)} keys out -> {args.dst}')
+    torch.save({'state_dict': out, 'meta': {'converted_from': os.path.basename(args.src), 'family': family}},
+               args.dst)
+    placed = f'{len(out) - len(unplaced)} placed'
+    print(f'{family}: {len(sd)} keys in, {len(out)} keys out, {placed} -> {args.dst}')
+    if unplaced:
+        print(f'{family}: {len(unplaced)} key(s) no {family} backbone has: {unplaced}', file=sys.stderr)
     return 0
 
 

@@ -32,6 +32,45 @@ def expand_attn_cfg(attn_cfg: Union[AttnCfg, Sequence[AttnCfg]], num: int, unit:
     return out
 
 
+def expand_per_block(value, depths: Sequence[int], name: str, owner: str, kind=None) -> List[list]:
+    """One value for every block; or a list/tuple with one entry per stage, each entry one value for the stage's
+    blocks or a list/tuple with exactly one per block. ``kind=None``: kernel configs (validated, fresh copies);
+    else each value must be an instance of ``kind``. Returns one list per stage with one value per block."""
+    num = len(depths)
+    if isinstance(value, (list, tuple)):
+        if len(value) != num:
+            what = f'is a list of {len(value)} kernel configs' if kind is None else \
+                f'={tuple(value)!r} has {len(value)} entries'
+            raise ValueError(f'{owner}: {name}{" " if kind is None else ""}{what} but the model has {num} stages; '
+                             f'give one for all, or exactly {num} (one per stage; a stage\'s entry may be a list '
+                             'with one per block)')
+        stages = list(value)
+    else:
+        stages = [value] * num
+    out = []
+    for i, (v, depth) in enumerate(zip(stages, depths)):
+        if isinstance(v, (list, tuple)):
+            if len(v) != depth:
+                raise ValueError(f'{owner}: {name} for stage {i} is a list of {len(v)} but the stage has {depth} '
+                                 f'blocks; give one value for the stage or exactly {depth}')
+            blocks = list(v)
+        else:
+            blocks = [v] * depth
+        vals = []
+        for j, b in enumerate(blocks):
+            if kind is None:
+                try:
+                    vals.append(normalize_cfg(b))
+                except (KeyError, TypeError, ValueError) as e:
+                    raise type(e)(f'{owner}: {name} for stage {i}: {e}') from None
+            else:
+                if not isinstance(b, kind):
+                    raise TypeError(f'{owner}: {name} entries must be {kind.__name__}, got {b!r}')
+                vals.append(b)
+        out.append(vals)
+    return out
+
+
 def require_kernel_fit(cfg: dict, owner: str, where: str, *, needs_mask: bool = False,
                        varying_length: bool = False) -> type:
     """The kernel class for ``cfg``; a clear build-time error when the backbone must hand it a mask it can't take,
@@ -93,6 +132,41 @@ def per_stage(value, num: int, name: str, kind, owner: str) -> list:
     return vals
 
 
+PRETRAINED_KEYS = ('type', 'checkpoint', 'prefix', 'map_location')
+
+
+class ScratchInit:
+    """``init_cfg=dict(type='Scratch')``: train this module from its own initialisation, on purpose. The det / seg
+    configs start their backbones from pretrained checkpoints; this is how a config says it does not. Registered
+    in mmengine's weight initializers (softfree_mm/registry.py); it changes nothing (the constructors initialise).
+    Keys a merged Pretrained base leaves behind (checkpoint, prefix, map_location) are ignored."""
+
+    def __init__(self, checkpoint=None, prefix=None, map_location=None):
+        pass
+
+    def __call__(self, module):
+        return module
+
+
+def init_from_cfg(module, convert_fn, prefer_ema: bool = False):
+    """Handle a backbone's ``Pretrained`` init_cfg: load the checkpoint through the family's converter (unwrap,
+    prefix, exact key report; a missing local file is a one-line error saying how to make it or opt out).
+    Returns 'loaded' when it did, else None (mmengine's init applies, e.g. ``Scratch``)."""
+    cfg = module.init_cfg
+    if not (isinstance(cfg, dict) and cfg.get('type') == 'Pretrained'):
+        return None
+    name = type(module).__name__
+    unknown = set(cfg) - set(PRETRAINED_KEYS)
+    if unknown or not cfg.get('checkpoint'):
+        raise ValueError(f"{name}: a Pretrained init_cfg takes 'checkpoint' (required), 'prefix', 'map_location'; "
+                         f'got {sorted(cfg)}')
+    from .converters import load_pretrained
+    load_pretrained(module, cfg['checkpoint'], convert_fn=convert_fn, prefix=cfg.get('prefix'),
+                    map_location=cfg.get('map_location', 'cpu'), prefer_ema=prefer_ema)
+    module._is_init = True
+    return 'loaded'
+
+
 class StagedBackbone(BaseModule):
     """What SoftFreeSwin and SoftFreeCSWin share: default init, Pretrained loading through the family's
     converter, stage freezing, the forward over stages with a norm per output, mmpretrain-style layer depths. Subclasses set ``depths``, ``out_indices``,
@@ -118,19 +192,9 @@ class StagedBackbone(BaseModule):
                 trunc_normal_(m.relative_position_bias_table, std=0.02)
 
     def init_weights(self):
-        cfg = self.init_cfg
-        name = type(self).__name__
-        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
-            from .converters import load_pretrained
-            unknown = set(cfg) - {'type', 'checkpoint', 'prefix', 'map_location'}
-            if unknown or 'checkpoint' not in cfg:
-                raise ValueError(f"{name}: a Pretrained init_cfg takes 'checkpoint' (required), 'prefix', "
-                                 f"'map_location'; got {sorted(cfg)}")
-            load_pretrained(self, cfg['checkpoint'], convert_fn=type(self)._convert, prefix=cfg.get('prefix'),
-                            map_location=cfg.get('map_location', 'cpu'))
-            self._is_init = True
+        if init_from_cfg(self, type(self)._convert) == 'loaded':
             return
-        if cfg is None:
+        if self.init_cfg is None:
             self._init_default()
         super().init_weights()
 

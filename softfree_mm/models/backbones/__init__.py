@@ -3,6 +3,7 @@ from .xcit import *  # noqa: F401,F403
 from .pvt import *  # noqa: F401,F403
 from .swin import *  # noqa: F401,F403
 from .cswin import *  # noqa: F401,F403
-from . import xcit, pvt, swin, cswin
+from .soft import *  # noqa: F401,F403
+from . import xcit, pvt, swin, cswin, soft
 
-__all__ = [*xcit.__all__, *pvt.__all__, *swin.__all__, *cswin.__all__]
+__all__ = [*xcit.__all__, *pvt.__all__, *swin.__all__, *cswin.__all__, *soft.__all__]

@@ -2,8 +2,9 @@
 
 Each block splits its heads (and channels) in two: the first half attends inside vertical stripes (full height,
 ``stripe_width`` columns), the second half inside horizontal stripes (``stripe_width`` rows, full width); the last
-stage attends globally with all heads. LePE, a depthwise 3x3 conv on v inside each stripe, is added to the
-attention output. Conv stem 7x7 stride 4 (+LN), 3x3 stride 2 merges (+LN).
+stage, and any stage with ``global_window``, attends over the whole grid with ONE branch holding all heads (as the
+official code: its last stage, and InLine-CSwin's 'I' stages). LePE, a depthwise 3x3 conv on v inside each stripe,
+is added to the attention output. Conv stem 7x7 stride 4 (+LN), 3x3 stride 2 merges (+LN).
 
 Layout (ours): ``patch_embed.{proj,norm}``, ``stages.{i}.downsample.{conv,norm}`` (merge at the *start* of stage
 i > 0), ``stages.{i}.blocks.{j}.{norm1,qkv,branches.{b}.lepe,branches.{b}.kernel.*,proj,norm2,mlp.fc1,mlp.fc2}``,
@@ -13,13 +14,23 @@ Geometry, masks and padding:
 
 * A stripe never exceeds its grid: a stripe width >= the grid side covers the whole side (no padding).
 * Otherwise the grid is padded *symmetrically* across the stripes (as the official detection code) to a stripe
-  multiple, after the qkv projection, with zeros. Pad tokens are masked as keys (a pad query sees itself only and
-  is cropped), and LePE sees zeros there, exactly its own zero padding at an image border: padding changes nothing.
+  multiple, after the qkv projection, with zeros. ``pad_keys='mask'`` (default, ours): pad tokens are masked as keys
+  (a pad query sees itself only and is cropped), and LePE sees zeros there, exactly its own zero padding at an
+  image border: padding changes nothing. ``pad_keys='zeros'`` (the official segmentation code): the zero pad
+  tokens stay in the attention as keys (score 0, value 0), so they take weight from the real keys; use it to
+  fine-tune or evaluate official segmentation weights exactly as they were trained.
 * Stripe width 1 (stage 0 of the presets) never pads, so any kernel fits there; a kernel without mask support in
-  a stripe stage that may pad is refused at build time (``layers.require_kernel_fit``), unless that stage uses
-  ``global_window`` (both halves attend over the whole grid: no stripes, no padding, no mask; the InLine set-up).
-  The last stage is always global.
-* Kernels that need the token grid get ``hw = (stripe_h, stripe_w)``.
+  a stripe stage that may pad is refused at build time (``layers.require_kernel_fit``) under ``pad_keys='mask'``,
+  unless that stage uses ``global_window`` (one branch over the whole grid: no stripes, no padding, no mask; the
+  InLine set-up). The last stage is always global.
+* Kernels that need the token grid get ``hw = (stripe_h, stripe_w)``; kernels that take a context (InLine's
+  official residual) get the mean of the block's input (before its norm) over the image, the branch's channels,
+  as the official code.
+
+Presets: ``tiny``, ``small``, ``base``, ``large`` (softmax CSWin) and the official InLine models ``inline_tiny``
+(depths 2-4-18-1), ``inline_small`` (3-6-29-2), ``inline_base`` (dim 96, 3-6-29-2), all 'IISS': InLine with the
+official per-channel residual over the whole grid in stages 1-2 (the official stripes 56-28 at 224 input),
+softmax stripes 7 in stage 3 and global softmax in stage 4.
 """
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -34,13 +45,20 @@ from ..layers import StagedBackbone, _from_windows, _to_windows, expand_attn_cfg
 
 __all__ = ['SoftFreeCSWin']
 
+_INLINE = dict(stripe_widths=(1, 2, 7, 7), attn_cfg=('inline', 'inline', 'softmax', 'softmax'),
+               global_window=(True, True, False, False))
 ARCH_ZOO: Dict[str, dict] = {
     'tiny': dict(embed_dims=64, depths=(1, 2, 21, 1), num_heads=(2, 4, 8, 16), stripe_widths=(1, 2, 7, 7)),
     'small': dict(embed_dims=64, depths=(2, 4, 32, 2), num_heads=(2, 4, 8, 16), stripe_widths=(1, 2, 7, 7)),
     'base': dict(embed_dims=96, depths=(2, 4, 32, 2), num_heads=(4, 8, 16, 32), stripe_widths=(1, 2, 7, 7)),
     'large': dict(embed_dims=144, depths=(2, 4, 32, 2), num_heads=(6, 12, 24, 24), stripe_widths=(1, 2, 7, 7)),
+    # the official InLine models (LeapLabTHU/InLine, models/inline_cswin.py, cfgs/inline_cswin_{t,s,b}.yaml)
+    'inline_tiny': dict(_INLINE, embed_dims=64, depths=(2, 4, 18, 1), num_heads=(2, 4, 8, 16)),
+    'inline_small': dict(_INLINE, embed_dims=64, depths=(3, 6, 29, 2), num_heads=(2, 4, 8, 16)),
+    'inline_base': dict(_INLINE, embed_dims=96, depths=(3, 6, 29, 2), num_heads=(4, 8, 16, 32)),
 }
 _ARCH_KEYS = ('embed_dims', 'depths', 'num_heads', 'stripe_widths')
+PAD_KEYS = ('mask', 'zeros')
 
 
 def stripe_geometry(hw: Tuple[int, int], stripe: Optional[Tuple[int, int]]):
@@ -55,9 +73,10 @@ def stripe_geometry(hw: Tuple[int, int], stripe: Optional[Tuple[int, int]]):
 
 
 class StripeBranch(nn.Module):
-    """One half of a CSWin block's heads: stripes -> kernel (+ pad-key mask) + LePE -> back to the grid."""
+    """A CSWin block's branch: stripes (or the whole grid) -> kernel (+ pad-key mask) + LePE -> back to the grid."""
 
-    def __init__(self, dim: int, num_heads: int, attn_cfg: dict, direction: Optional[str], stripe_width: int):
+    def __init__(self, dim: int, num_heads: int, attn_cfg: dict, direction: Optional[str], stripe_width: int,
+                 pad_keys: str = 'mask'):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f'SoftFreeCSWin: branch dims {dim} must be divisible by its {num_heads} heads')
@@ -65,6 +84,7 @@ class StripeBranch(nn.Module):
         self.head_dim = dim // num_heads
         self.direction = direction  # 'vertical' | 'horizontal' | None (global)
         self.stripe_width = stripe_width
+        self.pad_keys = pad_keys
         self.kernel = build_attention(attn_cfg, num_heads=num_heads, head_dim=self.head_dim)
         self.lepe = nn.Conv2d(dim, dim, 3, 1, 1, groups=dim)
 
@@ -75,25 +95,29 @@ class StripeBranch(nn.Module):
             return self.stripe_width, hw[1]
         return None
 
-    def forward(self, q, k, v):
-        """q, k, v: (B, H, W, c) -> (B, H, W, c)."""
+    def forward(self, q, k, v, context=None):
+        """q, k, v: (B, H, W, c) -> (B, H, W, c); context (B, c): the kernel's context (when it takes one)."""
         b, h, w, c = q.shape
         (sh, sw), (top, bottom, left, right) = stripe_geometry((h, w), self.stripe((h, w)))
         mask = None
         if top or bottom or left or right:
             q, k, v = (F.pad(t, (0, 0, left, right, top, bottom)) for t in (q, k, v))
-            valid = torch.zeros(q.shape[1:3], dtype=torch.bool, device=q.device)
-            valid[top:top + h, left:left + w] = True
-            valid = _to_windows(valid[None, :, :, None], sh, sw)[..., 0]  # (nW, N)
-            keep = valid[:, None, :] | torch.eye(sh * sw, dtype=torch.bool, device=q.device)  # pad query: itself
-            mask = keep.unsqueeze(1).repeat(b, 1, 1, 1)  # (B * nW, 1, N, N), batch-major like the windows
+            if self.pad_keys == 'mask':
+                valid = torch.zeros(q.shape[1:3], dtype=torch.bool, device=q.device)
+                valid[top:top + h, left:left + w] = True
+                valid = _to_windows(valid[None, :, :, None], sh, sw)[..., 0]  # (nW, N)
+                keep = valid[:, None, :] | torch.eye(sh * sw, dtype=torch.bool, device=q.device)  # pad query: itself
+                mask = keep.unsqueeze(1).repeat(b, 1, 1, 1)  # (B * nW, 1, N, N), batch-major like the windows
         hp, wp = q.shape[1:3]
         n = sh * sw
 
         def heads(t):
             return _to_windows(t, sh, sw).view(-1, n, self.num_heads, self.head_dim).transpose(1, 2)
 
-        out = self.kernel(heads(q), heads(k), heads(v), hw=(sh, sw), scale=None, bias=None, mask=mask)
+        if context is not None:  # one per image -> one per window (windows are batch-major)
+            context = context.repeat_interleave((hp // sh) * (wp // sw), dim=0)
+        out = self.kernel(heads(q), heads(k), heads(v), hw=(sh, sw), scale=None, bias=None, mask=mask,
+                          context=context)
         v_img = _to_windows(v, sh, sw).transpose(1, 2).reshape(-1, c, sh, sw)  # (B * nW, c, sh, sw)
         lepe = self.lepe(v_img).view(-1, self.num_heads, self.head_dim, n).transpose(2, 3)
         out = (out + lepe.to(out.dtype)).transpose(1, 2).reshape(-1, n, c)
@@ -103,20 +127,19 @@ class StripeBranch(nn.Module):
 
 class CSWinBlock(nn.Module):
     def __init__(self, dim, num_heads, stripe_width, global_window, last_stage, attn_cfg, mlp_ratio, qkv_bias,
-                 drop, drop_path, with_cp):
+                 drop, drop_path, with_cp, pad_keys='mask'):
         super().__init__()
         self.with_cp = with_cp
         self.norm1 = nn.LayerNorm(dim)
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        if last_stage:
-            self.branches = nn.ModuleList([StripeBranch(dim, num_heads, attn_cfg, None, stripe_width)])
+        if last_stage or global_window:  # one branch, all heads, the whole grid
+            self.branches = nn.ModuleList([StripeBranch(dim, num_heads, attn_cfg, None, stripe_width, pad_keys)])
         else:
             if num_heads % 2 or dim % 2:
                 raise ValueError(f'SoftFreeCSWin: a stripe stage splits heads in two halves; num_heads={num_heads} '
                                  f'and dims={dim} must be even')
-            dirs = (None, None) if global_window else ('vertical', 'horizontal')
-            self.branches = nn.ModuleList([StripeBranch(dim // 2, num_heads // 2, attn_cfg, d, stripe_width)
-                                           for d in dirs])
+            self.branches = nn.ModuleList([StripeBranch(dim // 2, num_heads // 2, attn_cfg, d, stripe_width,
+                                                        pad_keys) for d in ('vertical', 'horizontal')])
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(drop)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
@@ -128,8 +151,12 @@ class CSWinBlock(nn.Module):
         q, k, v = self.qkv(self.norm1(x)).view(b, h, w, 3, c).unbind(3)
         parts = len(self.branches)
         size = c // parts
+        # the official InLine context: the block input before its norm, averaged over the image
+        mean = x.mean((1, 2)) if any(br.kernel.takes_context for br in self.branches) else None
         y = torch.cat([br(q[..., i * size:(i + 1) * size], k[..., i * size:(i + 1) * size],
-                          v[..., i * size:(i + 1) * size]) for i, br in enumerate(self.branches)], dim=-1)
+                          v[..., i * size:(i + 1) * size],
+                          mean[:, i * size:(i + 1) * size] if br.kernel.takes_context else None)
+                       for i, br in enumerate(self.branches)], dim=-1)
         x = x + self.drop_path(self.proj_drop(self.proj(y)))
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
@@ -182,12 +209,15 @@ class SoftFreeCSWin(StagedBackbone):
     """CSWin Transformer backbone with swappable attention kernels.
 
     Args:
-        arch: 'tiny' | 'small' | 'base' | 'large', or a dict with embed_dims, depths, num_heads, stripe_widths.
+        arch: 'tiny' | 'small' | 'base' | 'large' | 'inline_tiny' | 'inline_small' | 'inline_base', or a dict
+            with embed_dims, depths, num_heads, stripe_widths.
         embed_dims, depths, num_heads, stripe_widths: override the preset.
         attn_cfg: one kernel config for every stage, or one per stage (e.g. InLine's 'IISS':
-            ``['inline', 'inline', 'softmax', 'softmax']``).
-        global_window: bool or one per stage; True = both halves of the heads attend over the whole stage grid
-            (no stripes). The last stage is always global.
+            ``['inline', 'inline', 'softmax', 'softmax']``). Default: the preset's, else 'softmax'.
+        global_window: bool or one per stage; True = one branch with all heads attends over the whole stage grid
+            (no stripes). The last stage is always global. Default: the preset's, else False.
+        pad_keys: 'mask' (default: padded stripe keys are masked, padding changes nothing) or 'zeros' (the
+            official segmentation code: zero pad tokens take part as keys).
         out_indices, frozen_stages, drop_path_rate, with_cp, init_cfg: as :class:`SoftFreeSwin`.
     """
 
@@ -200,8 +230,9 @@ class SoftFreeCSWin(StagedBackbone):
                  depths: Optional[Sequence[int]] = None,
                  num_heads: Optional[Sequence[int]] = None,
                  stripe_widths: Optional[Sequence[int]] = None,
-                 attn_cfg: Union[str, dict, Sequence] = 'softmax',
-                 global_window: Union[bool, Sequence[bool]] = False,
+                 attn_cfg: Union[str, dict, Sequence, None] = None,
+                 global_window: Union[bool, Sequence[bool], None] = None,
+                 pad_keys: str = 'mask',
                  mlp_ratio: float = 4.0,
                  qkv_bias: bool = True,
                  in_channels: int = 3,
@@ -233,6 +264,8 @@ class SoftFreeCSWin(StagedBackbone):
         if len(num_heads) != num_stages or len(stripe_widths) != num_stages:
             raise ValueError(f'{owner}: depths {depths}, num_heads {num_heads} and stripe_widths {stripe_widths} '
                              'must have one entry per stage')
+        if pad_keys not in PAD_KEYS:
+            raise ValueError(f"{owner}: pad_keys must be one of {', '.join(map(repr, PAD_KEYS))}, got {pad_keys!r}")
         if any(not isinstance(s, int) or s < 1 for s in stripe_widths):
             raise ValueError(f'{owner}: stripe_widths must be positive ints, got {stripe_widths}')
         out_indices = tuple(out_indices)
@@ -254,8 +287,11 @@ class SoftFreeCSWin(StagedBackbone):
         self.embed_dims = dims
         self.num_features = dims
         self.out_channels = tuple(dims[i] for i in out_indices)
+        attn_cfg = preset.get('attn_cfg', 'softmax') if attn_cfg is None else attn_cfg
+        global_window = preset.get('global_window', False) if global_window is None else global_window
         cfgs = expand_attn_cfg(attn_cfg, num_stages, 'stage', owner)
         global_window = per_stage(global_window, num_stages, 'global_window', bool, owner)
+        self.pad_keys = pad_keys
         self.attn_cfgs = cfgs
         self.global_window = tuple(global_window)
 
@@ -270,11 +306,13 @@ class SoftFreeCSWin(StagedBackbone):
                      if is_global else
                      f'stage {i} (stripes of width {stripe_widths[i]}, symmetric padding, padded keys masked; set '
                      f'global_window=True for this stage to use it without masks)')
-            require_kernel_fit(cfgs[i], owner, where, needs_mask=not is_global and stripe_widths[i] > 1,
+            require_kernel_fit(cfgs[i], owner, where,
+                               needs_mask=not is_global and stripe_widths[i] > 1 and pad_keys == 'mask',
                                varying_length=True)
             start = sum(depths[:i])
             blocks = [CSWinBlock(dims[i], num_heads[i], stripe_widths[i], global_window[i], last, cfgs[i],
-                                 mlp_ratio, qkv_bias, drop_rate, dpr[start + j], with_cp) for j in range(depths[i])]
+                                 mlp_ratio, qkv_bias, drop_rate, dpr[start + j], with_cp, pad_keys)
+                      for j in range(depths[i])]
             self.stages.append(CSWinStage(dims[i - 1] if i else dims[0], dims[i], i > 0, blocks))
         for i in out_indices:
             self.add_module(f'norm{i}', nn.LayerNorm(dims[i]))
@@ -288,7 +326,8 @@ def convert_cswin(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor
     """Official CSWin layouts -> ours (pure function).
 
     Official names: ``stage1_conv_embed.{0,2}`` (conv, LayerNorm), ``stage{s}.{j}.{qkv,norm1,proj,norm2,
-    mlp.fc1,mlp.fc2,attns.{b}.get_v}``, ``merge{m}.{conv,norm}`` (after stage m), and either the classifier's
+    mlp.fc1,mlp.fc2,attns.{b}.get_v}`` (official InLine-CSwin adds ``attns.{b}.residual.{0,2}``),
+    ``merge{m}.{conv,norm}`` (after stage m), and either the classifier's
     final ``norm`` + ``head`` or the segmentation backbone's per-output ``norm1..norm4``. The head is dropped;
     any other key is kept unchanged so that loading reports it.
     """
@@ -313,6 +352,8 @@ def convert_cswin(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor
             rest = '.'.join(p[2:])
             if rest.startswith('attns.') and p[4] == 'get_v':
                 rest = f'branches.{p[3]}.lepe.' + '.'.join(p[5:])
+            elif rest.startswith('attns.') and p[4] == 'residual':  # official InLine-CSwin
+                rest = f'branches.{p[3]}.kernel.residual.' + '.'.join(p[5:])
             nk = f'stages.{s}.blocks.{p[1]}.{rest}'
         elif p[0].startswith('merge') and p[0][len('merge'):].isdigit():
             nk = f'stages.{int(p[0][len("merge"):])}.downsample.' + '.'.join(p[1:])

@@ -13,6 +13,10 @@ overlapping embeddings (7x7/4 pad 3, 3x3/2 pad 1) map any size to ceil(H / 4), c
 tokens made only of padding, so no token is masked and every kernel works at any input size.
 The spatial-reduction conv follows the official code (floor: a last partial window feeds no key).
 
+InLine (official code, models/inline_pvt.py): the presets ``inline_tiny`` .. ``inline_large`` of ``SoftFreePVT`` are
+PVT v1 with heads 2-4-10-16, no spatial reduction and InLine in every stage; a kernel that takes a context (InLine's
+official residual) gets the mean over the image's tokens of the normed attention input, as the official code.
+
 Layout (ours, shared by v1 and v2): ``stages.{i}.patch_embed.{proj,norm}``, ``stages.{i}.pos_embed`` (v1),
 ``stages.{i}.blocks.{j}.{norm1,attn.{q,kv,sr,norm,proj},norm2,mlp.{fc1,dwconv,fc2}}``, ``stages.{i}.norm`` (v2).
 ``convert_pvt`` maps the official v1 release; ``convert_pvt_v2`` the official v2 release and timm's ``pvt_v2_*``.
@@ -87,7 +91,9 @@ class SRAttention(nn.Module):
         else:
             y = x
         k, v = self.kv(y).reshape(b, -1, 2, h, d).permute(2, 0, 3, 1, 4).unbind(0)
-        out = self.kernel(q, k, v, hw=None if self.reduces else tuple(hw), scale=None, bias=None, mask=None)
+        context = x.mean(1) if self.kernel.takes_context else None  # official InLine: mean of the normed input
+        out = self.kernel(q, k, v, hw=None if self.reduces else tuple(hw), scale=None, bias=None, mask=None,
+                          context=context)
         return self.proj(out.transpose(1, 2).reshape(b, n, c))
 
 
@@ -184,6 +190,7 @@ class _PVTBase(BaseModule):
         if arch not in self.arch_zoo:
             raise ValueError(f'{owner}: unknown arch {arch!r}; valid archs: {", ".join(self.arch_zoo)}')
         preset = self.arch_zoo[arch]
+        attn_cfg = preset.get('attn_cfg', 'softmax') if attn_cfg is None else attn_cfg
         given = dict(embed_dims=embed_dims, depths=depths, num_heads=num_heads, mlp_ratios=mlp_ratios,
                      sr_ratios=sr_ratios)
         cfg = {k: tuple(preset[k] if v is None else v) for k, v in given.items()}
@@ -250,12 +257,8 @@ class _PVTBase(BaseModule):
                 trunc_normal_(s.pos_embed, std=.02)
 
     def init_weights(self):
-        cfg = self.init_cfg
-        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
-            from ..converters import load_pretrained
-            fn = convert_pvt_v2 if self.VERSION == 2 else convert_pvt
-            load_pretrained(self, cfg['checkpoint'], convert_fn=fn, prefix=cfg.get('prefix'))
-            self._is_init = True
+        from ..layers import init_from_cfg
+        if init_from_cfg(self, convert_pvt_v2 if self.VERSION == 2 else convert_pvt) == 'loaded':
             return
         super().init_weights()
 
@@ -313,8 +316,10 @@ class SoftFreePVT(_PVTBase):
     """PVT v1 (T/S/M/L): non-overlapping patch embeddings, learned positions resized to the grid, SRA.
 
     Args:
-        arch: 'tiny' | 'small' | 'medium' | 'large'; explicit per-stage tuples override the preset.
-        attn_cfg: one kernel config for all stages or a list of four.
+        arch: 'tiny' | 'small' | 'medium' | 'large', or the official InLine models 'inline_tiny' | 'inline_small' |
+            'inline_medium' | 'inline_large' (heads 2-4-10-16, sr_ratios 1-1-1-1, InLine everywhere); explicit
+            per-stage tuples override the preset.
+        attn_cfg: one kernel config for all stages or a list of four. Default: the preset's, else 'softmax'.
         sr_ratios: (8, 4, 2, 1) by default; (1, 1, 1, 1) gives the InLine set-up (no spatial reduction).
         pretrain_img_size: the image size the positional tables were learned at (224: grids 56, 28, 14, 7).
         out_indices, frozen_stages, drop_path_rate, with_cp, init_cfg: as every softfree_mm backbone.
@@ -324,11 +329,17 @@ class SoftFreePVT(_PVTBase):
     VERSION = 1
     _common = dict(embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8), mlp_ratios=(8, 8, 4, 4),
                    sr_ratios=(8, 4, 2, 1))
+    _inline = dict(_common, num_heads=(2, 4, 10, 16), sr_ratios=(1, 1, 1, 1), attn_cfg='inline')
     arch_zoo = {
         'tiny': dict(_common, depths=(2, 2, 2, 2)),
         'small': dict(_common, depths=(3, 4, 6, 3)),
         'medium': dict(_common, depths=(3, 4, 18, 3)),
         'large': dict(_common, depths=(3, 8, 27, 3)),
+        # the official InLine models (LeapLabTHU/InLine, models/inline_pvt.py, cfgs/inline_pvt_{t,s,m,b}.yaml)
+        'inline_tiny': dict(_inline, depths=(2, 2, 2, 2)),
+        'inline_small': dict(_inline, depths=(3, 4, 6, 3)),
+        'inline_medium': dict(_inline, depths=(3, 4, 18, 3)),
+        'inline_large': dict(_inline, depths=(3, 8, 27, 3)),
     }
 
     def __init__(self,
@@ -340,7 +351,7 @@ class SoftFreePVT(_PVTBase):
                  mlp_ratios: Optional[Sequence[float]] = None,
                  sr_ratios: Optional[Sequence[int]] = None,
                  qkv_bias: bool = True,
-                 attn_cfg: Union[str, dict, Sequence] = 'softmax',
+                 attn_cfg: Union[str, dict, Sequence, None] = None,
                  out_indices: Sequence[int] = (0, 1, 2, 3),
                  drop_path_rate: float = 0.1,
                  frozen_stages: int = -1,
@@ -403,6 +414,7 @@ def _official_stage_key(k: str) -> Optional[str]:
     m = re.match(r'^block(\d+)\.(\d+)\.(.*)$', k)
     if m:
         rest = m.group(3).replace('mlp.dwconv.dwconv.', 'mlp.dwconv.')
+        rest = rest.replace('attn.residual.', 'attn.kernel.residual.')  # official InLine-PVT
         return f'stages.{int(m.group(1)) - 1}.blocks.{m.group(2)}.{rest}'
     m = re.match(r'^norm(\d+)\.(.*)$', k)
     if m:
@@ -414,7 +426,8 @@ def _official_stage_key(k: str) -> Optional[str]:
 
 
 def convert_pvt(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    """Official PVT v1 release -> our layout. Pure and idempotent (our layout passes through).
+    """Official PVT v1 release (and the official InLine-PVT releases: ``attn.residual.*`` -> the kernel's) -> our
+    layout. Pure and idempotent (our layout passes through).
 
     Dropped: the classifier (``head``), ``cls_token`` and the final ``norm`` (classification only; our v1 has no
     output norm), and the class-token row of the last stage's positional table (N = s*s + 1 -> s*s).

@@ -18,7 +18,15 @@ Geometry, masks and padding:
   and patch-embedding zero padding of odd sizes is not attention padding and is the same as timm/mmdet.
 * The relative position bias ((2W-1)^2 x heads table) exists only in window stages whose kernel takes a bias;
   global-window stages have no fixed window to index, and kernels that cannot take a bias get none (logged once).
-* Kernels that need the token grid get ``hw = (window_h, window_w)``.
+* Kernels that need the token grid get ``hw = (window_h, window_w)``; kernels that take a context (InLine's official
+  residual) get the mean over the window's real tokens of the normed attention input, as the official code.
+* Attention and window kind can differ block by block within a stage (InLine-Swin-B's stage 3: two InLine blocks
+  with a global window, then softmax blocks in shifted 7x7 windows); the shift alternates with the block index.
+
+Presets: ``tiny``, ``small``, ``base``, ``large`` (softmax Swin) and the official InLine models ``inline_tiny``
+('IIIS'), ``inline_small`` ('IISS'), ``inline_base`` ('IIMS2': stage 3 starts with 2 InLine blocks): InLine
+blocks with the official per-channel residual in global windows (the official window 56 at 224 input), softmax
+blocks in 7x7 windows. Explicit ``attn_cfg`` / ``global_window`` override a preset's.
 """
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -30,16 +38,27 @@ from timm.layers import DropPath, Mlp
 from torch import nn
 
 from ...attention import build_attention
-from ..layers import StagedBackbone, expand_attn_cfg, per_stage, require_kernel_fit, _from_windows, _to_windows
+from ..layers import StagedBackbone, expand_per_block, require_kernel_fit, _from_windows, _to_windows
 
 __all__ = ['SoftFreeSwin']
 
+_T = dict(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24))
+_S = dict(embed_dims=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24))
+_B = dict(embed_dims=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32))
 ARCH_ZOO: Dict[str, dict] = {
-    'tiny': dict(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24)),
-    'small': dict(embed_dims=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24)),
-    'base': dict(embed_dims=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32)),
+    'tiny': _T,
+    'small': _S,
+    'base': _B,
     'large': dict(embed_dims=192, depths=(2, 2, 18, 2), num_heads=(6, 12, 24, 48)),
+    # the official InLine models (LeapLabTHU/InLine, cfgs/inline_swin_{t,s,b}.yaml)
+    'inline_tiny': dict(_T, attn_cfg=('inline', 'inline', 'inline', 'softmax'),
+                        global_window=(True, True, True, False)),
+    'inline_small': dict(_S, attn_cfg=('inline', 'inline', 'softmax', 'softmax'),
+                         global_window=(True, True, False, False)),
+    'inline_base': dict(_B, attn_cfg=('inline', 'inline', ('inline',) * 2 + ('softmax',) * 16, 'softmax'),
+                        global_window=(True, True, (True,) * 2 + (False,) * 16, False)),
 }
+_ARCH_KEYS = ('embed_dims', 'depths', 'num_heads')
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -72,6 +91,20 @@ class WindowGeometry:
     @property
     def needs_pad(self) -> bool:
         return self.padded != self.hw
+
+    def valid(self, shifted: bool) -> Optional[torch.Tensor]:
+        """(nW, N) bool: the real (not padded) tokens of each window, or None when nothing is padded."""
+        if not self.needs_pad:
+            return None
+        key = ('valid', shifted and any(self.shift))
+        if key not in self._masks:
+            (hp, wp), (wh, ww), (sh, sw) = self.padded, self.window, self.shift
+            valid = torch.zeros(hp, wp, dtype=torch.bool, device=self.device)
+            valid[:self.hw[0], :self.hw[1]] = True
+            if key[1]:
+                valid = torch.roll(valid, shifts=(-sh, -sw), dims=(0, 1))
+            self._masks[key] = _to_windows(valid[None, :, :, None], wh, ww)[..., 0]
+        return self._masks[key]
 
     def mask(self, shifted: bool) -> Optional[torch.Tensor]:
         """(nW, 1, N, N) bool keep-mask for this geometry, or None when every key may be seen."""
@@ -154,14 +187,22 @@ class WindowAttention(nn.Module):
         else:
             self.relative_position_bias_table = None
 
-    def forward(self, x, mask=None, hw=None):
+    def forward(self, x, mask=None, hw=None, valid=None):
+        """x (B*nW, N, C) windows; mask (B*nW, 1, N, N) keep-mask or None; valid (B*nW, N) real tokens or None."""
         b, n, c = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         bias = None
         if self.relative_position_bias_table is not None:
             bias = self.relative_position_bias_table[self.relative_position_index.view(-1)]
             bias = bias.view(n, n, self.num_heads).permute(2, 0, 1).unsqueeze(0)
-        out = self.kernel(q, k, v, hw=hw, scale=None, bias=bias, mask=mask)
+        context = None
+        if self.kernel.takes_context:  # the official InLine residual: mean of the window's (real) input tokens
+            if valid is None:
+                context = x.mean(1)
+            else:
+                w = valid.to(x.dtype).unsqueeze(-1)
+                context = (x * w).sum(1) / w.sum(1).clamp_min(1.0)
+        out = self.kernel(q, k, v, hw=hw, scale=None, bias=bias, mask=mask, context=context)
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
 
 
@@ -188,7 +229,10 @@ class SwinBlock(nn.Module):
         if mask is not None:
             n_win = mask.shape[0]
             mask = mask.unsqueeze(0).expand(b, -1, -1, -1, -1).reshape(b * n_win, *mask.shape[1:])
-        y = self.attn(_to_windows(x, wh, ww), mask=mask, hw=(wh, ww))
+        valid = geo.valid(self.shifted) if self.attn.kernel.takes_context else None
+        if valid is not None:
+            valid = valid.unsqueeze(0).expand(b, -1, -1).reshape(-1, valid.shape[-1])
+        y = self.attn(_to_windows(x, wh, ww), mask=mask, hw=(wh, ww), valid=valid)
         y = _from_windows(y, wh, ww, hp, wp)
         if sh or sw:
             y = torch.roll(y, shifts=(sh, sw), dims=(1, 2))
@@ -205,23 +249,23 @@ class SwinBlock(nn.Module):
 
 
 class SwinStage(nn.Module):
-    def __init__(self, in_dim, dim, depth, num_heads, window, attn_cfg, mlp_ratio, qkv_bias, drop, drop_paths,
-                 with_bias_table, with_cp, downsample: bool):
+    def __init__(self, in_dim, dim, num_heads, windows, attn_cfgs, mlp_ratio, qkv_bias, drop, drop_paths,
+                 with_bias_tables, with_cp, downsample: bool):
         super().__init__()
-        self.window = window  # None = global window
+        self.windows = tuple(windows)  # one per block; None = global window
         self.downsample = PatchMerging(in_dim, dim) if downsample else None
         self.blocks = nn.ModuleList([
-            SwinBlock(dim, num_heads, window, shifted=(window is not None and j % 2 == 1), attn_cfg=attn_cfg,
+            SwinBlock(dim, num_heads, window, shifted=(window is not None and j % 2 == 1), attn_cfg=cfg,
                       mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop=drop, drop_path=drop_paths[j],
-                      with_bias_table=with_bias_table, with_cp=with_cp)
-            for j in range(depth)])
+                      with_bias_table=with_bias, with_cp=with_cp)
+            for j, (window, cfg, with_bias) in enumerate(zip(windows, attn_cfgs, with_bias_tables))])
 
     def forward(self, x):
         if self.downsample is not None:
             x = self.downsample(x)
-        geo = WindowGeometry(tuple(x.shape[1:3]), self.window, x.device)
-        for blk in self.blocks:
-            x = blk(x, geo)
+        geos = {w: WindowGeometry(tuple(x.shape[1:3]), w, x.device) for w in set(self.windows)}
+        for blk, window in zip(self.blocks, self.windows):
+            x = blk(x, geos[window])
         return x
 
 
@@ -230,11 +274,14 @@ class SoftFreeSwin(StagedBackbone):
     """Swin Transformer backbone with swappable attention kernels.
 
     Args:
-        arch: 'tiny' | 'small' | 'base' | 'large', or a dict with embed_dims, depths, num_heads.
+        arch: 'tiny' | 'small' | 'base' | 'large' | 'inline_tiny' | 'inline_small' | 'inline_base', or a dict with
+            embed_dims, depths, num_heads.
         embed_dims, depths, num_heads: override the preset.
-        attn_cfg: one kernel config (name or dict) for every stage, or a list with one per stage.
-        global_window: bool or one bool per stage; True = the window is the stage's whole token grid (no
-            shift, no padding, no mask, no relative position bias).
+        attn_cfg: one kernel config (name or dict) for every stage, or a list with one per stage, where a stage's
+            entry may itself be a list with one config per block. Default: the preset's, else 'softmax'.
+        global_window: bool, or one per stage (a stage's entry may be one per block); True = the window is the
+            stage's whole token grid (no shift, no padding, no mask, no relative position bias). Default: the
+            preset's, else False.
         window_size: window side of the non-global stages (7).
         out_indices: which stage outputs to return (NCHW, strides 4, 8, 16, 32), each through ``norm{i}``.
         frozen_stages: -1 none; 0 the patch embedding; k >= 1 also stages 0..k-1 and their output norms.
@@ -251,8 +298,8 @@ class SoftFreeSwin(StagedBackbone):
                  embed_dims: Optional[int] = None,
                  depths: Optional[Sequence[int]] = None,
                  num_heads: Optional[Sequence[int]] = None,
-                 attn_cfg: Union[str, dict, Sequence] = 'softmax',
-                 global_window: Union[bool, Sequence[bool]] = False,
+                 attn_cfg: Union[str, dict, Sequence, None] = None,
+                 global_window: Union[bool, Sequence, None] = None,
                  window_size: int = 7,
                  mlp_ratio: float = 4.0,
                  qkv_bias: bool = True,
@@ -272,7 +319,7 @@ class SoftFreeSwin(StagedBackbone):
                                  '(or a dict with embed_dims, depths, num_heads)')
             preset = dict(ARCH_ZOO[arch])
         elif isinstance(arch, dict):
-            need = {'embed_dims', 'depths', 'num_heads'}
+            need = set(_ARCH_KEYS)
             if set(arch) != need:
                 raise ValueError(f'SoftFreeSwin: an arch dict needs exactly the keys {sorted(need)}, '
                                  f'got {sorted(arch)}')
@@ -308,10 +355,12 @@ class SoftFreeSwin(StagedBackbone):
         self.num_features = dims
         self.out_channels = tuple(dims[i] for i in out_indices)
 
-        cfgs = expand_attn_cfg(attn_cfg, num_stages, 'stage', 'SoftFreeSwin')
-        global_window = per_stage(global_window, num_stages, 'global_window', bool, 'SoftFreeSwin')
+        attn_cfg = preset.get('attn_cfg', 'softmax') if attn_cfg is None else attn_cfg
+        global_window = preset.get('global_window', False) if global_window is None else global_window
+        cfgs = expand_per_block(attn_cfg, depths, 'attn_cfg', 'SoftFreeSwin')
+        global_window = expand_per_block(global_window, depths, 'global_window', 'SoftFreeSwin', kind=bool)
         self.attn_cfgs = cfgs
-        self.global_window = tuple(global_window)
+        self.global_window = tuple(tuple(g) for g in global_window)
 
         self.patch_embed = PatchEmbed(in_channels, embed_dims, patch_size, patch_norm)
         self.drop_after_pos = nn.Dropout(drop_rate)
@@ -319,23 +368,30 @@ class SoftFreeSwin(StagedBackbone):
         no_bias = []
         self.stages = nn.ModuleList()
         for i in range(num_stages):
-            if global_window[i]:
-                cls = require_kernel_fit(cfgs[i], 'SoftFreeSwin', f'stage {i} (global window)', varying_length=True)
-                window = None
-            else:
-                cls = require_kernel_fit(
-                    cfgs[i], 'SoftFreeSwin',
-                    f'stage {i} ({window_size}x{window_size} shifted windows, padded keys masked; '
-                    f'set global_window=True for this stage to use it without masks)', needs_mask=True)
-                window = window_size
-            with_bias_table = cls.supports_bias and window is not None
-            if not with_bias_table:
-                no_bias.append(f"stage {i} ('{cfgs[i]['type']}', "
-                               f"{'global window' if window is None else 'kernel takes no bias'})")
+            windows, with_bias = [], []
+            uniform = len(set(global_window[i])) == 1 and all(c == cfgs[i][0] for c in cfgs[i])
+            for j, (cfg, is_global) in enumerate(zip(cfgs[i], global_window[i])):
+                where = f'stage {i}' if uniform else f'stage {i} block {j}'
+                if is_global:
+                    cls = require_kernel_fit(cfg, 'SoftFreeSwin', f'{where} (global window)', varying_length=True)
+                    window = None
+                else:
+                    cls = require_kernel_fit(
+                        cfg, 'SoftFreeSwin',
+                        f'{where} ({window_size}x{window_size} shifted windows, padded keys masked; '
+                        f'set global_window=True for this stage to use it without masks)', needs_mask=True)
+                    window = window_size
+                windows.append(window)
+                with_bias.append(cls.supports_bias and window is not None)
+                if not with_bias[-1]:
+                    note = (f"stage {i} ('{cfg['type']}', "
+                            f"{'global window' if window is None else 'kernel takes no bias'})")
+                    if note not in no_bias:
+                        no_bias.append(note)
             start = sum(depths[:i])
             self.stages.append(SwinStage(
-                dims[i - 1] if i else dims[0], dims[i], depths[i], num_heads[i], window, cfgs[i], mlp_ratio,
-                qkv_bias, drop_rate, dpr[start:start + depths[i]], with_bias_table, with_cp, downsample=i > 0))
+                dims[i - 1] if i else dims[0], dims[i], num_heads[i], windows, cfgs[i], mlp_ratio,
+                qkv_bias, drop_rate, dpr[start:start + depths[i]], with_bias, with_cp, downsample=i > 0))
         if no_bias:
             print_log('SoftFreeSwin: no relative position bias table in ' + ', '.join(no_bias), logger='current')
         for i in out_indices:
@@ -365,7 +421,8 @@ def _unfold_to_official(t: torch.Tensor) -> torch.Tensor:
 def convert_swin(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """Official Swin release / timm / mmdet Swin layouts -> ours (pure function).
 
-    * official: ``layers.{i}.blocks.{j}.*``, ``layers.{i}.downsample.*`` after stage i, final ``norm``, ``head``.
+    * official: ``layers.{i}.blocks.{j}.*``, ``layers.{i}.downsample.*`` after stage i, final ``norm``, ``head``;
+      the official InLine-Swin releases add ``attn.residual.{0,2}`` (the kernel's ``attn.kernel.residual``).
     * timm: the same names, but ``layers.{i}.downsample`` *before* stage i, ``head.fc``.
     * mmdet: ``stages.{i}.blocks.{j}.attn.w_msa.*``, ``ffn.layers.*``, ``patch_embed.projection``,
       ``stages.{i}.downsample`` after stage i with nn.Unfold channel order, ``norm{i}``.
@@ -406,7 +463,7 @@ def convert_swin(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]
                 if p[2] == 'downsample':
                     nk = f'stages.{i + 1 if official else i}.downsample.' + '.'.join(p[3:])
                 else:
-                    nk = 'stages.' + '.'.join(p[1:])
+                    nk = 'stages.' + '.'.join(p[1:]).replace('.attn.residual.', '.attn.kernel.residual.')
             elif k.startswith('norm.'):
                 nk = f'norm{last}.' + k[len('norm.'):]
         out[nk] = v

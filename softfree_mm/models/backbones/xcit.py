@@ -369,11 +369,8 @@ class SoftFreeXCiT(BaseModule):
             trunc_normal_(self.cls_token, std=.02)
 
     def init_weights(self):
-        cfg = self.init_cfg
-        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
-            from ..converters import load_pretrained
-            load_pretrained(self, cfg['checkpoint'], convert_fn=convert_xcit, prefix=cfg.get('prefix'))
-            self._is_init = True
+        from ..layers import init_from_cfg
+        if init_from_cfg(self, convert_xcit) == 'loaded':
             return
         super().init_weights()
 

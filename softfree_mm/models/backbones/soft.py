@@ -1,0 +1,412 @@
+"""SOFT's own backbone (Lu et al., NeurIPS 2021 / IJCV 2024): the official ``SoftmaxFreeVisionTransformer``
+computation with a swappable attention kernel in every stage.
+
+Official model (fudan-zvg/SOFT, models/softmax_free_vision_transformer.py), as computed here:
+
+* Stage 1 stem: three 3x3 convs (3 -> 32 stride 2, 32 -> 32, 32 -> C stride 2), each + BatchNorm + ReLU; stages 2-4
+  embed with one 3x3 stride-2 conv + BatchNorm + ReLU. Any input size maps to ceil(H / 4), then ceil(. / 2) per stage.
+* Learned positions per stage (tables of the 224 grids: 56^2, 28^2, 14^2, and 7^2 + 1 for the class token),
+  bilinearly resized to the grid (``align_corners=False``, exact at 224).
+* Stages 1-3: SOFT blocks, POST-norm: ``x = LN(x + attn(x))``, ``x = LN(x + mlp(x))`` with ``mlp`` = fc (C -> 4C),
+  tanh-approximated GELU, fc; the attention has W_q and W_v only (keys tied to queries) and an output projection.
+  The kernel defaults to ``soft`` with landmark ratios 8 / 4 / 2 and convs on v 9 / 5 / 3 (SOFT-Norm for the
+  ``*_norm`` archs). Dropout (the official ``p = drop path rate``) on both residual branches.
+* Stage 4: a class token joins the grid; PVT-style pre-norm blocks with softmax attention (q, kv, proj), no
+  spatial reduction, MLP ratio 4, DropPath; then the final LayerNorm.
+
+Outputs: ``out_type='featmap'`` gives the four stage maps (NCHW, strides 4 / 8 / 16 / 32), stage 4 after the final
+norm and without the class token; ``out_type='cls_token'`` gives the normed class token for a linear head (the
+official classifier).
+
+Any kernel can replace SOFT in stages 1-3 (it gets ``q, k = q, v`` and the grid ``hw``), and any kernel that needs
+no grid the softmax of stage 4 (the class token leaves no (H, W) grid there). No token is padded, so no mask exists.
+
+Layout (ours): ``stages.{i}.patch_embed.proj.{0..8}`` (the official Sequential indices), ``stages.{i}.pos_embed``,
+``stages.{i}.blocks.{j}.{attn.{q,v,proj,kernel.*},norm1,mlp.{fc1,fc2},norm2}`` (stages 0-2),
+``stages.3.blocks.{j}.{norm1,attn.{q,kv,proj},norm2,mlp.{fc1,fc2}}``, ``cls_token``, ``norm``;
+``convert_soft`` maps the official release.
+"""
+import re
+from collections import OrderedDict
+from typing import Dict, Optional, Sequence, Union
+
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint as cp
+from mmcv.cnn import build_norm_layer
+from mmengine.model import BaseModule
+from timm.layers import DropPath, Mlp, trunc_normal_
+from torch import nn
+
+from ...attention import AttentionKernel, build_attention, kernel_class, list_attentions
+from ..layers import expand_attn_cfg, require_kernel_fit
+
+__all__ = ['SoftFreeSOFT']
+
+OWNER = 'SoftFreeSOFT'
+_W = dict(embed_dims=(64, 128, 320, 512), num_heads=(2, 4, 10, 16))
+_SIZES = {
+    'tiny': dict(_W, depths=(1, 2, 3, 2)),
+    'small': dict(_W, depths=(1, 3, 20, 4)),
+    'medium': dict(embed_dims=(64, 128, 288, 512), num_heads=(2, 4, 9, 16), depths=(1, 3, 29, 5)),
+    'large': dict(_W, depths=(1, 3, 40, 5)),
+    'huge': dict(embed_dims=(64, 128, 352, 512), num_heads=(2, 4, 11, 16), depths=(1, 5, 49, 5)),
+}
+# the official soft_{size} and soft_norm_{size} models
+ARCH_ZOO: Dict[str, dict] = {**{k: dict(v, normalized=False) for k, v in _SIZES.items()},
+                             **{f'{k}_norm': dict(v, normalized=True) for k, v in _SIZES.items()}}
+LANDMARK_RATIOS = (8, 4, 2)
+CONV_SIZES = (9, 5, 3)
+POS_SIDES = (56, 28, 14, 7)  # the 224 grids the position tables were learned at
+OUT_TYPES = ('featmap', 'cls_token')
+
+
+def default_attn_cfg(normalized: bool) -> list:
+    """The official kernels per stage: SOFT (ratios 8 / 4 / 2, convs on v 9 / 5 / 3) in stages 1-3, softmax in 4."""
+    return [dict(type='soft', landmark_ratio=r, conv_size=c, normalized=normalized)
+            for r, c in zip(LANDMARK_RATIOS, CONV_SIZES)] + ['softmax']
+
+
+# ---------------------------------------------------------------------- layers
+class ConvEmbed(nn.Module):
+    """The official patch embeddings: 3 x (3x3 conv + BN + ReLU) with strides 2, 1, 2 (stem), or one stride-2 one."""
+
+    def __init__(self, cin: int, dim: int, stem: bool, norm_cfg: dict):
+        super().__init__()
+        if stem:
+            chans, strides = (cin, 32, 32, dim), (2, 1, 2)
+        else:
+            chans, strides = (cin, dim), (2,)
+        layers = []
+        for i, s in enumerate(strides):
+            layers += [nn.Conv2d(chans[i], chans[i + 1], 3, s, 1), build_norm_layer(norm_cfg, chans[i + 1])[1],
+                       nn.ReLU()]
+        self.proj = nn.Sequential(*layers)
+
+    def forward(self, x):
+        x = self.proj(x)
+        return x.flatten(2).transpose(1, 2), (x.shape[2], x.shape[3])
+
+
+class SoftAttentionLayer(nn.Module):
+    """SOFT's attention module: W_q, W_v (no key projection: the kernel gets k = q), kernel, output projection."""
+
+    def __init__(self, dim, num_heads, attn_cfg, where):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f'{OWNER}: {where}: embed dim {dim} must be divisible by num_heads={num_heads}')
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.q = nn.Linear(dim, dim)
+        self.v = nn.Linear(dim, dim)
+        require_kernel_fit(attn_cfg, OWNER, f'{where} (attention over the whole grid)', varying_length=True)
+        self.kernel = build_attention(attn_cfg, num_heads=num_heads, head_dim=self.head_dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x, hw):
+        b, n, c = x.shape
+        q = self.q(x).view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+        v = self.v(x).view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+        context = x.mean(1) if self.kernel.takes_context else None
+        out = self.kernel(q, q, v, hw=tuple(hw), scale=None, bias=None, mask=None, context=context)
+        return self.proj(out.transpose(1, 2).reshape(b, n, c))
+
+
+class SoftBlock(nn.Module):
+    """Stages 1-3, post-norm: x = LN(x + drop(attn(x))); x = LN(x + drop(fc2(gelu_tanh(fc1(x)))))."""
+
+    def __init__(self, dim, num_heads, attn_cfg, drop, where):
+        super().__init__()
+        self.attn = SoftAttentionLayer(dim, num_heads, attn_cfg, where)
+        self.norm1 = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, 4 * dim, act_layer=lambda: nn.GELU(approximate='tanh'))
+        self.norm2 = nn.LayerNorm(dim)
+        self.drop1 = nn.Dropout(drop)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x, hw):
+        x = self.norm1(x + self.drop1(self.attn(x, hw)))
+        return self.norm2(x + self.drop2(self.mlp(x)))
+
+
+class GlobalAttentionLayer(nn.Module):
+    """Stage 4: q, kv, kernel over the class token and the grid (no spatial reduction), output projection."""
+
+    def __init__(self, dim, num_heads, attn_cfg, qkv_bias, where):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f'{OWNER}: {where}: embed dim {dim} must be divisible by num_heads={num_heads}')
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
+        require_kernel_fit(attn_cfg, OWNER, f'{where} (class token + grid)', varying_length=True)
+        self.kernel = build_attention(attn_cfg, num_heads=num_heads, head_dim=self.head_dim)
+        if self.kernel.needs_hw:
+            fits = ', '.join(n for n in list_attentions() if not kernel_class(n).needs_hw)
+            raise ValueError(f"{OWNER}: attention kernel '{attn_cfg['type']}' cannot be used in {where}: the class "
+                             'token joins the grid there, so there is no (H, W) token grid and the kernel needs one '
+                             f'(needs_hw=True); kernels that fit: {fits}')
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q = self.q(x).view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(x).view(b, n, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        context = x.mean(1) if self.kernel.takes_context else None
+        out = self.kernel(q, k, v, hw=None, scale=None, bias=None, mask=None, context=context)
+        return self.proj(out.transpose(1, 2).reshape(b, n, c))
+
+
+class GlobalBlock(nn.Module):
+    """Stage 4, pre-norm (PVT's block without spatial reduction): LayerNorms with eps 1e-6."""
+
+    def __init__(self, dim, num_heads, attn_cfg, mlp_ratio, qkv_bias, drop_path, where):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.attn = GlobalAttentionLayer(dim, num_heads, attn_cfg, qkv_bias, where)
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x, hw=None):
+        x = x + self.drop_path(self.attn(self.norm1(x)))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+class SOFTStage(nn.Module):
+    def __init__(self, patch_embed, blocks, pos_side, dim, with_cls):
+        super().__init__()
+        self.patch_embed = patch_embed
+        self.pos_side = pos_side
+        self.pos_embed = nn.Parameter(torch.zeros(1, pos_side * pos_side + int(with_cls), dim))
+        self.with_cls = with_cls
+        self.blocks = blocks
+
+    def positions(self, hw):
+        """The grid part of the table, bilinearly resized to ``hw`` (as the official code, always resized)."""
+        table = self.pos_embed[:, int(self.with_cls):]
+        s, c = self.pos_side, table.shape[-1]
+        grid = F.interpolate(table.reshape(1, s, s, c).permute(0, 3, 1, 2), size=tuple(hw), mode='bilinear',
+                             align_corners=False)
+        return grid.flatten(2).transpose(1, 2)
+
+
+# ---------------------------------------------------------------------- backbone
+class SoftFreeSOFT(BaseModule):
+    """SOFT's backbone (the official sizes) with swappable attention kernels.
+
+    Args:
+        arch: 'tiny' | 'small' | 'medium' | 'large' | 'huge' (official ``soft_*``) or the same with '_norm'
+            (``soft_norm_*``: SOFT-Norm kernels), or a dict with embed_dims, depths, num_heads (and optionally
+            normalized).
+        attn_cfg: one kernel config for every stage or one per stage; default: the official SOFT kernels in stages
+            1-3 (ratios 8 / 4 / 2, convs on v 9 / 5 / 3, normalised for '*_norm') and softmax in stage 4.
+        out_type: 'featmap' (four NCHW maps) or 'cls_token' (the normed class token, for a linear classifier).
+        out_indices: stages whose maps are returned ('featmap').
+        norm_cfg: the patch embeddings' norm (BN as the official model; SyncBN for multi-GPU training).
+        drop_path_rate: stochastic depth over all blocks: the official SOFT blocks turn their share into dropout on
+            both residual branches, stage 4 into DropPath.
+        frozen_stages: -1 none; k >= 1 freezes stages 0..k-1 (embedding, positions, blocks).
+        with_cp: activation checkpointing per block. init_cfg: ``dict(type='Pretrained', checkpoint=...)`` loads
+            the official release (converted by :func:`convert_soft`; the EMA weights, which the official code
+            evaluates, when the file has them).
+    """
+
+    arch_zoo = ARCH_ZOO
+
+    def __init__(self,
+                 arch: Union[str, dict] = 'small',
+                 in_channels: int = 3,
+                 attn_cfg: Union[str, dict, Sequence, None] = None,
+                 out_type: str = 'featmap',
+                 out_indices: Sequence[int] = (0, 1, 2, 3),
+                 mlp_ratio: float = 4.,
+                 qkv_bias: bool = True,
+                 norm_cfg: dict = dict(type='BN', requires_grad=True),
+                 drop_path_rate: float = 0.1,
+                 frozen_stages: int = -1,
+                 with_cp: bool = False,
+                 init_cfg: Optional[dict] = None):
+        super().__init__(init_cfg=init_cfg)
+        if isinstance(arch, str):
+            if arch not in ARCH_ZOO:
+                raise ValueError(f'{OWNER}: unknown arch {arch!r}; valid archs: {", ".join(ARCH_ZOO)} (or a dict '
+                                 'with embed_dims, depths, num_heads)')
+            preset = dict(ARCH_ZOO[arch])
+        elif isinstance(arch, dict):
+            need, allowed = {'embed_dims', 'depths', 'num_heads'}, {'embed_dims', 'depths', 'num_heads', 'normalized'}
+            if not need <= set(arch) <= allowed:
+                raise ValueError(f'{OWNER}: an arch dict needs the keys {sorted(need)} (and optionally '
+                                 f"'normalized'), got {sorted(arch)}")
+            preset = dict(arch)
+        else:
+            raise TypeError(f'{OWNER}: arch must be a name ({", ".join(ARCH_ZOO)}) or a dict, got {arch!r}')
+        dims, depths, heads = (tuple(preset[k]) for k in ('embed_dims', 'depths', 'num_heads'))
+        if not len(dims) == len(depths) == len(heads) == 4:
+            raise ValueError(f'{OWNER}: embed_dims {dims}, depths {depths} and num_heads {heads} need 4 entries each')
+        if out_type not in OUT_TYPES:
+            raise ValueError(f'{OWNER}: unknown out_type {out_type!r}; valid: {", ".join(OUT_TYPES)}')
+        out_indices = tuple(out_indices)
+        if not out_indices or any(not isinstance(i, int) or not 0 <= i < 4 for i in out_indices):
+            raise ValueError(f'{OWNER}: out_indices must be stage indices in [0, 3], got {out_indices}')
+        if not isinstance(frozen_stages, int) or not -1 <= frozen_stages <= 4:
+            raise ValueError(f'{OWNER}: frozen_stages must be an int in [-1, 4], got {frozen_stages!r}')
+        attn_cfg = default_attn_cfg(preset.get('normalized', False)) if attn_cfg is None else attn_cfg
+        cfgs = expand_attn_cfg(attn_cfg, 4, 'stage', OWNER)
+
+        self.arch = arch
+        self.embed_dims, self.depths, self.num_heads = dims, depths, heads
+        self.out_type = out_type
+        self.out_indices = out_indices
+        self.frozen_stages = frozen_stages
+        self.with_cp = with_cp
+        self.attn_cfgs = cfgs
+        self.num_features = dims
+        self.out_channels = (dims[3],) if out_type == 'cls_token' else tuple(dims[i] for i in out_indices)
+
+        dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        stages, cur, cin = [], 0, in_channels
+        for i in range(4):
+            where = f'stage {i}'
+            pe = ConvEmbed(cin, dims[i], stem=i == 0, norm_cfg=norm_cfg)
+            if i < 3:
+                blocks = [SoftBlock(dims[i], heads[i], cfgs[i], dpr[cur + j], where) for j in range(depths[i])]
+            else:
+                blocks = [GlobalBlock(dims[i], heads[i], cfgs[i], mlp_ratio, qkv_bias, dpr[cur + j], where)
+                          for j in range(depths[i])]
+            stages.append(SOFTStage(pe, nn.ModuleList(blocks), POS_SIDES[i], dims[i], with_cls=i == 3))
+            cur += depths[i]
+            cin = dims[i]
+        self.stages = nn.ModuleList(stages)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dims[3]))
+        self.norm = nn.LayerNorm(dims[3], eps=1e-6)
+        self._init_default()
+        self._freeze_stages()
+
+    # ------------------------------------------------------------------ init / freeze
+    def _init_default(self):
+        """As the official model: trunc-normal(0.02) positions, class token and Linear weights, zero biases, unit
+        LayerNorms; convs and BN keep torch's defaults; kernels keep their own initialisation."""
+        kernel_modules = {id(m) for k in self.modules() if isinstance(k, AttentionKernel) for m in k.modules()}
+        for m in self.modules():
+            if id(m) in kernel_modules:
+                continue
+            if isinstance(m, nn.Linear):
+                trunc_normal_(m.weight, std=.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+        for s in self.stages:
+            trunc_normal_(s.pos_embed, std=.02)
+        trunc_normal_(self.cls_token, std=.02)
+
+    def init_weights(self):
+        from ..layers import init_from_cfg
+        if init_from_cfg(self, convert_soft, prefer_ema=True) == 'loaded':
+            return
+        super().init_weights()
+
+    def _freeze_stages(self):
+        for s in self.stages[:max(self.frozen_stages, 0)]:
+            s.eval()
+            for p in s.parameters():
+                p.requires_grad = False
+        if self.frozen_stages >= 4:
+            self.cls_token.requires_grad = False
+            self.norm.eval()
+            for p in self.norm.parameters():
+                p.requires_grad = False
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self._freeze_stages()
+        return self
+
+    # ------------------------------------------------------------------ forward
+    def _run(self, blk, x, hw):
+        if self.with_cp and self.training and x.requires_grad:
+            return cp.checkpoint(blk, x, hw, use_reentrant=False)
+        return blk(x, hw)
+
+    def forward(self, x):
+        if x.dim() != 4:
+            raise ValueError(f'{OWNER}: expected images (B, C, H, W), got shape {tuple(x.shape)}')
+        b = x.shape[0]
+        outs = []
+        for i, stage in enumerate(self.stages):
+            x, hw = stage.patch_embed(x)
+            x = x + stage.positions(hw)
+            if stage.with_cls:  # the class token with its own position (the table's first row)
+                x = torch.cat([self.cls_token.expand(b, -1, -1) + stage.pos_embed[:, :1], x], dim=1)
+            for blk in stage.blocks:
+                x = self._run(blk, x, hw)
+            if stage.with_cls:
+                x = self.norm(x)
+                if self.out_type == 'cls_token':
+                    return (x[:, 0],)
+                x = x[:, 1:]
+            x = x.transpose(1, 2).reshape(b, -1, hw[0], hw[1]).contiguous()
+            if self.out_type == 'featmap' and i in self.out_indices:
+                outs.append(x)
+        return tuple(outs)
+
+    # ------------------------------------------------------------------ optimiser helpers
+    def get_layer_depth(self, param_name: str, prefix: str = ''):
+        """(layer_id, max_layer_id) as the other backbones: a stage's embedding and positions -> the blocks before
+        it, block j of stage i -> sum(depths[:i]) + j + 1, the class token with stage 4's embedding, the rest last."""
+        num_layers = sum(self.depths) + 2
+        if not param_name.startswith(prefix):
+            return num_layers - 1, num_layers
+        name = param_name[len(prefix):]
+        if name.startswith('stages.'):
+            parts = name.split('.')
+            i = int(parts[1])
+            if parts[2] == 'blocks':
+                return sum(self.depths[:i]) + int(parts[3]) + 1, num_layers
+            return sum(self.depths[:i]), num_layers
+        if name.startswith('cls_token'):
+            return sum(self.depths[:3]), num_layers
+        return num_layers - 1, num_layers
+
+    def no_weight_decay_keys(self):
+        """Parameter-name fragments to exclude from weight decay (mmengine paramwise_cfg custom_keys)."""
+        return ('pos_embed', 'cls_token')
+
+
+# ---------------------------------------------------------------------- checkpoint conversion
+_SOFT_BLOCK = (('att.mha.W_q.', 'attn.q.'), ('att.mha.W_v.', 'attn.v.'), ('att.mha.ff.', 'attn.proj.'),
+               ('att.mha.attn.Qlandmark_op.', 'attn.kernel.landmark_conv.'),
+               ('att.mha.attn.Qnorm_act.0.', 'attn.kernel.landmark_norm.'),
+               ('att.mha.attn.conv.', 'attn.kernel.v_conv.'),
+               ('att.norm1.', 'norm1.'), ('att.norm2.', 'norm2.'), ('att.ff1.', 'mlp.fc1.'), ('att.ff2.', 'mlp.fc2.'))
+
+
+def convert_soft(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """Official SOFT / SOFT-Norm release (``patch_embed{s}``, ``pos_embed{s}``, ``block{s}.{j}.att.mha.*`` and
+    ``block4.{j}.*``, ``cls_token``, ``norm``, ``head``) -> our layout. Pure and idempotent; ``head`` is dropped;
+    any other key is kept unchanged so that loading reports it."""
+    out = OrderedDict()
+    for k, v in state_dict.items():
+        if k.startswith('head.'):
+            continue
+        m = re.match(r'^patch_embed(\d)\.(.*)$', k)
+        if m:
+            out[f'stages.{int(m.group(1)) - 1}.patch_embed.{m.group(2)}'] = v
+            continue
+        m = re.match(r'^pos_embed(\d)$', k)
+        if m:
+            out[f'stages.{int(m.group(1)) - 1}.pos_embed'] = v
+            continue
+        m = re.match(r'^block(\d)\.(\d+)\.(.*)$', k)
+        if m:
+            s, j, rest = int(m.group(1)) - 1, m.group(2), m.group(3)
+            for old, new in _SOFT_BLOCK:
+                if rest.startswith(old):
+                    rest = new + rest[len(old):]
+                    break
+            out[f'stages.{s}.blocks.{j}.{rest}'] = v
+            continue
+        out[k] = v
+    return out
+
