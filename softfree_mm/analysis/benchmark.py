@@ -1,21 +1,94 @@
-"""Kernel speed and memory, as ratios to softmax measured in the same run.
+"""Speed, memory and FLOPs of attention kernels and backbones: the code behind ``tools/benchmark.py``.
 
-Time: median wall time of forward + backward over ``repeats`` runs after a warm-up.
-Memory: bytes of the tensors autograd saves for backward (the activation memory a layer holds during training),
-counted exactly with ``torch.autograd.graph.saved_tensors_hooks``; on CUDA, also the peak allocated memory.
+Three modes, each measured so that the ratios come from one run on one machine:
+
+* ``kernels``: one attention call (B, h, N, d) per kernel and token count: forward (no grad) and forward + backward
+  latency (median over repeats, the kernels alternating within each repeat), the peak memory a call adds on top of
+  its inputs, the bytes autograd saves for backward, and GFLOP/s from the kernel's own multiply-add declaration
+  (``AttentionKernel.flops``). ``matmul`` is a pseudo kernel: the plain ``(q @ k^T) @ v`` of the same size, the
+  speed any attention kernel can hope for. Fitted log-log slopes over N and the N where a kernel overtakes softmax.
+* ``backbone``: backbones x kernels x image sizes, each point in a fresh subprocess: forward and forward + backward
+  latency, images/s, peak memory, parameters and GFLOPs (``analysis/flops.py``).
+* ``compare``: our softmax backbones against the reference implementations (mmdet's Swin and PVTv2, timm's XCiT)
+  with the same weights, outputs checked equal, the two models alternating in one process.
+
+Peak memory: on CUDA the allocator's ``max_memory_allocated``; on CPU the allocations torch's profiler records
+(``profile_memory=True``: every allocation and free of the CPU allocator), whose running sum's maximum is the peak.
 """
+import contextlib
+import json
+import math
+import os
 import statistics
+import subprocess
+import sys
 import time
-from typing import Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from ..attention import build_attention
 
+DTYPES = {'fp32': torch.float32, 'bf16': torch.bfloat16, 'fp16': torch.float16, 'fp64': torch.float64}
+PASSES = ('fwd', 'fwdbwd')
 
-def _saved_bytes(fn) -> int:
-    total = 0
-    seen = set()
+
+# ------------------------------------------------------------------------------------------- measurement
+def synchronize(device) -> None:
+    if torch.device(device).type == 'cuda':
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable, device) -> float:
+    """Wall seconds of one call (device work included)."""
+    synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - t0
+
+
+@contextlib.contextmanager
+def _quiet_profiler():
+    """Kineto writes start/stop lines to stderr (fd 2) on every profile: hide them for the memory runs."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(devnull)
+        os.close(saved)
+
+
+def peak_memory(fn: Callable, device) -> int:
+    """Bytes the call holds at its peak beyond what was allocated before it (inputs, weights)."""
+    dev = torch.device(device)
+    if dev.type == 'cuda':
+        synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        base = torch.cuda.memory_allocated(dev)
+        fn()
+        synchronize(dev)
+        return int(torch.cuda.max_memory_allocated(dev) - base)
+    from torch.profiler import ProfilerActivity, profile
+
+    with _quiet_profiler(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == '[memory]' and e.device_type() ==
+              torch.autograd.DeviceType.CPU]
+    current = peak = 0
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        current += e.nbytes()
+        peak = max(peak, current)
+    return int(peak)
+
+
+def saved_bytes(fn: Callable) -> int:
+    """Bytes of the distinct tensors autograd saves for backward during ``fn``."""
+    total, seen = 0, set()
 
     def pack(t):
         nonlocal total
@@ -26,53 +99,501 @@ def _saved_bytes(fn) -> int:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return total, out
+        fn()
+    return total
 
 
-def measure(cfg, n_side: int, heads: int = 4, head_dim: int = 32, batch: int = 1, repeats: int = 5,
-            device: str = 'cpu', dtype=torch.float32) -> Dict[str, float]:
-    """One kernel at an (n_side x n_side) token grid: seconds for forward+backward and saved bytes."""
-    torch.manual_seed(0)
-    kern = build_attention(cfg, num_heads=heads, head_dim=head_dim).to(device)
-    n = n_side * n_side
-    q, k, v = (torch.randn(batch, heads, n, head_dim, device=device, dtype=dtype, requires_grad=True)
-               for _ in range(3))
-
-    def step():
-        return kern(q, k, v, hw=(n_side, n_side))
-
-    saved, out = _saved_bytes(step)
-    out.float().sum().backward()
-    times = []
-    for _ in range(repeats):
-        if device == 'cuda':
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        step().float().sum().backward()
-        if device == 'cuda':
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return dict(seconds=statistics.median(times), saved_bytes=float(saved))
+def fit_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Least-squares slope of log(y) against log(x)."""
+    lx, ly = [math.log(x) for x in xs], [math.log(max(y, 1e-30)) for y in ys]
+    mx, my = statistics.fmean(lx), statistics.fmean(ly)
+    den = sum((a - mx) ** 2 for a in lx)
+    return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / den if den else float('nan')
 
 
-def compare(kernels: Sequence, sides: Sequence[int], reference='softmax', **kw) -> List[Dict]:
-    """Rows of {kernel, N, seconds, time_ratio, saved_MiB, memory_ratio} against ``reference``."""
+def crossover(ns: Sequence[int], ours: Sequence[float], ref: Sequence[float]) -> Optional[float]:
+    """The N (log-log interpolated) from which ``ours`` stays below ``ref``: None if it never gets below at the
+    largest N, ns[0] if it is below everywhere."""
+    if not ns or ours[-1] >= ref[-1]:
+        return None
+    i = len(ns) - 1
+    while i > 0 and ours[i - 1] < ref[i - 1]:
+        i -= 1
+    if i == 0:
+        return float(ns[0])
+    r0, r1 = math.log(ours[i - 1] / ref[i - 1]), math.log(ours[i] / ref[i])  # r0 >= 0 > r1
+    t = r0 / (r0 - r1)
+    return math.exp(math.log(ns[i - 1]) + t * (math.log(ns[i]) - math.log(ns[i - 1])))
+
+
+# ------------------------------------------------------------------------------------------- kernels
+def kernel_label(cfg) -> str:
+    if isinstance(cfg, str):
+        return cfg
+    rest = ','.join(f'{k}={v}' for k, v in cfg.items() if k != 'type')
+    return f"{cfg['type']}:{rest}" if rest else cfg['type']
+
+
+class _Matmul(torch.nn.Module):
+    """``(q @ k^T) @ v``: the two matrix products of attention at the same size, without an activation."""
+
+    def forward(self, q, k, v, hw=None):
+        return (q @ k.transpose(-2, -1)) @ v
+
+    @staticmethod
+    def flops(nq, nk, d, dv, masked=False):
+        return nq * nk * (d + dv)
+
+
+def build_kernel(cfg, heads: int, head_dim: int):
+    if cfg == 'matmul':
+        return _Matmul()
+    return build_attention(cfg, num_heads=heads, head_dim=head_dim)
+
+
+def _side(n: int) -> Tuple[int, int]:
+    """A token grid for N tokens (kernels with a grid need one): the most square factorisation."""
+    h = math.isqrt(n)
+    while n % h:
+        h -= 1
+    return h, n // h
+
+
+def run_kernels(kernels: Sequence, tokens: Sequence[int], heads: int = 1, head_dim: int = 64, batch: int = 1,
+                dtype: torch.dtype = torch.float32, device='cpu', repeats: int = 3, passes=PASSES,
+                memory: bool = True, reference='softmax', log=None) -> List[Dict]:
+    """Rows of {kernel, N, pass, ms, peak_MiB, saved_MiB, GFLOPs, GFLOP_per_s, time_ratio, memory_ratio}.
+
+    At each N every kernel is warmed up, then timed ``repeats`` times with the kernels alternating (the order
+    rotates every repeat); memory is measured once (it is deterministic). Ratios are against ``reference`` at the
+    same N and pass when it is among ``kernels``.
+    """
     rows = []
-    for side in sides:
-        ref = measure(reference, side, **kw)
-        for cfg in kernels:
-            m = ref if cfg == reference else measure(cfg, side, **kw)
-            name = cfg if isinstance(cfg, str) else ','.join(f'{k}={v}' for k, v in cfg.items()).replace('type=', '')
-            rows.append(dict(kernel=name, N=side * side, seconds=m['seconds'],
-                             time_ratio=m['seconds'] / ref['seconds'], saved_MiB=m['saved_bytes'] / 2 ** 20,
-                             memory_ratio=m['saved_bytes'] / max(ref['saved_bytes'], 1.0)))
+    for n in tokens:
+        torch.manual_seed(0)
+        hw = _side(n)
+        kerns = [build_kernel(c, heads, head_dim).to(device) for c in kernels]
+        q, k, v = (torch.randn(batch, heads, n, head_dim, device=device, dtype=dtype) for _ in range(3))
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+
+        def fwd(kern):
+            with torch.no_grad():
+                kern(q, k, v, hw=hw)
+
+        def fwdbwd(kern):
+            for t in leaves:
+                t.grad = None
+            kern(*leaves, hw=hw).float().sum().backward()
+
+        fns = {'fwd': fwd, 'fwdbwd': fwdbwd}
+        times = {(i, p): [] for i in range(len(kerns)) for p in passes}
+        for i, kern in enumerate(kerns):  # warm-up
+            for p in passes:
+                fns[p](kern)
+        for r in range(repeats):
+            for step in range(len(kerns)):
+                i = (step + r) % len(kerns)
+                for p in passes:
+                    times[(i, p)].append(timed(lambda: fns[p](kerns[i]), device))
+        for i, (cfg, kern) in enumerate(zip(kernels, kerns)):
+            macs = batch * heads * kern.flops(n, n, head_dim, head_dim)
+            for p in passes:
+                sec = statistics.median(times[(i, p)])
+                row = dict(kernel=kernel_label(cfg), N=n, heads=heads, head_dim=head_dim, batch=batch,
+                           dtype=str(dtype).replace('torch.', ''), device=str(device), threads=torch.get_num_threads(),
+                           **{'pass': p}, ms=sec * 1e3, GFLOPs=2 * macs / 1e9 * (1 if p == 'fwd' else 3))
+                row['GFLOP_per_s'] = row['GFLOPs'] / sec
+                if memory:
+                    row['peak_MiB'] = peak_memory(lambda: fns[p](kern), device) / 2 ** 20
+                    if p == 'fwdbwd':
+                        row['saved_MiB'] = saved_bytes(lambda: kern(*leaves, hw=hw)) / 2 ** 20
+                rows.append(row)
+                if log:
+                    log(row)
+        del kerns, q, k, v, leaves
+    _add_ratios(rows, reference)
     return rows
 
 
-def markdown(rows: List[Dict]) -> str:
-    lines = ['| kernel | N | fwd+bwd ms | time / softmax | saved MiB | memory / softmax |', '|---|---|---|---|---|---|']
+def _add_ratios(rows: List[Dict], reference) -> None:
+    ref = {(r['N'], r['pass']): r for r in rows if r['kernel'] == kernel_label(reference)}
     for r in rows:
-        lines.append(f"| {r['kernel']} | {r['N']} | {r['seconds'] * 1e3:.1f} | {r['time_ratio']:.2f} | "
-                     f"{r['saved_MiB']:.1f} | {r['memory_ratio']:.2f} |")
+        base = ref.get((r['N'], r['pass']))
+        if base is None:
+            continue
+        r['time_ratio'] = r['ms'] / base['ms']
+        if 'peak_MiB' in r and base.get('peak_MiB'):
+            r['memory_ratio'] = r['peak_MiB'] / base['peak_MiB']
+
+
+def scaling(rows: List[Dict], reference='softmax') -> List[Dict]:
+    """Per kernel and pass: log-log slope of latency and of peak memory over N, and the N from which the kernel
+    is faster than ``reference`` (None: not within the measured range)."""
+    out = []
+    keys = []
+    for r in rows:  # kernels in the order measured, forward before forward + backward
+        if (r['kernel'], r['pass']) not in keys:
+            keys.append((r['kernel'], r['pass']))
+    keys.sort(key=lambda kp: ([r['kernel'] for r in rows].index(kp[0]), PASSES.index(kp[1])))
+    ref_label = kernel_label(reference)
+    for kernel, p in keys:
+        pts = sorted((r for r in rows if r['kernel'] == kernel and r['pass'] == p), key=lambda r: r['N'])
+        ns = [r['N'] for r in pts]
+        row = dict(kernel=kernel, **{'pass': p}, N_min=ns[0], N_max=ns[-1],
+                   time_slope=fit_slope(ns, [r['ms'] for r in pts]) if len(ns) > 1 else float('nan'))
+        if all('peak_MiB' in r for r in pts) and len(ns) > 1:
+            row['memory_slope'] = fit_slope(ns, [r['peak_MiB'] for r in pts])
+        ref = {r['N']: r['ms'] for r in rows if r['kernel'] == ref_label and r['pass'] == p}
+        if kernel != ref_label and all(n in ref for n in ns):
+            row['faster_than_' + ref_label + '_from_N'] = crossover(ns, [r['ms'] for r in pts], [ref[n] for n in ns])
+        out.append(row)
+    return out
+
+
+# ------------------------------------------------------------------------------------------- tables and files
+def markdown(rows: List[Dict], columns: Sequence[str]) -> str:
+    def fmt(v):
+        if v is None:
+            return '-'
+        if isinstance(v, float):
+            if math.isnan(v):
+                return '-'
+            return f'{v:.3g}' if abs(v) < 100 else f'{v:.0f}'
+        return str(v)
+
+    cols = [c for c in columns if any(c in r for r in rows)]
+    lines = ['| ' + ' | '.join(cols) + ' |', '|' + '---|' * len(cols)]
+    for r in rows:
+        lines.append('| ' + ' | '.join(fmt(r.get(c)) for c in cols) + ' |')
     return '\n'.join(lines)
+
+
+KERNEL_COLUMNS = ('kernel', 'N', 'pass', 'ms', 'time_ratio', 'peak_MiB', 'memory_ratio', 'saved_MiB',
+                  'GFLOP_per_s')
+
+
+def write_csv(rows: List[Dict], path: str) -> None:
+    import csv
+
+    cols: List[str] = []
+    for r in rows:
+        cols += [c for c in r if c not in cols]
+    with open(path, 'w', newline='') as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def plot(rows: List[Dict], path: str, reference='softmax') -> None:
+    """Latency and peak memory against N, log-log, one line per kernel (forward + backward where measured),
+    the fitted slope in the legend."""
+    import matplotlib
+
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    p = 'fwdbwd' if any(r['pass'] == 'fwdbwd' for r in rows) else 'fwd'
+    fits = {s['kernel']: s for s in scaling(rows, reference) if s['pass'] == p}
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    for kernel, s in fits.items():
+        pts = sorted((r for r in rows if r['kernel'] == kernel and r['pass'] == p), key=lambda r: r['N'])
+        ns = [r['N'] for r in pts]
+        axes[0].loglog(ns, [r['ms'] for r in pts], 'o-', label=f"{kernel} (slope {s['time_slope']:.2f})")
+        if 'memory_slope' in s:
+            axes[1].loglog(ns, [max(r['peak_MiB'], 1e-3) for r in pts], 'o-',
+                           label=f"{kernel} (slope {s['memory_slope']:.2f})")
+    what = 'forward + backward' if p == 'fwdbwd' else 'forward'
+    axes[0].set(xlabel='tokens N', ylabel=f'{what} ms', title='latency')
+    axes[1].set(xlabel='tokens N', ylabel='peak MiB beyond the inputs', title='memory')
+    for ax in axes:
+        ax.grid(True, which='both', alpha=0.3)
+        ax.legend(fontsize=7)
+    r0 = rows[0]
+    fig.suptitle(f"B={r0['batch']} heads={r0['heads']} head_dim={r0['head_dim']} {r0['dtype']} {r0['device']} "
+                 f"threads={r0['threads']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------- backbones
+BN = dict(type='BN')
+BACKBONES = {
+    'swin_t': ('SoftFreeSwin', dict(arch='tiny')),
+    'swin_s': ('SoftFreeSwin', dict(arch='small')),
+    'pvt_v2_b0': ('SoftFreePVTv2', dict(arch='b0')),
+    'pvt_v2_b2': ('SoftFreePVTv2', dict(arch='b2')),
+    'pvt_s': ('SoftFreePVT', dict(arch='small')),
+    'xcit_s12': ('SoftFreeXCiT', dict(arch='s12', patch_size=16, norm_cfg=BN)),
+    'xcit_t12': ('SoftFreeXCiT', dict(arch='t12', patch_size=16, norm_cfg=BN)),
+    'cswin_t': ('SoftFreeCSWin', dict(arch='tiny')),
+}
+
+
+def build_backbone(name: str, kernel='softmax', extra: Optional[dict] = None):
+    """A backbone preset with ``kernel`` in every attention layer. Where the backbone's own layout refuses the
+    kernel, the set-up that fits it (analysis/support.py) is used; returns (model, set-up label)."""
+    from .. import models
+    from .support import FITS
+
+    if name not in BACKBONES:
+        raise ValueError(f'unknown backbone {name!r}; valid: {", ".join(BACKBONES)}')
+    cls_name, kw = BACKBONES[name]
+    cls = getattr(models, cls_name)
+    kw = dict(kw, attn_cfg=kernel, drop_path_rate=0.0, **(extra or {}))
+    try:
+        return cls(**kw), 'own layout'
+    except ValueError:
+        if cls_name not in FITS:
+            raise
+        label, fit = FITS[cls_name]
+        return cls(**dict(kw, **fit)), label
+
+
+def _step_fns(model, x, device):
+    def fwd():
+        with torch.no_grad():
+            model(x)
+
+    def fwdbwd():
+        model.zero_grad(set_to_none=True)
+        outs = model(x)
+        sum(o.float().sum() for o in (outs if isinstance(outs, (tuple, list)) else [outs])).backward()
+
+    return dict(fwd=fwd, fwdbwd=fwdbwd)
+
+
+def backbone_point(name: str, kernel, size: Tuple[int, int], batch: int = 1, dtype='fp32', device='cpu',
+                   repeats: int = 3, flops: bool = True) -> Dict:
+    """One backbone x kernel x image size, measured in this process (``backbone`` mode runs each in a fresh
+    one): ms, images/s and peak MiB for forward and forward + backward, parameters (M), GFLOPs."""
+    import softfree_mm  # noqa: F401  (registers, applies compat)
+
+    torch.manual_seed(0)
+    model, setup = build_backbone(name, kernel)
+    model = model.to(device).train()  # train mode: drop path is 0, BN uses batch statistics as in training
+    dt = DTYPES[dtype]
+    x = torch.randn(batch, 3, *size, device=device)
+    ctx = (torch.autocast(torch.device(device).type, dtype=dt) if dt in (torch.bfloat16, torch.float16)
+           else contextlib.nullcontext())
+    fns = _step_fns(model, x, device)
+    row = dict(backbone=name, kernel=kernel_label(kernel), setup=setup, size=f'{size[0]}x{size[1]}', batch=batch,
+               dtype=dtype, device=str(device), threads=torch.get_num_threads(),
+               params_M=sum(p.numel() for p in model.parameters()) / 1e6)
+    with ctx:
+        for p, fn in fns.items():
+            fn()  # warm-up
+            row[f'{p}_ms'] = statistics.median(timed(fn, device) for _ in range(repeats)) * 1e3
+            row[f'{p}_peak_MiB'] = peak_memory(fn, device) / 2 ** 20
+    row['images_per_s'] = batch / row['fwd_ms'] * 1e3
+    if flops:
+        from .flops import count_flops
+
+        model.eval()
+        row['GFLOPs'] = count_flops(model, (1, 3, *size))['total'] / 1e9
+    return row
+
+
+def run_backbones(backbones: Sequence[str], kernels: Sequence, sizes: Sequence[Tuple[int, int]], batch=1,
+                  dtype='fp32', device='cpu', repeats=3, flops=True, log=None) -> List[Dict]:
+    """Every point in a fresh Python process (peak memory and caches of one point do not leak into the next)."""
+    rows = []
+    for name in backbones:
+        for kernel in kernels:
+            for size in sizes:
+                spec = dict(name=name, kernel=kernel, size=list(size), batch=batch, dtype=dtype, device=str(device),
+                            repeats=repeats, flops=flops)
+                proc = subprocess.run([sys.executable, '-m', 'softfree_mm.analysis.benchmark', 'point',
+                                       json.dumps(spec)], capture_output=True, text=True,
+                                      env=dict(os.environ, PYTHONWARNINGS='ignore'))
+                lines = [ln for ln in proc.stdout.splitlines() if ln.startswith('{')]
+                if proc.returncode != 0 or not lines:
+                    err = (proc.stderr.strip().splitlines() or ['no output'])[-1]
+                    row = dict(backbone=name, kernel=kernel_label(kernel), size=f'{size[0]}x{size[1]}', error=err)
+                else:
+                    row = json.loads(lines[-1])
+                rows.append(row)
+                if log:
+                    log(row)
+    return rows
+
+
+def flops_table(backbones: Sequence[str], kernels: Sequence, sizes: Sequence[Tuple[int, int]], log=None) -> List[Dict]:
+    """GFLOPs (attention included; multiply-adds) and parameters of every backbone x kernel x size."""
+    import softfree_mm  # noqa: F401
+    from .flops import count_flops
+
+    rows = []
+    for name in backbones:
+        for kernel in kernels:
+            torch.manual_seed(0)
+            model, setup = build_backbone(name, kernel)
+            for size in sizes:
+                res = count_flops(model, (1, 3, *size))
+                row = dict(backbone=name, kernel=kernel_label(kernel), setup=setup, size=f'{size[0]}x{size[1]}',
+                           GFLOPs=res['total'] / 1e9, attention_GFLOPs=res['attention'] / 1e9,
+                           params_M=res['params'] / 1e6, counter=res['counter'])
+                rows.append(row)
+                if log:
+                    log(row)
+    return rows
+
+
+BACKBONE_COLUMNS = ('backbone', 'kernel', 'setup', 'size', 'fwd_ms', 'fwdbwd_ms', 'images_per_s', 'fwd_peak_MiB',
+                    'fwdbwd_peak_MiB', 'params_M', 'GFLOPs', 'error')
+
+
+# ------------------------------------------------------------------------------------------- compare
+def _randomize_norms(model) -> None:
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if 'norm' in name or name.endswith(('ln.weight', 'ln.bias')):
+                p.normal_(1.0 if name.endswith('weight') else 0.0, 0.1)
+
+
+REFERENCES = {'swin_t': "mmdet's SwinTransformer (Swin-T)", 'pvt_v2_b2': "mmdet's PyramidVisionTransformerV2 (b2)",
+              'xcit_s12': "timm's xcit_small_12_p16_224 features (blocks 3, 5, 7, 11) through the same "
+                          "stride-fixing adapter as ours"}
+# a size where each reference computes exactly our function (mmdet's Swin attends to pad tokens and shifts a stage
+# that is one window: at 448 every stage grid is a window multiple larger than a window)
+PARITY_SIZE = (448, 448)
+
+
+def reference_pair(name: str):
+    """(ours, reference) with the same weights, both softmax, both returning the four stride 4-32 maps:
+    swin_t vs mmdet's SwinTransformer, pvt_v2_b2 vs mmdet's PyramidVisionTransformerV2, xcit_s12 vs timm's
+    xcit_small_12_p16_224 features (blocks 3, 5, 7, 11) put through a copy of our stride-fixing adapter (the work
+    a detector on timm's XCiT needs too; timm has none)."""
+    import copy
+
+    import softfree_mm  # noqa: F401
+    from ..models.backbones.pvt import convert_pvt_v2
+    from ..models.backbones.swin import convert_swin
+    from ..models.backbones.xcit import convert_xcit
+
+    if name not in REFERENCES:
+        raise ValueError(f"compare: unknown pair {name!r}; valid: {', '.join(REFERENCES)}")
+    torch.manual_seed(0)
+    if name == 'swin_t':
+        from mmdet.models.backbones.swin import SwinTransformer
+
+        ref = SwinTransformer(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), drop_path_rate=0.0)
+        _randomize_norms(ref)
+        ours, _ = build_backbone('swin_t')
+        ours.load_state_dict(convert_swin(ref.state_dict()), strict=True)
+        return ours, ref
+    if name == 'pvt_v2_b2':
+        from mmdet.models.backbones.pvt import PyramidVisionTransformerV2
+
+        ref = PyramidVisionTransformerV2(embed_dims=64, num_layers=[3, 4, 6, 3], drop_path_rate=0.0)
+        _randomize_norms(ref)
+        ours, _ = build_backbone('pvt_v2_b2')
+        ours.load_state_dict(convert_pvt_v2(mmdet_pvt_to_official(ref.state_dict())), strict=True)
+        return ours, ref
+    import timm
+
+    timm_model = timm.create_model('xcit_small_12_p16_224', pretrained=False, drop_path_rate=0.0)
+    _randomize_norms(timm_model)
+    ours, _ = build_backbone('xcit_s12')
+    missing, _ = ours.load_state_dict(convert_xcit(timm_model.state_dict()), strict=False)
+    if not all(k.startswith('fpn') for k in missing):
+        raise RuntimeError(f'compare: XCiT weights did not all convert: {missing}')
+    return ours, _TimmXCiTFeatures(timm_model, copy.deepcopy([ours.fpn1, ours.fpn2, ours.fpn3, ours.fpn4]))
+
+
+class _TimmXCiTFeatures(torch.nn.Module):
+    def __init__(self, model, adapter):
+        super().__init__()
+        self.model = model
+        self.adapter = torch.nn.ModuleList(adapter)
+
+    def forward(self, x):
+        feats = self.model.forward_intermediates(x, indices=[3, 5, 7, 11], intermediates_only=True)
+        return tuple(op(f) for op, f in zip(self.adapter, feats))
+
+
+def mmdet_pvt_to_official(sd: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """mmdet's PyramidVisionTransformerV2 names -> the official release names (which our converter reads);
+    the inverse of mmdet's own ``pvt_convert``."""
+    import re
+
+    out = {}
+    for k, v in sd.items():
+        m = re.match(r'layers\.(\d+)\.(\d+)\.(.*)', k)
+        if not m:
+            raise KeyError(f'mmdet_pvt_to_official: unexpected key {k}')
+        s, part, rest = int(m.group(1)) + 1, int(m.group(2)), m.group(3)
+        if part == 0:  # patch embedding
+            rest = rest.replace('projection.', 'proj.')
+            out[f'patch_embed{s}.{rest}'] = v
+        elif part == 2:  # stage norm
+            out[f'norm{s}.{rest}'] = v
+        else:  # blocks
+            b, tail = rest.split('.', 1)
+            tail = (tail.replace('attn.attn.in_proj_weight', 'attn.in_proj_weight')
+                    .replace('attn.attn.in_proj_bias', 'attn.in_proj_bias')
+                    .replace('attn.attn.out_proj.', 'attn.proj.')
+                    .replace('ffn.layers.0.', 'mlp.fc1.').replace('ffn.layers.1.', 'mlp.dwconv.dwconv.')
+                    .replace('ffn.layers.4.', 'mlp.fc2.'))
+            if tail.startswith('attn.in_proj_'):
+                kind = tail.rsplit('_', 1)[-1]
+                q, kv = v[:v.shape[0] // 3], v[v.shape[0] // 3:]
+                out[f'block{s}.{b}.attn.q.{kind}'] = q
+                out[f'block{s}.{b}.attn.kv.{kind}'] = kv
+                continue
+            if tail.startswith(('mlp.fc1.', 'mlp.fc2.')) and v.dim() == 4:
+                v = v.flatten(1)  # mmdet's 1x1 convs -> the official linear layers
+            out[f'block{s}.{b}.{tail}'] = v
+    return out
+
+
+def compare(names: Sequence[str], size: Tuple[int, int] = (512, 768), batch: int = 1, repeats: int = 5,
+            device='cpu', log=None) -> List[Dict]:
+    """Ours against the reference with the same weights: outputs checked at ``PARITY_SIZE`` (the largest absolute
+    difference is reported), then forward and forward + backward at ``size`` timed with the two models
+    alternating (the order swapped every repeat), and the peak memory of each."""
+    rows = []
+    for name in names:
+        ours, ref = reference_pair(name)
+        ours, ref = ours.to(device).eval(), ref.to(device).eval()
+        with torch.no_grad():
+            xp = torch.randn(1, 3, *PARITY_SIZE, device=device)
+            diff = max(float((a - b).abs().max()) for a, b in zip(ours(xp), ref(xp)))
+        ours.train()
+        ref.train()
+        x = torch.randn(batch, 3, *size, device=device)
+        fo, fr = _step_fns(ours, x, device), _step_fns(ref, x, device)
+        row = dict(backbone=name, reference=REFERENCES[name], size=f'{size[0]}x{size[1]}', batch=batch,
+                   device=str(device), threads=torch.get_num_threads(), max_abs_diff=diff)
+        for p in PASSES:
+            fo[p]()
+            fr[p]()
+            to, tr = [], []
+            for r in range(repeats):
+                pair = [(fo[p], to), (fr[p], tr)]
+                for fn, acc in (pair if r % 2 == 0 else pair[::-1]):
+                    acc.append(timed(fn, device))
+            row[f'{p}_ms_ours'] = statistics.median(to) * 1e3
+            row[f'{p}_ms_ref'] = statistics.median(tr) * 1e3
+            row[f'{p}_speed_ratio'] = row[f'{p}_ms_ref'] / row[f'{p}_ms_ours']  # >= 1: ours at least as fast
+            mo, mr = peak_memory(fo[p], device), peak_memory(fr[p], device)
+            row[f'{p}_peak_MiB_ours'], row[f'{p}_peak_MiB_ref'] = mo / 2 ** 20, mr / 2 ** 20
+            row[f'{p}_memory_ratio'] = mo / max(mr, 1)  # <= 1: ours holds no more
+        rows.append(row)
+        if log:
+            log(row)
+    return rows
+
+
+COMPARE_COLUMNS = ('backbone', 'size', 'max_abs_diff', 'fwd_ms_ours', 'fwd_ms_ref', 'fwd_speed_ratio',
+                   'fwdbwd_ms_ours', 'fwdbwd_ms_ref', 'fwdbwd_speed_ratio', 'fwd_peak_MiB_ours', 'fwd_peak_MiB_ref',
+                   'fwd_memory_ratio', 'fwdbwd_peak_MiB_ours', 'fwdbwd_peak_MiB_ref', 'fwdbwd_memory_ratio')
+
+
+if __name__ == '__main__':  # python -m softfree_mm.analysis.benchmark point '{json}' (one backbone point)
+    if len(sys.argv) != 3 or sys.argv[1] != 'point':
+        sys.exit('usage: python -m softfree_mm.analysis.benchmark point JSON')
+    spec = json.loads(sys.argv[2])
+    res = backbone_point(spec['name'], spec['kernel'], tuple(spec['size']), spec['batch'], spec['dtype'],
+                         spec['device'], spec['repeats'], spec['flops'])
+    print(json.dumps(res))

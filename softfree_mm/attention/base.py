@@ -21,7 +21,7 @@ class AttentionKernel(nn.Module):
     name: str = 'base'
     supports_bias: bool = False
     supports_mask: bool = False
-    complexity: str = 'quadratic'  # 'quadratic' | 'linear'
+    complexity: str = 'quadratic'  # how time grows with N: 'linear' | 'quadratic' | 'cubic' (see flops())
     needs_hw: bool = False  # True when the kernel uses the (H, W) token grid
     fixed_length: bool = False  # True when learned weights are tied to token positions up to a maximum length
     takes_context: bool = False  # True when forward accepts ``context`` (a per-sample summary of the layer input)
@@ -62,6 +62,17 @@ class AttentionKernel(nn.Module):
 
     def extra_repr(self) -> str:
         return f'num_heads={self.num_heads}, head_dim={self.head_dim}, complexity={self.complexity!r}'
+
+    def flops(self, nq: int, nk: int, d: int, dv: int, masked: bool = False, hw=None) -> int:
+        """Multiply-adds of one forward call for ONE (batch, head) pair: ``nq`` queries, ``nk`` keys, ``d`` =
+        head_dim of q and k, ``dv`` of v; ``masked``: a mask or a bias is given (the path they take); ``hw``: the
+        token grid (kernels with landmarks or convolutions on the grid; a square-ish grid when None).
+
+        What counts is what torch's and mmengine's counters count for the rest of a network: matrix products,
+        convolutions (depthwise ones included, however the code runs them) and their learned 1x1 projections;
+        elementwise activations, normalisers and sums are not counted. Kernels state their own formula; the
+        tests hold each against ``torch.utils.flop_counter`` on the kernel's own forward."""
+        raise NotImplementedError(f"attention kernel '{self.name}' declares no flops()")
 
     # ------------------------------------------------------------------ to override
     def _matrix(self, q, k, hw, scale, bias, mask):
@@ -128,6 +139,16 @@ def check_hw(name: str, hw: Sequence[int], n: int) -> Tuple[int, int]:
         raise ValueError(f'{name}: hw={tuple(hw)} gives {hw[0] * hw[1]} tokens but the input has N={n}; '
                          'hw must satisfy H * W == N')
     return int(hw[0]), int(hw[1])
+
+
+def grid_for(n: int, hw=None) -> Tuple[int, int]:
+    """``hw`` when given, else the most square (H, W) with H * W == n (for cost formulas)."""
+    if hw is not None:
+        return int(hw[0]), int(hw[1])
+    h = math.isqrt(n)
+    while n % h:
+        h -= 1
+    return h, n // h
 
 
 def resolve_hw(name: str, hw, n: int) -> Tuple[int, int]:

@@ -62,6 +62,12 @@ class NystromAttention(AttentionKernel):
     def extra_repr(self) -> str:
         return f'{super().extra_repr()}, num_landmarks={self.num_landmarks}, pinv_iters={self.pinv_iters}'
 
+    def flops(self, nq, nk, d, dv, masked=False, hw=None):
+        m = min(self.num_landmarks, nq, nk)
+        kernels = nq * m * d + m * m * d + m * nk * d  # the three softmax blocks' scores
+        pinv = self.pinv_iters * 4 * m ** 3  # four m x m products per step
+        return kernels + pinv + m * nk * dv + m * m * dv + nq * m * dv
+
     def _factors(self, q, k, scale):
         q, k = upcast(q, k)
         s = default_scale(scale, q.shape[-1], q)
@@ -125,6 +131,10 @@ class PerformerAttention(AttentionKernel):
     def extra_repr(self) -> str:
         return f'{super().extra_repr()}, num_features={self.num_features}, seed={self.seed}'
 
+    def flops(self, nq, nk, d, dv, masked=False, hw=None):
+        m = self.num_features
+        return (nq + nk) * d * m + nq * m + (nk + nq) * m * dv  # projections, normaliser, kv and its use
+
     def features(self, x, scale, is_query):
         """phi(x) (B, h, N, m) up to a factor that cancels in A: the stabiliser (row max for queries, the
         max over all keys for keys) is detached."""
@@ -169,6 +179,9 @@ class CosFormerAttention(AttentionKernel):
         if not isinstance(eps, (int, float)) or isinstance(eps, bool) or eps < 0:
             raise ValueError(f'cosformer: eps must be a float >= 0, got {eps!r}')
         self.eps = float(eps)
+
+    def flops(self, nq, nk, d, dv, masked=False, hw=None):
+        return 2 * (nk + nq) * d * dv  # the cos and the sin halves
 
     def _feats(self, q, k):
         q, k = upcast(q, k)
@@ -230,6 +243,9 @@ class FocusedLinearAttention(AttentionKernel):
 
     def extra_repr(self) -> str:
         return f'{super().extra_repr()}, focusing_power={self.focusing_power}, local_conv={self.local_conv}'
+
+    def flops(self, nq, nk, d, dv, masked=False, hw=None):
+        return (nk + nq) * d * dv + (9 * nq * dv if self.local_conv else 0)  # + the 3x3 depthwise conv on v
 
     def features(self, x):
         x = (F.relu(x) + 1e-6) / F.softplus(self.scale.to(x.dtype))

@@ -68,16 +68,15 @@ def neighbour_onehot(hw, device, dtype):
 
 
 def local_conv(v, weights, hw):
-    """Apply one 3x3 kernel per sample and head (``weights`` (B, h, 1, 9)) to v (B, h, N, dv) laid out on the
-    grid, zero padding: the same operation as ``A_res @ v`` with ``A_res`` from ``neighbour_onehot``."""
+    """Apply one 3x3 kernel per sample and head (``weights`` (B or 1, h, 1, 9)) to v (B, h, N, dv) laid out on the
+    grid, zero padding: the same operation as ``A_res @ v`` with ``A_res`` from ``neighbour_onehot``. One grouped
+    conv (v's channels in the conv's batch, every (sample, head) a group): linear in N, no padded copy."""
     b, nh, n, dv = v.shape
     h, w = hw
-    grid = F.pad(v.reshape(b, nh, h, w, dv), (0, 0, 1, 1, 1, 1))
-    out = torch.zeros_like(v).reshape(b, nh, h, w, dv)
-    for o, (dy, dx) in enumerate(_OFFSETS):
-        out = out + weights[..., o].reshape(weights.shape[0], weights.shape[1], 1, 1, 1) * \
-            grid[:, :, 1 + dy:1 + dy + h, 1 + dx:1 + dx + w, :]
-    return out.reshape(b, nh, n, dv)
+    kernels = weights.expand(b, nh, 1, 9).reshape(b * nh, 1, 3, 3).to(v.dtype)
+    grid = v.permute(3, 0, 1, 2).reshape(dv, b * nh, h, w)
+    out = F.conv2d(grid, kernels, padding=1, groups=b * nh)
+    return out.reshape(dv, b, nh, n).permute(1, 2, 3, 0)
 
 
 def channel_conv(v, weights, hw, keep=None):
@@ -168,6 +167,25 @@ class InLineAttention(AttentionKernel):
 
     def extra_repr(self) -> str:
         return f'{super().extra_repr()}, feature_map={self.feature_map!r}, local_residual={self.local_residual!r}'
+
+    def flops(self, nq, nk, d, dv, masked=False, hw=None):
+        """Without a mask: k^T v and q @ (k^T v), the residual's two grouped 1x1 convs once per sample and the 3x3
+        depthwise conv on v. With a mask (the explicit path): the row means and A, A @ v, the residual weights
+        per query row (without a context) and its 3x3 neighbourhood."""
+        res = self.local_residual
+        if not masked:
+            total = (nk + nq) * d * dv
+            if res == 'channel':
+                total += 10 * d * d + 9 * nq * dv
+            elif res == 'head':
+                total += d * d + 9 * d + 9 * nq * dv
+            return total
+        total = 3 * nq * nk * d + nq * nk * dv  # keep @ phi(k), phi(q) phi(k)^T, keep @ k; A @ v
+        if res == 'channel':
+            total += nq * nk * d + nq * 10 * d * d + 9 * nq * dv
+        elif res == 'head':
+            total += nq * (d * d + 9 * d) + 9 * nq * nk
+        return total
 
     # ------------------------------------------------------------------ pieces
     def _grid(self, q, k, hw):

@@ -30,6 +30,11 @@ class _FactorisedAttention(AttentionKernel):
     def __init__(self, num_heads=None, head_dim=None):
         super().__init__(num_heads, head_dim)
 
+    def flops(self, nq, nk, d, dv, masked=False, hw=None):
+        if masked:
+            return nq * nk * (d + dv)  # the explicit A and A @ v
+        return (nk + nq) * d * dv  # k^T v, then q @ (k^T v)
+
     def _fast(self, q, k, v):
         """``A @ v`` without a mask, in O(N d dv); inputs in the working dtype."""
         raise NotImplementedError
@@ -96,6 +101,11 @@ class EfficientAttention(_FactorisedAttention):
 
     With a mask the softmax over keys runs, for each row, over that row's valid keys only.
     """
+
+    def flops(self, nq, nk, d, dv, masked=False, hw=None):
+        if masked:  # the per-row normaliser keep @ e, the weights, A @ v
+            return nq * nk * (2 * d + dv)
+        return (nk + nq) * d * dv
 
     def _fast(self, q, k, v):
         return torch.softmax(q, dim=-1) @ (torch.softmax(k, dim=2).transpose(-2, -1) @ v)

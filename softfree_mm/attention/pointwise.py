@@ -25,6 +25,9 @@ class _PointwiseAttention(AttentionKernel):
     def _activation(self, s, n):
         raise NotImplementedError
 
+    def flops(self, nq, nk, d, dv, masked=False, hw=None):
+        return nq * nk * (d + dv)  # S = q k^T, A @ v
+
     def _tiled(self, q, k, v, scale, bias, mask):
         """``A @ v`` in tiles; inputs in the working dtype."""
         raise NotImplementedError

@@ -92,6 +92,12 @@ class PolyAttention(AttentionKernel):
         factorised = 8 * (nq + nk) * m * (p - 1) + nk * m * dv + nq * m * dv
         return explicit, factorised
 
+    def flops(self, nq, nk, d, dv, masked=False, hw=None):
+        explicit, factorised = self.path_costs(nq, nk, d, dv)
+        if not masked and factorised < explicit:
+            return (nk + nq) * self.num_features(d) * dv  # phi(k)^T v, phi(q) @ kv (features: elementwise)
+        return nq * nk * (d + dv)  # S = q k^T, A @ v (explicit or in tiles)
+
     def uses_factorised(self, q, k, v, bias=None, mask=None) -> bool:
         if bias is not None or mask is not None:
             return False

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import ATTENTION
-from .base import AttentionKernel, cast_back, default_scale, resolve_hw, upcast, no_autocast
+from .base import AttentionKernel, cast_back, default_scale, grid_for, resolve_hw, upcast, no_autocast
 
 LANDMARK_OPS = ('conv', 'avgpool')
 LANDMARK_CELLS = ('floor', 'ceil')
@@ -134,7 +134,9 @@ class SoftAttention(AttentionKernel):
 
     supports_bias = False
     supports_mask = False
-    complexity = 'linear'
+    # with a landmark ratio m = N / ratio^2 landmarks: K(Q, L) costs N m d (quadratic) and the Newton inverse
+    # 2 * iters * m^3 (cubic in N); with a fixed num_landmarks everything is linear (the instance says so)
+    complexity = 'cubic'
     needs_hw = True
 
     def __init__(self, num_heads=None, head_dim=None, landmark_ratio=8, num_landmarks=None, landmark_op='conv',
@@ -166,6 +168,7 @@ class SoftAttention(AttentionKernel):
         self.normalized = normalized
         self.tie_qk = tie_qk
         self.conv_size = conv_size
+        self.complexity = 'linear' if num_landmarks is not None else 'cubic'
         if landmark_op == 'conv':
             if head_dim is None:
                 raise ValueError("soft: landmark_op='conv' has learned weights and needs head_dim "
@@ -185,6 +188,25 @@ class SoftAttention(AttentionKernel):
             f'landmark_ratio={self.landmark_ratio}, landmark_cells={self.landmark_cells!r}'
         return (f'{super().extra_repr()}, {m}, landmark_op={self.landmark_op!r}, newton_iters={self.newton_iters}, '
                 f'normalized={self.normalized}, tie_qk={self.tie_qk}, conv_size={self.conv_size}')
+
+    def num_landmark_tokens(self, hw) -> int:
+        mh, mw = landmark_grid(hw, self.landmark_ratio, self.num_landmarks, self.landmark_cells)
+        return mh * mw
+
+    def flops(self, nq, nk, d, dv, masked=False, hw=None):
+        """The landmark conv, the Gaussian kernels K(Q, L), K(L, L) (and K(L, K) untied), the inverse (2 m^3 a
+        Newton step; SOFT-Norm one more for its start test), the three products with v, the conv on v. With a
+        landmark ratio m ~ N / ratio^2, so the inverse is cubic in N; with a fixed ``num_landmarks`` all is
+        linear in N."""
+        grid = grid_for(nq, hw)
+        m = self.num_landmark_tokens(grid)
+        lm = 0
+        if self.landmark_op == 'conv':
+            lm = m * d * d * (1 if self.num_landmarks is not None else self.landmark_ratio ** 2)
+        kern = nq * m * d + m * m * d + (0 if self.tie_qk else m * nk * d)
+        inv = 2 * self.newton_iters * m ** 3 + (m ** 3 if self.normalized else 0)
+        conv = self.conv_size ** 2 * nq * dv if self.conv_size else 0
+        return lm + kern + inv + (nk + nq) * m * dv + m * m * dv + conv
 
     # ------------------------------------------------------------------ pieces
     def landmarks(self, q, hw):

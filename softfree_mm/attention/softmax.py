@@ -17,6 +17,9 @@ class SoftmaxAttention(AttentionKernel):
     def __init__(self, num_heads=None, head_dim=None):
         super().__init__(num_heads, head_dim)
 
+    def flops(self, nq, nk, d, dv, masked=False, hw=None):
+        return nq * nk * (d + dv)  # S = q k^T, A @ v (SDPA's fused kernel does the same products)
+
     def _matrix(self, q, k, hw, scale, bias, mask):
         q, k = upcast(q, k)
         with no_autocast(q):

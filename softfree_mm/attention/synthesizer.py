@@ -111,6 +111,13 @@ class SynthesizerAttention(AttentionKernel):
         return (f'{super().extra_repr()}, mode={self.mode!r}, max_len={self.max_len}, rank={self.rank}, '
                 f'mix={self.mix}')
 
+    def flops(self, nq, nk, d, dv, masked=False, hw=None):
+        """Per (batch, head) pair; the random modes' logits do not depend on the sample (counted once per
+        pair all the same)."""
+        logits = {'random': 0, 'factorized_random': nq * nk * self.rank, 'dense': nq * d * (d + nk),
+                  'factorized_dense': nq * (d * d + d * self.rank + self.rank * nk)}[self.mode]
+        return logits + (nq * nk * d if self.mix else 0) + nq * nk * dv
+
     def synthetic_logits(self, q, nk):
         """(B or 1, h, Nq, Nk) logits in q's dtype."""
         nq, dt = q.shape[2], q.dtype

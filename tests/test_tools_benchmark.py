@@ -1,0 +1,109 @@
+"""tools/benchmark.py and analysis/benchmark.py: what they measure is measured right (memory, slopes, crossovers,
+same weights in compare), the modes run end to end at toy sizes, and bad input is one line with exit status 2.
+No timing assertions (the machine is shared)."""
+import csv
+import importlib.util
+import math
+import os
+
+import pytest
+import torch
+
+from softfree_mm.analysis import benchmark as bm
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location('benchmark_tool', os.path.join(ROOT, 'tools', 'benchmark.py'))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_peak_memory_on_cpu_is_the_largest_live_allocation_sum():
+    def fn():
+        a = torch.empty(1 << 20, dtype=torch.float32)  # 4 MiB
+        b = torch.empty(1 << 19, dtype=torch.float32)  # 2 MiB, both alive: 6 MiB
+        del a, b
+        c = torch.empty(1 << 18, dtype=torch.float32)  # 1 MiB after the others are freed
+        return c.sum()
+
+    peak = bm.peak_memory(fn, 'cpu')
+    assert 6 * 2 ** 20 <= peak < 6 * 2 ** 20 + 64 * 1024
+
+
+def test_fit_slope_and_crossover():
+    ns = [1000, 2000, 4000, 8000]
+    assert bm.fit_slope(ns, [3 * n ** 1.5 for n in ns]) == pytest.approx(1.5)
+    soft = [n ** 2 / 1000 for n in ns]  # 1000, 4000, 16000, 64000
+    lin = [2000.0 * n / 1000 for n in ns]  # 2000, 4000, 8000, 16000: equal at 2000, below from there
+    assert bm.crossover(ns, lin, soft) == pytest.approx(2000)
+    assert bm.crossover(ns, [x / 10 for x in soft], soft) == 1000  # below everywhere
+    assert bm.crossover(ns, [x * 2 for x in soft], soft) is None  # never below
+    # between grid points: ratio 2 at 1000 and 1/2 at 2000 -> log-log midpoint
+    assert bm.crossover([1000, 2000], [2.0, 0.5], [1.0, 1.0]) == pytest.approx(math.sqrt(2) * 1000)
+
+
+def test_kernels_mode_rows_ratios_flops_and_memory(tmp_path, capsys):
+    tool = _tool()
+    out_csv = tmp_path / 'k.csv'
+    out_png = tmp_path / 'k.png'
+    assert tool.main(['kernels', '--tokens', '64', '256', '--kernels', 'softmax', 'matmul', 'poly', 'poly:degree=1',
+                      '--head-dim', '8', '--heads', '2', '--backward', '--repeats', '1', '--device', 'cpu',
+                      '--csv', str(out_csv), '--plot', str(out_png)]) == 0
+    text = capsys.readouterr().out
+    assert '| kernel | N | pass | ms |' in text and 'faster_than_softmax_from_N' in text
+    rows = list(csv.DictReader(open(out_csv)))
+    assert {(r['kernel'], r['N'], r['pass']) for r in rows} == {
+        (k, n, p) for k in ('softmax', 'matmul', 'poly', 'poly:degree=1') for n in ('64', '256')
+        for p in ('fwd', 'fwdbwd')}
+    for r in rows:
+        if r['kernel'] == 'softmax':
+            assert float(r['time_ratio']) == 1.0 and float(r['memory_ratio']) == 1.0
+        # declared multiply-adds: explicit products for softmax, matmul and cubic poly at head_dim 8
+        n = int(r['N'])
+        macs = 2 * n * n * 16 if r['kernel'] != 'poly:degree=1' else 2 * 2 * n * 8 * 8
+        assert float(r['GFLOPs']) == pytest.approx(2 * macs / 1e9 * (1 if r['pass'] == 'fwd' else 3))
+    # the plain products hold the N x N scores: at least one (2 heads x 256 x 256 floats) in forward
+    mm = [r for r in rows if r['kernel'] == 'matmul' and r['N'] == '256' and r['pass'] == 'fwd'][0]
+    assert float(mm['peak_MiB']) >= 2 * 256 * 256 * 4 / 2 ** 20
+    assert out_png.stat().st_size > 10000
+
+
+def test_backbone_point_measures_latency_memory_params_and_flops():
+    """One point as ``backbone`` mode's subprocess measures it (here in-process: importing the mm stack again
+    would cost more than the point)."""
+    row = bm.backbone_point('swin_t', 'softmax', (64, 64), repeats=1, device='cpu')
+    assert row['params_M'] == pytest.approx(27.5, abs=0.5)  # Swin-T
+    assert row['GFLOPs'] > 0 and row['fwd_peak_MiB'] > 0 and row['fwdbwd_peak_MiB'] > row['fwd_peak_MiB']
+    assert row['images_per_s'] == pytest.approx(1e3 / row['fwd_ms'])
+
+
+@pytest.mark.parametrize('name', ['swin_t', 'pvt_v2_b2', 'xcit_s12'])
+def test_compare_pairs_compute_the_same_function_as_their_references(name):
+    """So that the timing compares implementations, not models."""
+    ours, ref = bm.reference_pair(name)
+    ours.eval()
+    ref.eval()
+    x = torch.randn(1, 3, *bm.PARITY_SIZE)
+    with torch.no_grad():
+        a, b = ours(x), ref(x)
+    assert len(a) == len(b) == 4
+    for o, r in zip(a, b):
+        torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize('argv,message', [
+    (['kernels', '--kernels', 'nope'], "unknown attention type 'nope'"),
+    (['kernels', '--kernels', 'poly:degre=2'], "unknown argument(s) ['degre']"),
+    (['nope'], "unknown mode 'nope'"),
+    (['backbone', '--backbones', 'swim_t'], "unknown backbone 'swim_t'"),
+    (['backbone', '--sizes', '12x12'], 'image size must be HxW (each >= 32)'),
+    (['kernels', '--dtype', 'fp8'], '--dtype must be fp32, bf16 or fp16'),
+    (['compare', '--backbones', 'cswin_t'], "compare: no reference for ['cswin_t']"),
+])
+def test_bad_input_is_one_line_and_exit_status_2(argv, message, capsys):
+    assert _tool().main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith('error: ') and message in err and '\n' not in err
