@@ -7,4 +7,8 @@ model = dict(
     backbone=dict(
         attn_cfg=[dict(type='soft', landmark_ratio=8, conv_size=9), dict(type='soft', landmark_ratio=4, conv_size=5),
                   dict(type='soft', landmark_ratio=2, conv_size=3), 'softmax'],
-        global_window=(True, True, True, False)))
+        global_window=(True, True, True, False),
+        # activation checkpointing per block: SOFT keeps about 5 N x m float32 maps per head for backward (N tokens,
+        # m landmarks; ~1050 landmarks at 1344x800 in stages 1-3), tens of GB for 2 images; checkpointed, the peak
+        # is one block's (README, "GPU clusters")
+        with_cp=True))

@@ -20,6 +20,12 @@ Each repair is a function, applied once when ``softfree_mm`` is imported, and te
    go to torchvision's kernels, which compute the same thing (tested against mmcv's own ops on CPU by forcing the
    route); logged once. ``SOFTFREE_MM_TORCHVISION_OPS=1`` routes every call (CPU too; for tests),
    ``=0`` never routes (an mmcv compiled with CUDA ops is then used as it is).
+4. ``checkpoints_replace_atomically``: mmengine writes a checkpoint straight into its final file, and its
+   CheckpointHook deletes the outdated checkpoint (``max_keep_ckpts``, the previous best) BEFORE it writes the new
+   one: a job killed during the save (a scheduler's SIGKILL, a full disk) keeps no usable checkpoint at all. Local
+   files are now written to a temporary file in the same folder, flushed to disk, then renamed over the final name
+   (an atomic replace), and the outdated checkpoints are deleted only after the new one and ``last_checkpoint``
+   are written.
 """
 import functools
 import os
@@ -202,12 +208,83 @@ def mmcv_ops_on_torchvision():
     APPLIED.append('mmcv_ops_on_torchvision')
 
 
+# ----------------------------------------------------------------------------------- atomic checkpoints
+TMP_MARK = '.tmp-'  # a temporary file is '<final name>.tmp-<pid>' in the final file's folder
+
+
+def atomic_write(data: bytes, filepath: str) -> None:
+    """Write ``data`` to ``filepath`` so that the file is either the old one or the complete new one, whenever the
+    process dies: a temporary file in the same folder, flushed and fsynced, renamed over the final name."""
+    folder = os.path.dirname(os.path.abspath(filepath))
+    os.makedirs(folder, exist_ok=True)
+    tmp = f'{filepath}{TMP_MARK}{os.getpid()}'
+    try:
+        with open(tmp, 'wb') as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, filepath)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    try:  # the rename itself reaches the disk with the folder's entry
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def checkpoints_replace_atomically():
+    from mmengine.fileio.backends.local_backend import LocalBackend
+    from mmengine.hooks import CheckpointHook
+
+    if not getattr(LocalBackend.put, '_softfree_mm_patched', False):
+        def put(self, obj, filepath):
+            atomic_write(obj, str(filepath))
+
+        def put_text(self, obj, filepath, encoding='utf-8'):
+            atomic_write(obj.encode(encoding), str(filepath))
+
+        put._softfree_mm_patched = True
+        LocalBackend.put, LocalBackend.put_text = put, put_text
+
+    def deletes_after(original):
+        if getattr(original, '_softfree_mm_patched', False):
+            return original
+
+        @functools.wraps(original)
+        def save(self, runner, *args, **kwargs):
+            backend, deferred = self.file_backend, []
+            if 'remove' in vars(backend):  # inside another deferring save: that one deletes at its end
+                return original(self, runner, *args, **kwargs)
+            backend.remove = lambda path: deferred.append(('remove', path))
+            backend.rmtree = lambda path: deferred.append(('rmtree', path))
+            try:
+                original(self, runner, *args, **kwargs)
+            finally:  # the instance attributes go; the class's methods are back
+                del backend.remove, backend.rmtree
+            for how, path in deferred:  # only once the new checkpoint is safely written
+                getattr(backend, how)(path)
+
+        save._softfree_mm_patched = True
+        return save
+
+    CheckpointHook._save_checkpoint_with_step = deletes_after(CheckpointHook._save_checkpoint_with_step)
+    CheckpointHook._save_best_checkpoint = deletes_after(CheckpointHook._save_best_checkpoint)
+    APPLIED.append('checkpoints_replace_atomically')
+
+
 def apply_all():
     if APPLIED:
         return APPLIED
     allow_mmengine_checkpoint_types()
     init_dist_without_cuda()
     mmcv_ops_on_torchvision()
+    checkpoints_replace_atomically()
     return APPLIED
 
 

@@ -1,4 +1,5 @@
 """A 2-process CPU training (torchrun, gloo) of a demo config runs to completion through tools/dist_train.sh.
+CPU is asked for explicitly (--device cpu): under a launcher the tools do not fall back to CPU by themselves.
 
 Guards: the CPU settings tools/train.py picks without CUDA (gloo, DDP without device_ids, BN for SyncBN) together
 with softfree_mm.compat's init_dist repair make a real 2-process run work; the data is sharded over both processes
@@ -40,7 +41,8 @@ default_hooks = dict(logger=dict(interval=1), checkpoint=dict(interval=1))
     work = str(tmp_path / 'work')
     env = dict(os.environ, PYTHON=sys.executable, PORT=str(_free_port()), OMP_NUM_THREADS='1')
     proc = subprocess.run(
-        ['bash', osp.join(ROOT, 'tools', 'dist_train.sh'), str(cfg), '2', '--work-dir', work, '--cfg-options',
+        ['bash', osp.join(ROOT, 'tools', 'dist_train.sh'), str(cfg), '2', '--work-dir', work, '--device', 'cpu',
+         '--cfg-options',
          f'train_dataloader.dataset.data_root={demo_root}', f'val_dataloader.dataset.data_root={demo_root}'],
         cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]

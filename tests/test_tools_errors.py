@@ -302,7 +302,7 @@ def test_two_process_test_run_tears_down_cleanly(tiny):
         port = s.getsockname()[1]
     env = dict(os.environ, PYTHON=sys.executable, PORT=str(port), OMP_NUM_THREADS='1')
     proc = subprocess.run(['bash', osp.join(ROOT, 'tools', 'dist_test.sh'), tiny['cfg'], tiny['ckpt'], '2',
-                           '--work-dir', str(tiny['folder'] / 'w4')],
+                           '--work-dir', str(tiny['folder'] / 'w4'), '--device', 'cpu'],
                           cwd=str(tiny['folder']), env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert 'terminate called' not in proc.stderr and 'metrics: ' in proc.stdout

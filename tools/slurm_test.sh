@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Evaluation on a Slurm cluster: bash tools/slurm_test.sh PARTITION JOB_NAME CONFIG CHECKPOINT [test.py options]
-# Environment: GPUS (default 8), GPUS_PER_NODE (8), CPUS_PER_TASK (5), SRUN_ARGS (extra srun options).
+# Environment: GPUS (default 8), GPUS_PER_NODE (8, or GPUS when fewer), CPUS_PER_TASK (10: the most data workers
+# of any config, 8, plus the process itself; the tool lowers a config's workers to CPUS_PER_TASK - 1), SRUN_ARGS
+# (extra srun options), MASTER_PORT (default: derived from the job id by the tool, so two jobs on one node do not
+# collide).
+# CUDA must work in the job (else each task stops with one line naming the cause); --device cpu to run on CPU.
 set -euo pipefail
 if [ $# -lt 4 ]; then
     echo "usage: $0 PARTITION JOB_NAME CONFIG CHECKPOINT [test.py options]" >&2
@@ -12,8 +16,8 @@ CONFIG=$3
 CHECKPOINT=$4
 shift 4
 GPUS=${GPUS:-8}
-GPUS_PER_NODE=${GPUS_PER_NODE:-8}
-CPUS_PER_TASK=${CPUS_PER_TASK:-5}
+GPUS_PER_NODE=${GPUS_PER_NODE:-$(( GPUS < 8 ? GPUS : 8 ))}
+CPUS_PER_TASK=${CPUS_PER_TASK:-10}
 SRUN_ARGS=${SRUN_ARGS:-""}
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PYTHON=${PYTHON:-python}

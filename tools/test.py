@@ -1,11 +1,13 @@
 """Evaluate a checkpoint: COCO AP (detection), mIoU (segmentation) or top-1 (classification).
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out RESULTS.pkl] [--show-dir DIR]
-        [--format-only] [--cfg-options KEY=VALUE ...] [--launcher none|pytorch|slurm|mpi]
+        [--format-only] [--device auto|cuda|cpu] [--cfg-options KEY=VALUE ...] [--launcher none|pytorch|slurm|mpi]
 
 The metrics are logged, printed on the last line of stdout as ``metrics: {json}`` and written to
 ``<work-dir>/test_metrics.json``. ``--format-only`` writes the results in the benchmark's submission format
 (COCO json / ADE20K png) under ``<work-dir>/format_only`` instead of evaluating (for test sets without labels).
+A corrupt checkpoint or one of another model, an unreadable image or annotation file, an unusable CUDA where CUDA
+is expected (see tools/train.py, --device) are one line on stderr and exit status 2.
 """
 import argparse
 import json
@@ -26,6 +28,8 @@ def parse_args(argv=None):
     p.add_argument('--show-dir', help='draw predictions into images saved under this folder')
     p.add_argument('--format-only', action='store_true',
                    help='only write results in the submission format (detection, segmentation), no evaluation')
+    p.add_argument('--device', choices=['auto', 'cuda', 'cpu'], default=None,
+                   help='auto (default, or $SOFTFREE_MM_DEVICE): CUDA when it works; cpu: on purpose')
     p.add_argument('--cfg-options', nargs='+', action=DictAction, help='override config settings')
     p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
     p.add_argument('--local_rank', '--local-rank', type=int, default=0)
@@ -73,6 +77,7 @@ def _set_format_only(cfg, out_dir):
 def prepare(args):
     from softfree_mm.engine import launch
     launch.check_launcher(args.launcher, 'test')
+    device = launch.select_device(args.device, args.launcher)
     cfg = launch.load_config(args.config, args.cfg_options)
     cfg.launcher = args.launcher
     if args.work_dir is not None:
@@ -100,20 +105,31 @@ def prepare(args):
         dump = dict(type='DumpDetResults' if cfg.default_scope == 'mmdet' else 'DumpResults', out_file_path=args.out)
         ev = cfg.test_evaluator
         cfg.test_evaluator = [*ev, dump] if isinstance(ev, list) else [ev, dump]
-    for note in launch.apply_device_settings(cfg, args.launcher):
+    if device == 'cuda':
+        launch.check_cuda_ops(cfg)
+    for note in launch.apply_device_settings(cfg, args.launcher) + launch.apply_cluster_settings(cfg, args.launcher):
         print(f'[softfree_mm] {note}', file=sys.stderr)
     return cfg
 
 
 def main(argv=None):
     args = parse_args(argv)
+    if (args.device or os.environ.get('SOFTFREE_MM_DEVICE')) == 'cpu':
+        os.environ['CUDA_VISIBLE_DEVICES'] = ''  # before anything initialises CUDA
     sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-    from softfree_mm.engine import launch
+    from softfree_mm.engine import launch, reliability
+    reliability.name_failing_samples()
     try:
         cfg = prepare(args)
         runner = launch.build_runner(cfg)
+        from mmengine.model import is_model_wrapper
+        reliability.check_checkpoint(args.checkpoint, runner.model.module if is_model_wrapper(runner.model)
+                                     else runner.model, exact=False)
     except launch.UsageError as e:
-        print(f'error: {e}', file=sys.stderr)
+        launch.print_error(str(e))
+        return 2
+    except reliability.BadInput as e:
+        launch.print_error(reliability.error_line(e), every_rank=True)
         return 2
     except (KeyError, ValueError, TypeError) as e:
         if os.environ.get('SOFTFREE_MM_TRACEBACK'):
@@ -124,7 +140,10 @@ def main(argv=None):
     try:
         metrics = launch.run(runner, 'test', args.config)
     except launch.UsageError as e:
-        print(f'error: {e}', file=sys.stderr)
+        launch.print_error(str(e))
+        return 2
+    except reliability.BadInput as e:
+        launch.print_error(reliability.error_line(e), every_rank=True)
         return 2
     metrics = {k: (float(v) if hasattr(v, '__float__') else v) for k, v in (metrics or {}).items()}
     from mmengine.dist import is_main_process

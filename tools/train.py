@@ -1,12 +1,19 @@
 """Train a detector, segmentor or classifier from a softfree_mm (or any mmdet / mmseg / mmpretrain) config.
 
-    python tools/train.py configs/maskrcnn_xcit_s12_poly3.py [--work-dir DIR] [--amp] [--resume [CKPT]]
-        [--auto-scale-lr] [--cfg-options KEY=VALUE ...] [--launcher none|pytorch|slurm|mpi]
+    python tools/train.py configs/maskrcnn_xcit_s12_poly3.py [--work-dir DIR] [--amp [--amp-dtype D]]
+        [--resume [CKPT]] [--auto-scale-lr] [--device auto|cuda|cpu] [--skip-nonfinite-loss]
+        [--cfg-options KEY=VALUE ...] [--launcher none|pytorch|slurm|mpi]
 
-Without CUDA the tool switches to CPU settings by itself (gloo, DDP without device_ids, BN for SyncBN). A missing
-data root or image folder, an unknown config file or kernel, a misspelt type anywhere in the config, --cfg-options
-that cannot be applied, a --launcher without its environment, or a setting the Runner refuses while it builds the
-dataloaders, optimizer, schedulers and evaluators gives one line on stderr and exit status 2.
+Device: CUDA when it works. One process on a machine without GPUs runs on CPU by itself (gloo, DDP without
+device_ids, BN for SyncBN); under a launcher or with GPUs allocated, a CUDA that does not work is an error naming
+the cause unless --device cpu (or SOFTFREE_MM_DEVICE=cpu) asks for CPU.
+One line on stderr and exit status 2 for: a missing data root or image folder, an unknown config file or kernel, a
+misspelt type anywhere in the config, --cfg-options that cannot be applied, a --launcher without its environment,
+a setting the Runner refuses while it builds its parts, an unusable CUDA, an unreadable image or annotation file
+(named), a corrupt checkpoint or one of another model, a NaN / inf loss (the iteration and the loss terms; the last
+checkpoint is kept; --skip-nonfinite-loss skips such updates instead).
+Kill and resume: checkpoints are written atomically and hold the random states; ``--resume`` continues from the
+newest readable checkpoint of the work dir and, with a fixed seed, reproduces the uninterrupted run.
 Demo data roots (``data/demo/...``) are written on demand by tools/make_demo_data.py.
 """
 import argparse
@@ -23,6 +30,13 @@ def parse_args(argv=None):
     p.add_argument('config', help='train config file path')
     p.add_argument('--work-dir', help='the dir to save logs and models (default: ./work_dirs/<config name>)')
     p.add_argument('--amp', action='store_true', help='automatic mixed precision (needs CUDA)')
+    p.add_argument('--amp-dtype', choices=['auto', 'float16', 'bfloat16'], default='auto',
+                   help='autocast dtype of --amp: auto = bfloat16 where the GPU has it, else float16 (loss scaling)')
+    p.add_argument('--device', choices=['auto', 'cuda', 'cpu'], default=None,
+                   help='auto (default, or $SOFTFREE_MM_DEVICE): CUDA when it works; cpu: on purpose, also where '
+                   'GPUs are allocated or under a launcher')
+    p.add_argument('--skip-nonfinite-loss', action='store_true',
+                   help='skip the update of an iteration whose loss is NaN / inf (default: stop with exit status 2)')
     p.add_argument('--resume', nargs='?', type=str, const='auto',
                    help='resume from this checkpoint; without a path, from the latest one in the work dir')
     p.add_argument('--auto-scale-lr', action='store_true',
@@ -39,8 +53,9 @@ def parse_args(argv=None):
 
 def prepare(args):
     """The checked config, ready for the Runner (raises UsageError)."""
-    from softfree_mm.engine import launch
+    from softfree_mm.engine import launch, reliability
     launch.check_launcher(args.launcher, 'train')
+    device = launch.select_device(args.device, args.launcher)
     cfg = launch.load_config(args.config, args.cfg_options)
     cfg.launcher = args.launcher
     if args.work_dir is not None:
@@ -48,7 +63,8 @@ def prepare(args):
     elif cfg.get('work_dir') is None:
         cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(args.config))[0])
     if args.resume == 'auto':
-        cfg.resume, cfg.load_from = True, None
+        # the newest checkpoint of the work dir (mmengine's last_checkpoint, else the newest iter_/epoch_ file)
+        cfg.resume, cfg.load_from = True, reliability.latest_checkpoint(cfg.work_dir, check=False)
     elif args.resume is not None:
         if not osp.isfile(args.resume):
             raise launch.UsageError(f'--resume: checkpoint not found: {args.resume}')
@@ -60,13 +76,42 @@ def prepare(args):
     for root, subset in launch.demo_roots(cfg, phases):
         make_demo(root, subset)
     launch.check_data(cfg, phases)
+    if device == 'cuda':
+        launch.check_cuda_ops(cfg)
     if args.amp:
-        launch.enable_amp(cfg)
+        launch.enable_amp(cfg, args.amp_dtype)
     if args.auto_scale_lr:
         launch.enable_auto_scale_lr(cfg)
-    for note in launch.apply_device_settings(cfg, args.launcher):
+    launch.enable_determinism_env(cfg)
+    launch.add_reliability_hooks(cfg, args.skip_nonfinite_loss)
+    for note in launch.apply_device_settings(cfg, args.launcher) + launch.apply_cluster_settings(cfg, args.launcher):
         print(f'[softfree_mm] {note}', file=sys.stderr)
     return cfg
+
+
+def check_start(runner, cfg, auto_resume):
+    """The checkpoint the run starts from is readable and belongs to the model (--resume: exactly); an auto-resume
+    whose newest checkpoint is unreadable falls back to the newest readable one."""
+    from mmengine.model import is_model_wrapper
+    from softfree_mm.engine import reliability
+    path = cfg.get('load_from')
+    if not path:
+        return
+    model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+    try:
+        reliability.check_checkpoint(path, model, exact=bool(cfg.get('resume')))
+    except reliability.BadInput as e:
+        if not auto_resume:
+            raise
+        fallback = reliability.latest_checkpoint(cfg.work_dir, check=True)
+        if not fallback or fallback == path:
+            raise
+        print(f'[softfree_mm] {e}; resuming from {fallback} instead', file=sys.stderr)
+        reliability.check_checkpoint(fallback, model, exact=True)
+        runner._load_from = fallback
+    from mmengine.dist import is_main_process
+    if cfg.get('resume') and is_main_process():
+        reliability.remove_stale_temporaries(cfg.work_dir)
 
 
 def make_demo(root, subset=None):
@@ -83,12 +128,19 @@ def make_demo(root, subset=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    from softfree_mm.engine import launch
+    if (args.device or os.environ.get('SOFTFREE_MM_DEVICE')) == 'cpu':
+        os.environ['CUDA_VISIBLE_DEVICES'] = ''  # before anything initialises CUDA: every part takes its CPU path
+    from softfree_mm.engine import launch, reliability
+    reliability.name_failing_samples()
     try:
         cfg = prepare(args)
         runner = launch.build_runner(cfg)
+        check_start(runner, cfg, auto_resume=args.resume == 'auto')
     except launch.UsageError as e:
-        print(f'error: {e}', file=sys.stderr)
+        launch.print_error(str(e))
+        return 2
+    except reliability.BadInput as e:
+        launch.print_error(reliability.error_line(e), every_rank=True)
         return 2
     except (KeyError, ValueError, TypeError) as e:
         # building the model / datasets rejected a setting (e.g. a kernel the backbone cannot use)
@@ -100,7 +152,13 @@ def main(argv=None):
     try:
         launch.run(runner, 'train', args.config)
     except launch.UsageError as e:
-        print(f'error: {e}', file=sys.stderr)
+        launch.print_error(str(e))
+        return 2
+    except reliability.BadInput as e:
+        launch.print_error(reliability.error_line(e), every_rank=True)
+        return 2
+    except reliability.NonFiniteLoss as e:
+        launch.print_error(reliability.error_line(e))
         return 2
     launch.finish_dist()
     return 0

@@ -5,8 +5,10 @@ config's ``default_scope`` decides the registries, mmengine's Runner does the re
 
 Bad input (a config file that does not exist or does not parse, --cfg-options that cannot be applied, an unknown
 attention kernel, a misspelt registry type, a missing data root, image folder or annotation file, a --launcher
-started without its environment, a setting the Runner refuses while it builds its parts) raises :class:`UsageError`
-with one line that names it; the tools print that line to stderr and exit with status 2.
+started without its environment, a setting the Runner refuses while it builds its parts, a CUDA that is expected and
+does not work) raises :class:`UsageError` with one line that names it; the tools print that line to stderr and exit
+with status 2. Bad files met while running (an image, an annotation file, a checkpoint) and a non-finite loss are
+softfree_mm.engine.reliability's; the same one line, exit status 2.
 """
 import difflib
 import functools
@@ -260,6 +262,83 @@ def _replace_syncbn(node) -> int:
     return n
 
 
+def select_device(device: Optional[str], launcher: str) -> str:
+    """'cuda' or 'cpu' (softfree_mm.engine.device): CUDA when it works; CPU when asked for, or for one process on a
+    machine without GPUs; else UsageError naming why CUDA does not work."""
+    from .device import DeviceError, check, requested
+    try:
+        return check(requested(device), launcher)
+    except DeviceError as e:
+        raise UsageError(str(e)) from None
+
+
+def check_cuda_ops(cfg: Config) -> None:
+    """A detector on CUDA needs nms / roi_align on CUDA: mmcv's own (compiled with CUDA) or torchvision's (the compat
+    route). Names what is missing."""
+    if cfg.default_scope != 'mmdet':
+        return
+    from softfree_mm import compat
+    if compat.mmcv_has_cuda_ops():
+        return
+    if os.environ.get(compat.ROUTE_ENV) == '0':
+        raise UsageError(f'mmcv {_mmcv_version()} has no CUDA ops and {compat.ROUTE_ENV}=0 turns the torchvision '
+                         'route off: the detector cannot run nms / roi_align on CUDA; unset it, or build mmcv with '
+                         'CUDA ops (MMCV_CUDA=1 bash tools/setup_env.sh)')
+    try:
+        cuda_ops = torch.ops.torchvision._cuda_version() > 0
+    except Exception:
+        cuda_ops = False
+    if not cuda_ops:
+        import torchvision
+        raise UsageError(f'mmcv {_mmcv_version()} has no CUDA ops and torchvision {torchvision.__version__} none '
+                         'either: the detector cannot run nms / roi_align on CUDA; install the torchvision built for '
+                         f'torch {torch.__version__} (CUDA {torch.version.cuda})')
+
+
+def _mmcv_version() -> str:
+    try:
+        import mmcv
+        return mmcv.__version__
+    except ImportError:
+        return '(not installed)'
+
+
+def enable_determinism_env(cfg: Config) -> None:
+    """cuBLAS refuses deterministic mode unless its workspace is fixed before its first use."""
+    if (cfg.get('randomness') or {}).get('deterministic'):
+        os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
+
+
+SLURM_PORTS = (20000, 30000)  # below Linux's ephemeral range (32768-60999)
+
+
+def slurm_master_port(job_id: str, step_id: str = '0') -> int:
+    """A port every task of one Slurm job step computes alike and two jobs on one node do not share (unless their
+    ids differ by a multiple of 10000)."""
+    lo, hi = SLURM_PORTS
+    return lo + (int(job_id) * 7 + int(step_id or 0)) % (hi - lo)
+
+
+def apply_cluster_settings(cfg: Config, launcher: str) -> List[str]:
+    """What a cluster job needs from the environment: a MASTER_PORT of its own under Slurm (two jobs on one node
+    would both take 29500), and no more data-loading workers than the CPUs Slurm gave each task."""
+    notes = []
+    if launcher == 'slurm' and 'MASTER_PORT' not in os.environ and os.environ.get('SLURM_JOB_ID', '').isdigit():
+        step = os.environ.get('SLURM_STEP_ID', '0')
+        port = slurm_master_port(os.environ['SLURM_JOB_ID'], step if step.isdigit() else '0')
+        os.environ['MASTER_PORT'] = str(port)
+        notes.append(f'MASTER_PORT={port} (from SLURM_JOB_ID)')
+    cpus = os.environ.get('SLURM_CPUS_PER_TASK', '')
+    if cpus.isdigit():
+        most = max(1, int(cpus) - 1)  # one CPU for the training process itself
+        for key in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+            loader = cfg.get(key)
+            if loader and loader.get('num_workers', 0) > most:
+                notes.append(f'{key}.num_workers {loader.num_workers} -> {most} (SLURM_CPUS_PER_TASK={cpus})')
+                loader.num_workers = most
+    return notes
+
+
 def apply_device_settings(cfg: Config, launcher: str) -> List[str]:
     """Settings a machine without CUDA needs; returns a note for each change made."""
     notes = []
@@ -282,16 +361,48 @@ def apply_device_settings(cfg: Config, launcher: str) -> List[str]:
     return notes
 
 
-def enable_amp(cfg: Config) -> None:
+AMP_DTYPES = ('auto', 'float16', 'bfloat16')
+
+
+def amp_dtype(requested: str = 'auto') -> str:
+    """The autocast dtype of --amp: bfloat16 where the GPU has it (no overflow at 65504, the loss scaler idle),
+    else float16 with dynamic loss scaling; or the one asked for."""
+    if requested not in AMP_DTYPES:
+        raise UsageError(f'--amp-dtype {requested!r}: valid values are {", ".join(AMP_DTYPES)}')
+    bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if requested == 'auto':
+        return 'bfloat16' if bf16 else 'float16'
+    if requested == 'bfloat16' and not bf16:
+        raise UsageError(f'--amp-dtype bfloat16: {torch.cuda.get_device_name()} has no bfloat16; use float16')
+    return requested
+
+
+def enable_amp(cfg: Config, dtype: str = 'auto') -> str:
     if not torch.cuda.is_available():
         raise UsageError('--amp needs CUDA (mmengine AmpOptimWrapper); this machine has none')
     wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
-    if wrapper == 'AmpOptimWrapper':
-        return
-    if wrapper != 'OptimWrapper':
+    if wrapper not in ('OptimWrapper', 'AmpOptimWrapper'):
         raise UsageError(f'--amp works with optim_wrapper.type OptimWrapper, the config has {wrapper!r}')
+    dtype = amp_dtype(dtype)
     cfg.optim_wrapper.type = 'AmpOptimWrapper'
+    cfg.optim_wrapper.dtype = dtype
     cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
+    return dtype
+
+
+def add_reliability_hooks(cfg: Config, skip_nonfinite_loss: bool = False) -> None:
+    """The RNG-state hook (kill-and-resume reproduces) and the non-finite-loss guard, unless the config has them."""
+    hooks = list(cfg.get('custom_hooks') or [])
+    names = {h.get('type') for h in hooks if isinstance(h, dict)}
+    if 'RNGStateHook' not in names:
+        hooks.append(dict(type='RNGStateHook'))
+    if 'NonFiniteLossHook' not in names:
+        hooks.append(dict(type='NonFiniteLossHook', skip=skip_nonfinite_loss))
+    elif skip_nonfinite_loss:
+        for h in hooks:
+            if isinstance(h, dict) and h.get('type') == 'NonFiniteLossHook':
+                h['skip'] = True
+    cfg.custom_hooks = hooks
 
 
 def enable_auto_scale_lr(cfg: Config) -> None:
@@ -323,11 +434,17 @@ class _RunStarted(Hook):
 def run(runner, method: str, config: str):
     """``runner.train()`` or ``runner.test()``; an error before the run starts is a config error (UsageError),
     one after it propagates unchanged. SOFTFREE_MM_TRACEBACK=1 re-raises config errors too."""
+    from .reliability import BadInput, NonFiniteLoss, data_file_error
     mark = _RunStarted()
     runner.register_hook(mark, priority='LOWEST')
     try:
         return getattr(runner, method)()
+    except (BadInput, NonFiniteLoss):
+        raise
     except Exception as e:
+        line = None if os.environ.get('SOFTFREE_MM_TRACEBACK') else data_file_error(e)
+        if line:
+            raise BadInput(line) from None
         if mark.started or os.environ.get('SOFTFREE_MM_TRACEBACK'):
             raise
         msg = short_error(e)
@@ -346,6 +463,19 @@ def finish_dist() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+RANK_ENV = ('RANK', 'SLURM_PROCID', 'OMPI_COMM_WORLD_RANK')
+
+
+def print_error(line: str, every_rank: bool = False) -> None:
+    """``error: line`` on stderr: once for a job (rank 0) when every process meets the same error (a config or
+    device error, a non-finite loss all ranks agreed on), on each rank for an error of its own (a bad file in its
+    shard of the data)."""
+    import sys
+    rank = next((os.environ[k] for k in RANK_ENV if k in os.environ), '0')
+    if every_rank or rank == '0':
+        print(f'error: {line}', file=sys.stderr)
 
 
 def short_error(e: BaseException) -> str:

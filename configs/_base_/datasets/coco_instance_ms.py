@@ -24,7 +24,7 @@ test_pipeline = [
 ]
 train_dataloader = dict(
     batch_size=2,  # images per GPU; the recipes use 8 GPUs (total batch 16)
-    num_workers=2,
+    num_workers=4,  # multi-scale 1333 px with masks: 2 workers starve a current GPU
     persistent_workers=True,
     sampler=dict(type='DefaultSampler', shuffle=True),
     batch_sampler=dict(type='AspectRatioBatchSampler'),

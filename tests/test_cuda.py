@@ -1,0 +1,122 @@
+"""CUDA-only checks (skipped without CUDA; tools/gpu_check.sh runs this file on a GPU machine).
+
+Guards: the device check picks CUDA; the detector's mmcv ops run on CUDA through torchvision where mmcv has no CUDA
+ops, with the detections of mmcv's own CPU ops; an --amp float16 run whose kernel overflows float16 stops with one
+line naming the iteration and float16 (the overflow is inf, so it is seen), while bfloat16 (where the GPU has it)
+trains; the SOFT detection set-ups' backbones fit a GPU at 1333x800, 2 images, with activation checkpointing.
+"""
+import os.path as osp
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, osp.join(ROOT, 'tests'))
+
+
+def test_device_check_picks_cuda_also_under_a_launcher():
+    from softfree_mm.engine import device
+    assert device.diagnose() is None
+    assert device.check('auto', 'pytorch') == 'cuda'
+
+
+def test_detector_on_cuda_gives_the_detections_of_mmcvs_cpu_ops(monkeypatch):
+    from softfree_mm import compat
+    from test_compat_ops import _cfg, _build, _det_batch
+    monkeypatch.delenv(compat.ROUTE_ENV, raising=False)
+    cfg = _cfg('maskrcnn')
+    cfg.model.backbone.norm_cfg = dict(type='BN')
+    cfg.model.test_cfg.rpn.max_per_img = 300
+    model = _build(cfg).eval()
+    with torch.no_grad():
+        ref = model(**model.data_preprocessor(_det_batch(False), False), mode='predict')  # CPU: mmcv's ops
+        model.cuda()
+        before = dict(compat.TORCHVISION_OPS.calls)
+        out = model(**model.data_preprocessor(_det_batch(False), False), mode='predict')
+    calls = compat.TORCHVISION_OPS.calls
+    if not compat.mmcv_has_cuda_ops():
+        assert calls[('torchvision', 'nms')] > before.get(('torchvision', 'nms'), 0)
+        assert calls[('torchvision', 'roi_align_forward')] > before.get(('torchvision', 'roi_align_forward'), 0)
+    for r, o in zip(ref, out):
+        r, o = r.pred_instances, o.pred_instances.cpu()
+        assert len(r) > 10 and abs(len(o) - len(r)) <= 2  # float sums in another order may flip a borderline box
+        k = min(len(r), len(o), 20)
+        assert torch.equal(o.labels[:k], r.labels[:k])
+        torch.testing.assert_close(o.scores[:k], r.scores[:k], rtol=0, atol=1e-3)
+        torch.testing.assert_close(o.bboxes[:k], r.bboxes[:k], rtol=0, atol=0.1)
+        assert (o.masks[:k] == r.masks[:k]).float().mean() > 0.99
+    # training on CUDA: mask targets and RoIAlign's backward through the same route
+    model.train()
+    data = model.data_preprocessor(_det_batch(True), True)
+    losses = model(**data, mode='loss')
+    total = sum(v if torch.is_tensor(v) else sum(v) for k, v in losses.items() if 'loss' in k)
+    total.backward()
+    assert torch.isfinite(total) and float(losses['loss_mask']) > 0
+    grads = [p.grad for n, p in model.named_parameters() if n.startswith('roi_head.mask_head') and p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+
+
+def _tiny_cls(tmp_path):
+    cfg = tmp_path / 'cls_tiny.py'
+    root = str(tmp_path / 'data' / 'demo' / 'imagenet')
+    cfg.write_text(f"""_base_ = {osp.join(ROOT, 'configs', 'demo', 'cls_xcit_s12_poly3_demo.py')!r}
+data_root = {root!r}
+model = dict(backbone=dict(embed_dims=32, depth=2, num_heads=4, cls_attn_layers=1), head=dict(in_channels=32))
+train_dataloader = dict(batch_size=8, dataset=dict(data_root=data_root, indices=16))
+val_dataloader = dict(batch_size=8, dataset=dict(data_root=data_root, indices=8))
+test_dataloader = val_dataloader
+train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters=2, val_interval=100)
+param_scheduler = []
+default_hooks = dict(logger=dict(interval=1), checkpoint=dict(by_epoch=False, interval=2))
+""")
+    return str(cfg)
+
+
+def test_amp_float16_overflow_stops_with_one_line_and_bfloat16_trains(tmp_path, capsys):
+    """poly with a constant of 1e8: its outputs (up to about 1e8) overflow float16 (65504) but not bfloat16 or
+    float32. Under --amp float16 the overflow is inf, the loss is not finite: exit 2 naming the iteration and
+    float16, no checkpoint written."""
+    from test_tools_errors import _load_tool
+    train = _load_tool('train')
+    cfg = _tiny_cls(tmp_path)
+    blowup = 'model.backbone.attn_cfg.scale=100000000.0'
+    rc = train.main([cfg, '--work-dir', str(tmp_path / 'fp16'), '--amp', '--amp-dtype', 'float16',
+                     '--cfg-options', blowup])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith('error: ')]
+    assert rc == 2 and len(err) == 1, err
+    assert err[0].startswith('error: iteration 1: the loss is') and 'float16' in err[0] and 'bfloat16' in err[0]
+    assert not (tmp_path / 'fp16' / 'iter_2.pth').exists()
+    if torch.cuda.is_bf16_supported():
+        assert train.main([cfg, '--work-dir', str(tmp_path / 'bf16'), '--amp', '--cfg-options', blowup]) == 0
+        ckpt = torch.load(tmp_path / 'bf16' / 'iter_2.pth', map_location='cpu')
+        assert ckpt['meta']['iter'] == 2
+
+
+@pytest.mark.parametrize('config', ['maskrcnn_swin_t_soft.py', 'maskrcnn_pvt_v2_b2_soft.py',
+                                    'maskrcnn_cswin_t_soft.py'])
+def test_soft_detection_backbone_fits_a_gpu_at_1333x800_with_two_images(config):
+    """Forward + backward of the SOFT set-up's backbone on 2 images of 800x1344 (the padded 1333x800) with the
+    config's activation checkpointing: peak memory under 20 GiB (the README's estimate: about 8 GiB for the largest
+    block recomputed in backward, plus the stored block inputs)."""
+    import importlib
+    from softfree_mm.engine import launch
+    cfg = launch.load_config(osp.join(ROOT, 'configs', config))
+    assert cfg.model.backbone.with_cp is True
+    importlib.import_module('mmdet.utils').register_all_modules(init_default_scope=True)
+    from mmdet.registry import MODELS
+    bb = cfg.model.backbone.copy()
+    bb.pop('init_cfg', None)
+    if 'norm_cfg' in bb:
+        bb.norm_cfg = dict(type='BN')
+    model = MODELS.build(bb).cuda().train()
+    torch.cuda.reset_peak_memory_stats()
+    x = torch.randn(2, 3, 800, 1344, device='cuda', requires_grad=True)
+    outs = model(x)
+    sum(o.float().square().mean() for o in outs).backward()
+    peak = torch.cuda.max_memory_allocated() / 2 ** 30
+    print(f'{config}: peak {peak:.1f} GiB')
+    assert peak < 20, f'{config}: {peak:.1f} GiB'

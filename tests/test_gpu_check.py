@@ -1,0 +1,70 @@
+"""What of tools/gpu_check.sh (make gpu-check) and the GPU set-ups runs without a GPU.
+
+Guards: without CUDA the check stops at once with one line and exit status 2, before any set-up; the kernel
+benchmark runs in the half dtypes the check uses; the SOFT detection set-ups keep activation checkpointing, and the
+saved-bytes figure the README's memory estimate rests on (about 21.5 bytes per token x landmark x head) holds.
+"""
+import math
+import os
+import os.path as osp
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+@pytest.mark.skipif(shutil.which('nvidia-smi') is not None, reason='a machine that has nvidia-smi runs the check')
+def test_gpu_check_without_cuda_stops_at_once_with_one_line(tmp_path):
+    env = dict(os.environ, GPU_CHECK_DIR=str(tmp_path / 'out'), SOFTFREE_VENV=str(tmp_path / 'venv'))
+    t0 = time.time()
+    proc = subprocess.run(['bash', osp.join(ROOT, 'tools', 'gpu_check.sh')], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert time.time() - t0 < 10
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        'gpu-check: no CUDA GPU on this machine (nvidia-smi lists none); run it where nvidia-smi lists a GPU']
+    assert not (tmp_path / 'out').exists() and not (tmp_path / 'venv').exists()  # no set-up started
+    make = subprocess.run(['make', '-s', '-C', ROOT, 'gpu-check'], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert make.returncode != 0 and 'no CUDA GPU on this machine' in make.stderr
+
+
+@pytest.mark.parametrize('dtype', ['bfloat16', 'float16'])
+def test_benchmark_runs_in_the_half_dtype_of_the_gpu_check(dtype, capsys):
+    sys.path.insert(0, osp.join(ROOT, 'tools'))
+    import benchmark
+    assert benchmark.main(['--device', 'cpu', '--dtype', dtype, '--sides', '4', '--repeats', '1',
+                           '--kernels', 'softmax', 'poly', 'soft']) == 0
+    out = capsys.readouterr().out
+    assert f'dtype={dtype}' in out and '| soft | 16 |' in out
+
+
+@pytest.mark.parametrize('backbone', ['swin_t', 'cswin_t', 'pvt_v2_b2'])
+def test_soft_detection_setups_checkpoint_their_blocks(backbone):
+    from softfree_mm.engine import launch
+    cfg = launch.load_config(osp.join(ROOT, 'configs', f'maskrcnn_{backbone}_soft.py'))
+    assert cfg.model.backbone.with_cp is True
+
+
+def test_soft_saved_bytes_per_token_landmark_head_is_the_readmes_figure():
+    """The README's estimate: SOFT keeps about 21.5 bytes per (token, landmark, head) for backward (some five float32
+    N x m maps; the Newton inverse's backward is analytic, its iterations are not kept). Measured exactly with
+    saved_tensors_hooks on one call at N = 1600 tokens, m = 400 landmarks, 3 heads of 32."""
+    from softfree_mm.analysis.benchmark import _saved_bytes
+    from softfree_mm.attention import build_attention
+    h, d, side, ratio = 3, 32, 40, 2
+    kern = build_attention(dict(type='soft', landmark_ratio=ratio, conv_size=3), num_heads=h, head_dim=d)
+    q, k, v = (torch.randn(1, h, side * side, d, requires_grad=True) for _ in range(3))
+    saved, _ = _saved_bytes(lambda: kern(q, k, v, hw=(side, side)))
+    n, m = side * side, (side // ratio) ** 2
+    per = (saved - 9 * n * d * h * 4) / (n * m * h)  # the O(N d) tensors (q, k, v, outputs...) aside
+    assert 15 < per < 24, f'{per:.1f} bytes per token x landmark x head'
+    # 1344 x 800 (1333 x 800 padded to 32), stage 1 of Swin-T: 67200 tokens, 25 x 42 landmarks, 3 heads, 2 images
+    stage1_gib = 67200 * 1050 * 3 * 2 * 21.5 / 2 ** 30
+    assert math.isclose(stage1_gib, 8.5, abs_tol=0.1)

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The GPU check, one command on any CUDA machine: `make gpu-check` (or `bash tools/gpu_check.sh`), about 8 minutes
+# from a fresh clone on a current GPU node:
+#   0. a CUDA GPU at all? (nvidia-smi lists one) - else one line and exit status 2, at once, before any set-up;
+#   1. set-up (tools/setup_env.sh; mmcv's CPU ops are enough: nms / roi_align run on torchvision's CUDA kernels);
+#   2. torch sees CUDA (else the cause in one line: driver too old for the torch build, ...);
+#   3. the CUDA-only tests (tests/test_cuda.py: torchvision route vs mmcv, fp16 overflow stops, bf16, memory);
+#   4. the kernel benchmark on CUDA in float32 and bfloat16 (float16 where the GPU has no bfloat16);
+#   5. 20 iterations of the main demo (configs/demo/maskrcnn_xcit_s12_poly3_demo.py) with --amp, and its COCO
+#      evaluation;
+#   6. a one-screen summary, also in work_dirs/gpu_check/summary.txt (each step's log beside it).
+# Environment: GPU_CHECK_DIR (default work_dirs/gpu_check), GPU_CHECK_ITERS (20), and what tools/setup_env.sh reads
+# (SOFTFREE_VENV, TORCH_INDEX_URL, MMCV_CUDA, ...).
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+    echo "gpu-check: no CUDA GPU on this machine (nvidia-smi lists none); run it where nvidia-smi lists a GPU" >&2
+    exit 2
+fi
+
+OUT=${GPU_CHECK_DIR:-$ROOT/work_dirs/gpu_check}
+ITERS=${GPU_CHECK_ITERS:-20}
+VENV=${SOFTFREE_VENV:-$ROOT/.venv}
+PY="$VENV/bin/python"
+mkdir -p "$OUT"
+SUMMARY="$OUT/summary.txt"
+: > "$SUMMARY"
+START=$(date +%s)
+FAILED=0
+
+# step NAME COMMAND...: runs it with its output in $OUT/NAME.log, records PASS/FAIL and the seconds it took
+step() {
+    local name=$1
+    shift
+    local t0=$SECONDS
+    echo "gpu-check: $name ..." >&2
+    if "$@" > "$OUT/$name.log" 2>&1; then
+        printf '%-10s PASS %5ss  %s\n' "$name" $((SECONDS - t0)) "$(detail "$name")" >> "$SUMMARY"
+        return 0
+    fi
+    printf '%-10s FAIL %5ss  %s (log: %s)\n' "$name" $((SECONDS - t0)) \
+        "$(grep -E '^error:|Error|FAILED' "$OUT/$name.log" | tail -n 1 | cut -c1-120)" "$OUT/$name.log" >> "$SUMMARY"
+    FAILED=1
+    return 1
+}
+
+# one line of what a passing step found
+detail() {
+    case $1 in
+        cuda) tail -n 1 "$OUT/cuda.log" ;;
+        tests) grep -E '[0-9]+ passed' "$OUT/tests.log" | tail -n 1 ;;
+        bench-*) grep -E '^\| (softmax|poly|soft) \| 4096 ' "$OUT/$1.log" | awk -F'|' '{printf "%s %sms ", $2, $4}' ;;
+        demo) grep -E 'Iter\(train\) \[ *'"$ITERS"'/' "$OUT/demo.log" | tail -n 1 | grep -oE 'loss: [0-9.]+|time: [0-9.]+' | tr '\n' ' ' ;;
+        eval) grep -E '^metrics:' "$OUT/eval.log" | cut -c1-110 ;;
+        *) echo ;;
+    esac
+}
+
+finish() {
+    local total=$(( $(date +%s) - START ))
+    {
+        echo "---"
+        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -n 1 | sed 's/^/gpu: /'
+        [ -x "$PY" ] && "$PY" -c 'import torch, mmcv; print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), mmcv {mmcv.__version__}")' 2>/dev/null
+        echo "total: ${total}s; $( [ $FAILED = 0 ] && echo 'all steps passed' || echo 'FAILED steps above' )"
+    } >> "$SUMMARY"
+    echo "=================== gpu-check summary ($OUT) ===================" >&2
+    cat "$SUMMARY" >&2
+    exit $FAILED
+}
+
+step setup bash tools/setup_env.sh || finish
+step cuda "$PY" -c '
+import sys, torch
+sys.path.insert(0, ".")
+from softfree_mm.engine.device import diagnose
+problem = diagnose()
+if problem:
+    print(f"error: {problem}"); sys.exit(2)
+p = torch.cuda.get_device_properties(0)
+from softfree_mm import compat
+route = "mmcv CUDA ops" if compat.mmcv_has_cuda_ops() else "torchvision route"
+print(f"{torch.cuda.device_count()} x {p.name} (sm_{p.major}{p.minor}, {p.total_memory / 2**30:.0f} GiB), bf16 {torch.cuda.is_bf16_supported()}, nms/roi_align: {route}")
+' || finish
+step tests "$PY" -m pytest tests/test_cuda.py -q -p no:cacheprovider -rs
+HALF=$("$PY" -c 'import torch; print("bfloat16" if torch.cuda.is_bf16_supported() else "float16")')
+step bench-fp32 "$PY" tools/benchmark.py --device cuda --dtype float32 --sides 16 32 64 --repeats 5
+step bench-$HALF "$PY" tools/benchmark.py --device cuda --dtype "$HALF" --sides 16 32 64 --repeats 5
+DEMO_CFG=configs/demo/maskrcnn_xcit_s12_poly3_demo.py
+if step demo "$PY" tools/train.py "$DEMO_CFG" --amp --work-dir "$OUT/demo" --cfg-options \
+        "train_cfg.max_iters=$ITERS" "train_cfg.val_begin=$((ITERS + 1))" "train_cfg.val_interval=$ITERS" \
+        "default_hooks.checkpoint.interval=$ITERS" default_hooks.logger.interval=5; then
+    step eval "$PY" tools/test.py "$DEMO_CFG" "$(cat "$OUT/demo/last_checkpoint")" --work-dir "$OUT/demo"
+fi
+finish
