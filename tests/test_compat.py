@@ -34,7 +34,7 @@ def _rank_results(out_dir):
     return sorted((p.name, p.read_text()) for p in out_dir.glob('rank*.txt'))
 
 
-def _toy_runner(work_dir, max_epochs=1, resume=False, load_from=None):
+def _toy_runner(work_dir, max_epochs=1, resume=False, load_from=None, max_keep_ckpts=-1):
     from mmengine.model import BaseModel
     from mmengine.runner import Runner
 
@@ -57,7 +57,8 @@ def _toy_runner(work_dir, max_epochs=1, resume=False, load_from=None):
                                         batch_size=4, collate_fn=dict(type='default_collate')),
                   optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01)),
                   train_cfg=dict(by_epoch=True, max_epochs=max_epochs),
-                  default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=1)),
+                  default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=1,
+                                                     max_keep_ckpts=max_keep_ckpts)),
                   resume=resume, load_from=load_from, default_scope='mmengine')
 
 
@@ -74,6 +75,39 @@ def test_mmengine_checkpoint_loads_with_default_weights_only(tmp_path):
     assert loaded['meta']['epoch'] == 1
     for k, v in raw['state_dict'].items():
         assert torch.equal(loaded['state_dict'][k], v)
+
+
+def test_failed_save_keeps_the_previous_checkpoint_and_no_partial_file(tmp_path, monkeypatch):
+    """max_keep_ckpts=1: mmengine deletes the old checkpoint before writing the new one; a save that fails half-way
+    (here: the disk fills after half the bytes) must leave the old one, and no partial file under the new name."""
+    _toy_runner(tmp_path, max_epochs=1, max_keep_ckpts=1).train()
+    real_open = open
+
+    class HalfThenFull:
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data):
+            self.f.write(data[:len(data) // 2])
+            raise OSError(28, 'No space left on device')
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self.f.__exit__(*exc)
+
+    def full_disk_open(file, mode='r', *args, **kwargs):
+        f = real_open(file, mode, *args, **kwargs)
+        return HalfThenFull(f) if 'w' in mode and 'epoch_2' in str(file) else f
+
+    monkeypatch.setattr('builtins.open', full_disk_open)
+    with pytest.raises(OSError, match='No space left'):
+        _toy_runner(tmp_path, max_epochs=2, resume=True, max_keep_ckpts=1).train()
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.glob('*.pth*')) == ['epoch_1.pth']
+    assert torch.load(tmp_path / 'epoch_1.pth')['meta']['epoch'] == 1
+    assert (tmp_path / 'last_checkpoint').read_text().strip().endswith('epoch_1.pth')
 
 
 def test_resume_continues_from_saved_epoch(tmp_path):
@@ -148,7 +182,8 @@ def test_init_dist_on_cpu_uses_gloo_and_skips_set_device(tmp_path):
 
 
 def test_repairs_are_named_and_applied_once():
-    assert compat.APPLIED == ['allow_mmengine_checkpoint_types', 'init_dist_without_cuda', 'mmcv_ops_on_torchvision']
+    assert compat.APPLIED == ['allow_mmengine_checkpoint_types', 'init_dist_without_cuda', 'mmcv_ops_on_torchvision',
+                              'checkpoints_replace_atomically']
     assert compat.apply_all() == compat.APPLIED
 
 
