@@ -35,14 +35,17 @@ def test_gpu_check_without_cuda_stops_at_once_with_one_line(tmp_path):
     assert make.returncode != 0 and 'no CUDA GPU on this machine' in make.stderr
 
 
-@pytest.mark.parametrize('dtype', ['bfloat16', 'float16'])
-def test_benchmark_runs_in_the_half_dtype_of_the_gpu_check(dtype, capsys):
+def test_benchmark_runs_as_the_gpu_check_calls_it(capsys):
+    """The gpu check's benchmark command and the table row its summary reads (on CPU, small N, bf16)."""
     sys.path.insert(0, osp.join(ROOT, 'tools'))
     import benchmark
-    assert benchmark.main(['--device', 'cpu', '--dtype', dtype, '--sides', '4', '--repeats', '1',
+    text = open(osp.join(ROOT, 'tools', 'gpu_check.sh')).read()
+    assert 'tools/benchmark.py kernels --device cuda --dtype fp32 --tokens 1024 4096 16384 --backward' in text
+    assert benchmark.main(['kernels', '--device', 'cpu', '--dtype', 'bf16', '--tokens', '16', '--backward',
+                           '--heads', '4', '--head-dim', '32', '--repeats', '1', '--no-memory',
                            '--kernels', 'softmax', 'poly', 'soft']) == 0
-    out = capsys.readouterr().out
-    assert f'dtype={dtype}' in out and '| soft | 16 |' in out
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith('| soft | 16 | fwdbwd ')]
+    assert len(rows) == 1 and float(rows[0].split('|')[4]) > 0
 
 
 @pytest.mark.parametrize('backbone', ['swin_t', 'cswin_t', 'pvt_v2_b2'])
@@ -56,12 +59,12 @@ def test_soft_saved_bytes_per_token_landmark_head_is_the_readmes_figure():
     """The README's estimate: SOFT keeps about 21.5 bytes per (token, landmark, head) for backward (some five float32
     N x m maps; the Newton inverse's backward is analytic, its iterations are not kept). Measured exactly with
     saved_tensors_hooks on one call at N = 1600 tokens, m = 400 landmarks, 3 heads of 32."""
-    from softfree_mm.analysis.benchmark import _saved_bytes
+    from softfree_mm.analysis.benchmark import saved_bytes
     from softfree_mm.attention import build_attention
     h, d, side, ratio = 3, 32, 40, 2
     kern = build_attention(dict(type='soft', landmark_ratio=ratio, conv_size=3), num_heads=h, head_dim=d)
     q, k, v = (torch.randn(1, h, side * side, d, requires_grad=True) for _ in range(3))
-    saved, _ = _saved_bytes(lambda: kern(q, k, v, hw=(side, side)))
+    saved = saved_bytes(lambda: kern(q, k, v, hw=(side, side)))
     n, m = side * side, (side // ratio) ** 2
     per = (saved - 9 * n * d * h * 4) / (n * m * h)  # the O(N d) tensors (q, k, v, outputs...) aside
     assert 15 < per < 24, f'{per:.1f} bytes per token x landmark x head'

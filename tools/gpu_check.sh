@@ -5,7 +5,8 @@
 #   1. set-up (tools/setup_env.sh; mmcv's CPU ops are enough: nms / roi_align run on torchvision's CUDA kernels);
 #   2. torch sees CUDA (else the cause in one line: driver too old for the torch build, ...);
 #   3. the CUDA-only tests (tests/test_cuda.py: torchvision route vs mmcv, fp16 overflow stops, bf16, memory);
-#   4. the kernel benchmark on CUDA in float32 and bfloat16 (float16 where the GPU has no bfloat16);
+#   4. the kernel benchmark on CUDA (forward + backward, N = 1k to 16k) in fp32 and bf16 (fp16 where the GPU has
+#      no bf16);
 #   5. 20 iterations of the main demo (configs/demo/maskrcnn_xcit_s12_poly3_demo.py) with --amp, and its COCO
 #      evaluation;
 #   6. a one-screen summary, also in work_dirs/gpu_check/summary.txt (each step's log beside it).
@@ -51,7 +52,7 @@ detail() {
     case $1 in
         cuda) tail -n 1 "$OUT/cuda.log" ;;
         tests) grep -E '[0-9]+ passed' "$OUT/tests.log" | tail -n 1 ;;
-        bench-*) grep -E '^\| (softmax|poly|soft) \| 4096 ' "$OUT/$1.log" | awk -F'|' '{printf "%s %sms ", $2, $4}' ;;
+        bench-*) grep -E '^\| (softmax|poly|soft) \| 16384 \| fwdbwd ' "$OUT/$1.log" | awk -F'|' '{printf "%s%sms ", $2, $5}' ;;
         demo) grep -E 'Iter\(train\) \[ *'"$ITERS"'/' "$OUT/demo.log" | tail -n 1 | grep -oE 'loss: [0-9.]+|time: [0-9.]+' | tr '\n' ' ' ;;
         eval) grep -E '^metrics:' "$OUT/eval.log" | cut -c1-110 ;;
         *) echo ;;
@@ -85,9 +86,12 @@ route = "mmcv CUDA ops" if compat.mmcv_has_cuda_ops() else "torchvision route"
 print(f"{torch.cuda.device_count()} x {p.name} (sm_{p.major}{p.minor}, {p.total_memory / 2**30:.0f} GiB), bf16 {torch.cuda.is_bf16_supported()}, nms/roi_align: {route}")
 ' || finish
 step tests "$PY" -m pytest tests/test_cuda.py -q -p no:cacheprovider -rs
-HALF=$("$PY" -c 'import torch; print("bfloat16" if torch.cuda.is_bf16_supported() else "float16")')
-step bench-fp32 "$PY" tools/benchmark.py --device cuda --dtype float32 --sides 16 32 64 --repeats 5
-step bench-$HALF "$PY" tools/benchmark.py --device cuda --dtype "$HALF" --sides 16 32 64 --repeats 5
+HALF=$("$PY" -c 'import torch; print("bf16" if torch.cuda.is_bf16_supported() else "fp16")')
+KERNELS=(softmax poly relu linear efficient taylor inline soft)
+step bench-fp32 "$PY" tools/benchmark.py kernels --device cuda --dtype fp32 --tokens 1024 4096 16384 --backward \
+    --heads 4 --head-dim 32 --kernels "${KERNELS[@]}"
+step bench-$HALF "$PY" tools/benchmark.py kernels --device cuda --dtype "$HALF" --tokens 1024 4096 16384 --backward \
+    --heads 4 --head-dim 32 --kernels "${KERNELS[@]}"
 DEMO_CFG=configs/demo/maskrcnn_xcit_s12_poly3_demo.py
 if step demo "$PY" tools/train.py "$DEMO_CFG" --amp --work-dir "$OUT/demo" --cfg-options \
         "train_cfg.max_iters=$ITERS" "train_cfg.val_begin=$((ITERS + 1))" "train_cfg.val_interval=$ITERS" \
