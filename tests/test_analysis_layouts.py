@@ -13,6 +13,7 @@ import torch
 from softfree_mm import models
 from softfree_mm.analysis.attention_maps import query_map
 from softfree_mm.analysis.support import TINY
+from softfree_mm.attention import list_attentions
 from softfree_mm.engine.hooks import AttentionCapture, attention_layers
 
 SIZE = (61, 90)  # odd sizes: padding in Swin / CSwin / PVT v1 patch embedding, partial windows
@@ -211,3 +212,39 @@ def test_capture_rejects_unknown_layers_and_models_without_kernels():
         AttentionCapture(torch.nn.Linear(2, 2))
     cap = AttentionCapture(model, layers=lambda n: n.startswith('stages.1'))
     assert [n for n, _ in cap.layers] == ['stages.1.blocks.0.attn', 'stages.1.blocks.1.attn']
+
+
+def _any_fitting_model(kernel):
+    """A tiny backbone that takes ``kernel``: PVTv2 with global attention everywhere (no mask, grids given), else
+    XCiT (channel attention), else Swin (7 x 7 windows: kernels tied to a fixed length)."""
+    for name, kw in (('SoftFreePVTv2', dict(sr_ratios=(1, 1, 1, 1))), ('SoftFreeXCiT', {}), ('SoftFreeSwin', {})):
+        try:
+            model = _build(name, kernel, **kw)
+            with torch.no_grad():
+                model(torch.randn(1, 3, 32, 32))
+            return model
+        except (ValueError, TypeError):
+            continue
+    raise AssertionError(f'no tiny backbone takes {kernel}')
+
+
+@pytest.mark.parametrize('kernel', list_attentions())
+def test_every_kernel_is_captured_with_a_matrix_that_reproduces_its_output(kernel):
+    from softfree_mm.analysis.norms import call_stats, has_score_map
+    model = _any_fitting_model(kernel)
+    outputs = {}
+    hooks = [k.register_forward_hook(lambda mod, a, kw, out, n=n: outputs.setdefault(n, out), with_kwargs=True)
+             for n, k in attention_layers(model)]
+    with AttentionCapture(model) as cap, torch.no_grad():
+        model(torch.randn(2, 3, 32, 32))
+    for h in hooks:
+        h.remove()
+    assert len(cap.calls) == len(attention_layers(model))
+    for n, call in cap.calls.items():
+        # out == A @ v, plus the part that is no matrix shared by v's channels (InLine's official residual)
+        rest = 0.0 if call.complete else call.residual().float()
+        torch.testing.assert_close(call.matrix() @ call.v.float() + rest, outputs[n].float(), rtol=1e-3, atol=1e-4)
+        st = call_stats(call)
+        assert torch.isfinite(st['fro']).all() and st['fro'].shape == (call.num_heads, )
+        assert (st['jac'] is not None) == has_score_map(call.kernel)
+        assert st['jac'] is not None or call.kernel.name in st['jac_note']

@@ -3,11 +3,13 @@
 Token layouts (global, window, stripe, spatial reduction): the query is the token under a pixel; its row of A is
 put back on the layer's grid (:meth:`Layout.spread`): window and stripe queries light up their own shifted /
 padded window or stripe only, a PVT query spreads each reduced key's weight evenly over the cell that key pools.
-Tokens the query cannot see are NaN. Channel layouts (XCiT): the "tokens" are the d_h channels of a head; query
-channel c gathers ``sum_c' A[c, c'] v[c', :]``, which is a map over the image tokens: that map is drawn.
+Tokens the query cannot see are NaN. For a kernel whose A is not its whole output (InLine's official per-channel
+local residual is no matrix shared by v's channels) the map is A, and the note says what it leaves out. Channel
+layouts (XCiT): the "tokens" are the d_h channels of a head; query channel c gathers ``sum_c' A[c, c'] v[c', :]``,
+which is a map over the image tokens: that map is drawn.
 """
 import math
-from typing import Optional, Tuple, Union
+from typing import Tuple, Union
 
 import torch
 
@@ -28,6 +30,9 @@ def query_map(call, xy: Tuple[float, float], head: Union[int, str] = 0, channel:
     """The map for one query of image ``image``: dict(values (H, W) float tensor, NaN where the query sees nothing;
     token (y, x) of the query (None for channel layouts); stride (sy, sx); kind; note)."""
     layout = call.layout
+    note = layout.note if layout is not None else ''
+    if not call.complete:
+        note += f'; A without the part of {call.kernel.name} that is no shared matrix (per-channel residual)'
     if layout is None or layout.kind == 'unknown' or layout.grid is None:
         raise ValueError(f'{call.name}: the layout is unknown ({layout.note if layout else "no layout"})')
     nh = call.num_heads
@@ -45,7 +50,7 @@ def query_map(call, xy: Tuple[float, float], head: Union[int, str] = 0, channel:
         vals = maps.mean(0) if head == 'mean' else maps[head]
         ih, iw = call.image_size or (h, w)
         return dict(values=vals.reshape(h, w), token=None, stride=(image_stride(ih, h), image_stride(iw, w)),
-                    kind=layout.kind, note=layout.note)
+                    kind=layout.kind, note=note)
     ty, tx, stride = token_under(call, xy)
     g, i = layout.find_query(ty * w + tx)
     sub = layout.group(g)
@@ -59,4 +64,4 @@ def query_map(call, xy: Tuple[float, float], head: Union[int, str] = 0, channel:
         keep = torch.ones(call.k.shape[2])
     seen = sub.spread(keep.view(1, -1))[0] > 0
     values = torch.where(seen, values, torch.full_like(values, math.nan))
-    return dict(values=values.reshape(h, w), token=(ty, tx), stride=stride, kind=layout.kind, note=layout.note)
+    return dict(values=values.reshape(h, w), token=(ty, tx), stride=stride, kind=layout.kind, note=note)

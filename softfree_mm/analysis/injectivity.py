@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 
 DEFAULT_THRESHOLD = 1e-3
+_PAIR_BUDGET = 1 << 23  # query pairs handled at once (float64 distances: 64 MiB)
 
 
 def pair_distances(x: torch.Tensor) -> torch.Tensor:
@@ -36,19 +37,24 @@ def confusions(a: torch.Tensor, q: Optional[torch.Tensor] = None, threshold: flo
     """
     if threshold <= 0 or query_threshold < 0:
         raise ValueError(f'threshold must be > 0 and query_threshold >= 0, got {threshold}, {query_threshold}')
-    nq = a.shape[-2]
+    bp, h, nq = a.shape[0], a.shape[1], a.shape[-2]
     upper = torch.ones(nq, nq, dtype=torch.bool, device=a.device).triu(1)
+    ok = upper.expand(bp, h, nq, nq)
+    if query_valid is not None:
+        v = query_valid.to(a.device)
+        ok = ok & (v.unsqueeze(-1) & v.unsqueeze(-2)).unsqueeze(1)
+    flat_a, flat_q, flat_ok = a.reshape(bp * h, nq, -1), None if q is None else q.reshape(bp * h, nq, -1), \
+        ok.reshape(bp * h, nq, nq)
+    step = max(1, _PAIR_BUDGET // (nq * nq))  # bounds the float64 (rows, Nq, Nq) distance matrices
     confused, pairs = [], []
-    for h in range(a.shape[1]):  # one head at a time bounds the (B', Nq, Nq) distance matrices
-        close = pair_distances(a[:, h]) < threshold
-        distinct = pair_distances(q[:, h]) >= query_threshold if q is not None else torch.ones_like(close)
-        ok = upper & distinct
-        if query_valid is not None:
-            v = query_valid.to(a.device)
-            ok = ok & v.unsqueeze(-1) & v.unsqueeze(-2)
-        confused.append((close & ok).sum((-2, -1)))
-        pairs.append(ok.sum((-2, -1)))
-    return torch.stack(confused, 1), torch.stack(pairs, 1)
+    for start in range(0, bp * h, step):
+        sl = slice(start, start + step)
+        pair_ok = flat_ok[sl]
+        if flat_q is not None:
+            pair_ok = pair_ok & (pair_distances(flat_q[sl]) >= query_threshold)
+        confused.append((pair_ok & (pair_distances(flat_a[sl]) < threshold)).sum((-2, -1)))
+        pairs.append(pair_ok.sum((-2, -1)))
+    return torch.cat(confused).view(bp, h), torch.cat(pairs).view(bp, h)
 
 
 def call_confusions(call, image: int, threshold: float = DEFAULT_THRESHOLD,

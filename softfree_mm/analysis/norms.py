@@ -169,9 +169,10 @@ def call_stats(call, jacobian: bool = True) -> Dict[str, object]:
     res = matrix_norms(call.kernel, dict(q=call.q, k=call.k, hw=call.hw, scale=call.scale, bias=call.bias,
                                          mask=call.mask), qv, jacobian=jacobian)
     out = dict(fro=res['fro'].mean(0), jac=None if res['jac'] is None else res['jac'].mean(0),
-               rows=float(res['rows'].float().mean()), keys=float(res['keys'].mean()))
+               rows=float(res['rows'].float().mean()), keys=float(res['keys'].mean()), complete=call.complete)
     if res['jac'] is None:
-        out['jac_note'] = no_score_map_reason(call.kernel) if jacobian else 'not asked for (jacobian=False)'
+        out['jac_note'] = (f'{call.kernel.name}: {no_score_map_reason(call.kernel)}' if jacobian
+                           else 'not asked for (jacobian=False)')
     return out
 
 

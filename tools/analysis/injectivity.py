@@ -8,7 +8,9 @@ attention row.
 For every image of the split (the first --num-images) and every attention layer, the pairs of queries that are at
 least --query-threshold apart (L2) but whose attention rows differ by less than --threshold (L2; InLine uses 1e-3)
 are counted within each attention problem (a window's queries share its keys; padding queries left out) and summed
-over the problems of the image, per head. Writes PREFIX.csv (image, layer, kind, head, queries, pairs, confusions)
+over the problems of the image, per head. Rows are the kernel's A; 'matrix' says 'partial' where part of the output
+is no matrix shared by v's channels (InLine's official per-channel residual). Writes PREFIX.csv (image, layer, kind,
+matrix, head, queries, pairs, confusions)
 and PREFIX.png (mean confusions per image of each layer, summed over heads). CHECKPOINT 'none' measures the
 initialised model. Bad input: one line, exit status 2.
 """
@@ -60,11 +62,12 @@ def main(argv=None):
             if layer not in order:
                 order.append(layer)
             conf, pairs, queries = call_confusions(call, 0, args.threshold, args.query_threshold)
+            matrix = 'complete' if call.complete else 'partial'
             for h in range(call.num_heads):
-                rows.append(dict(image=name, layer=layer, kind=call.layout.kind, head=h, queries=queries,
+                rows.append(dict(image=name, layer=layer, kind=call.layout.kind, matrix=matrix, head=h, queries=queries,
                                  pairs=int(pairs[h]), confusions=int(conf[h])))
     csv_path, png_path = probe.out_paths(args.out)
-    write_csv(csv_path, rows, ['image', 'layer', 'kind', 'head', 'queries', 'pairs', 'confusions'])
+    write_csv(csv_path, rows, ['image', 'layer', 'kind', 'matrix', 'head', 'queries', 'pairs', 'confusions'])
     images = sorted({r['image'] for r in rows})
     means = [sum(r['confusions'] for r in rows if r['layer'] == layer) / len(images) for layer in order]
     plots.per_layer_bars(order, means, png_path, ylabel='confusions per image (sum over heads)', log=True,

@@ -9,7 +9,9 @@ sum_j A_ij * share_j, share_j the part of key j inside the query's 3x3 token nei
 stripe and padding layouts placed on the grid; a spatially reduced PVT key counts with the fraction of its cell in
 the neighbourhood), and the same measure for uniform attention over the keys each query may see (9/N for an
 interior query of a global layer). Channel-attention layers (XCiT) have no token neighbourhood: they are listed
-with an empty value. Writes PREFIX.csv (image, layer, kind, head, queries, mass_3x3, uniform_3x3) and PREFIX.png
+with an empty value. 'matrix' says 'partial' where part of the output is no matrix shared by v's channels (InLine's
+official per-channel 3x3 residual, local by construction, is then not counted). Writes PREFIX.csv (image, layer,
+kind, matrix, head, queries, mass_3x3, uniform_3x3) and PREFIX.png
 (mean per layer, uniform reference marked). CHECKPOINT 'none' measures the initialised model. Bad input: one line,
 exit status 2.
 """
@@ -37,18 +39,19 @@ def main(argv=None):
         for layer, call in cap.calls.items():
             if layer not in order:
                 order.append(layer)
+            matrix = 'complete' if call.complete else 'partial'
             try:
                 mass, uniform, queries = call_locality(call, 0)
             except ValueError as e:
                 notes[layer] = str(e)
-                rows.append(dict(image=name, layer=layer, kind=call.layout.kind, head='', queries='', mass_3x3='',
-                                 uniform_3x3=''))
+                rows.append(dict(image=name, layer=layer, kind=call.layout.kind, matrix=matrix, head='', queries='',
+                                 mass_3x3='', uniform_3x3=''))
                 continue
             for h in range(call.num_heads):
-                rows.append(dict(image=name, layer=layer, kind=call.layout.kind, head=h, queries=queries,
+                rows.append(dict(image=name, layer=layer, kind=call.layout.kind, matrix=matrix, head=h, queries=queries,
                                  mass_3x3=f'{float(mass[h]):.6g}', uniform_3x3=f'{float(uniform[h]):.6g}'))
     csv_path, png_path = probe.out_paths(args.out)
-    write_csv(csv_path, rows, ['image', 'layer', 'kind', 'head', 'queries', 'mass_3x3', 'uniform_3x3'])
+    write_csv(csv_path, rows, ['image', 'layer', 'kind', 'matrix', 'head', 'queries', 'mass_3x3', 'uniform_3x3'])
     shown = [layer for layer in order if layer not in notes]
     mean = [_mean(rows, layer, 'mass_3x3') for layer in shown]
     ref = [_mean(rows, layer, 'uniform_3x3') for layer in shown]

@@ -7,6 +7,7 @@ attention problems (images x windows / stripes; padding queries left out):
 * ``{prefix}/{layer}/fro_h{i}``: ||A||_F of head i (and ``fro``: the mean over heads);
 * ``{prefix}/{layer}/jac_h{i}``: the Frobenius norm of the Jacobian of A with respect to its scores, exact closed
   forms (:mod:`softfree_mm.analysis.norms`); kernels without a score map get no ``jac`` (the log says why once);
+* (for InLine's official per-channel residual, which is no matrix shared by the channels, A is the matrix part);
 * ``{prefix}/{layer}/rows`` and ``keys``: real query rows per problem and valid keys per row (softmax's bounds:
   ||A||_F <= sqrt(rows), ||J||_F <= 2 sqrt(rows)).
 
@@ -79,9 +80,14 @@ class AttentionStatsHook(Hook):
         self._detach()
         scalars = self.scalars(self._stats)
         for name, st in self._stats.items():
-            if st['jac'] is None and name not in self._noted:
-                self._noted.add(name)
+            if name in self._noted:
+                continue
+            self._noted.add(name)
+            if st['jac'] is None:
                 runner.logger.info(f'AttentionStatsHook: {name}: no Jacobian norm ({st["jac_note"]})')
+            if not st['complete']:
+                runner.logger.info(f'AttentionStatsHook: {name}: ||A||_F of the matrix part only; the rest of the '
+                                   'output is no matrix shared by the channels (per-channel residual)')
         if scalars:
             runner.visualizer.add_scalars(scalars, step=runner.iter + 1, file_path=self.file_name)
         self._stats = {}

@@ -23,7 +23,7 @@ from torch import nn
 from ...analysis.layouts import Layout, adapters, default_layout
 from ...attention import AttentionKernel
 
-_ARGS = ('q', 'k', 'v', 'hw', 'scale', 'bias', 'mask')
+_ARGS = ('q', 'k', 'v', 'hw', 'scale', 'bias', 'mask', 'context')
 
 
 def attention_layers(module: nn.Module, prefix: str = '') -> List[Tuple[str, AttentionKernel]]:
@@ -52,12 +52,26 @@ class AttentionCall:
         self.name, self.kernel = name, kernel
         self.q, self.k, self.v = inputs['q'], inputs['k'], inputs['v']
         self.hw, self.scale, self.bias, self.mask = inputs['hw'], inputs['scale'], inputs['bias'], inputs['mask']
+        self.context = inputs.get('context')
         self.layout = layout
         self.image_size = image_size
 
     @property
     def num_heads(self) -> int:
         return self.q.shape[1]
+
+    @property
+    def complete(self) -> bool:
+        """False when part of the output is not a matrix shared by v's channels (InLine's official per-channel
+        residual): then ``out == matrix() @ v + residual()`` and analyses of A see the rest of the attention."""
+        return bool(getattr(self.kernel, 'matrix_is_complete', True))
+
+    def residual(self) -> torch.Tensor:
+        """``out - A @ v`` (zero for complete kernels)."""
+        extra = {} if self.context is None else dict(context=self.context)
+        with torch.no_grad():
+            return self.kernel.residual_output(self.q, self.k, self.v, hw=self.hw, scale=self.scale, bias=self.bias,
+                                               mask=self.mask, **extra)
 
     def matrix(self, index=None) -> torch.Tensor:
         """A (B', h, Nq, Nk) in float32 (float64 for float64 inputs); ``index`` selects rows of the batch
@@ -193,7 +207,7 @@ class AttentionCapture:
             self._seen.add(name)
             bound = sig.bind(module, *args, **kwargs)
             bound.apply_defaults()
-            inputs = {a: _detach(bound.arguments[a]) for a in _ARGS}
+            inputs = {a: _detach(bound.arguments.get(a)) for a in _ARGS}
             call = AttentionCall(name, kernel, inputs, None, self.image_size)
             call.layout = self._layout(kernel, call)
             if self.on_call is not None:
