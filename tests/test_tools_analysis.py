@@ -337,7 +337,8 @@ def test_sweep_trains_once_per_kernel_and_tabulates_the_logs(demo, tmp_path):
 
 
 TOOLS = ['tools/vis_attention.py', 'tools/analysis/attention_norms.py', 'tools/analysis/injectivity.py',
-         'tools/analysis/locality.py', 'tools/analysis/sweep.py', 'tools/analysis/plot_attention_stats.py']
+         'tools/analysis/locality.py', 'tools/analysis/sweep.py', 'tools/analysis/plot_attention_stats.py',
+         'tools/analysis/hook_overhead.py']
 
 
 @pytest.mark.parametrize('path', TOOLS)
@@ -381,6 +382,7 @@ def test_tools_refuse_bad_input_with_one_line(trained, tmp_path, capsys):
         ('tools/analysis/sweep.py', [cfg, '--kernels', 'softmax', '--key', 'model.neck.attn_cfg'], '--key'),
         ('tools/analysis/sweep.py', [cfg, '--kernels', 'softmax', '--cfg-options', 'nokey'], 'KEY=VALUE'),
         ('tools/analysis/plot_attention_stats.py', [str(tmp_path / 'nowhere')], 'no such file'),
+        ('tools/analysis/hook_overhead.py', [cfg, '--batch', '0'], '--batch'),
         ('tools/analysis/plot_attention_stats.py', [str(tmp_path)], 'attention_stats.json'),
     ]
     for path, argv, match in cases:

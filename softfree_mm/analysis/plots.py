@@ -54,7 +54,8 @@ def curves_per_layer(steps_by_layer: Dict[str, Dict[str, List]], path: str, keys
     for ax, key in zip(axes[0], keys):
         for i, (layer, d) in enumerate(steps_by_layer.items()):
             if key in d:
-                ax.plot(d['step_' + key], d[key], color=cmap(i / n), label=layer, linewidth=1.2)
+                ax.plot(d['step_' + key], d[key], color=cmap(i / n), label=layer, linewidth=1.2, marker='o',
+                        markersize=2.5)
         ax.set_xlabel('iteration')
         ax.set_ylabel(dict(zip(('fro', 'jac'), labels)).get(key, key))
         ax.set_yscale('log')
