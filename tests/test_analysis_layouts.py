@@ -17,10 +17,14 @@ from softfree_mm.attention import list_attentions
 from softfree_mm.engine.hooks import AttentionCapture, attention_layers
 
 SIZE = (61, 90)  # odd sizes: padding in Swin / CSwin / PVT v1 patch embedding, partial windows
+TINY = {**TINY, 'SoftFreeSOFT': dict(arch=dict(embed_dims=(16, 32, 40, 64), depths=(1, 1, 1, 1),
+                                               num_heads=(1, 2, 2, 4)))}
 
 
 def _build(name, attn='softmax', **kw):
     torch.manual_seed(0)
+    if name == 'SoftFreeSOFT' and attn == 'softmax':
+        attn = None  # its official kernels: SOFT in stages 1-3, softmax in stage 4
     return getattr(models, name)(**{**TINY[name], **kw}, attn_cfg=attn).eval()
 
 
@@ -46,7 +50,7 @@ def test_capture_records_each_kernel_once_with_its_layout_and_a_matching_matrix(
     kinds = {c.layout.kind for c in cap.calls.values()}
     expected = {'SoftFreeXCiT': {'channel'}, 'SoftFreePVT': {'reduction', 'global'},
                 'SoftFreePVTv2': {'reduction', 'global'}, 'SoftFreeSwin': {'window'},
-                'SoftFreeCSWin': {'stripe', 'global'}}[name]
+                'SoftFreeCSWin': {'stripe', 'global'}, 'SoftFreeSOFT': {'global'}}[name]
     assert kinds == expected, kinds
     for n, call in cap.calls.items():
         assert call.q.shape[0] == 2 * call.layout.groups
@@ -154,6 +158,29 @@ def test_pvt_reduced_keys_come_from_the_cells_their_footprints_name(name):
             k = kv[:, :kv.shape[1] // 2].view(attn.num_heads, attn.head_dim)
             torch.testing.assert_close(call.k[0, :, j], k, rtol=1e-4, atol=1e-5)
         assert torch.allclose(layout.key_weight.sum(-1), torch.ones(1, call.k.shape[2]))
+
+
+def test_soft_class_token_counts_in_norms_but_has_no_place_on_the_grid():
+    from softfree_mm.analysis.norms import call_stats
+    model = _build('SoftFreeSOFT')
+    x = torch.randn(1, 3, *SIZE)
+    got = {}
+    blk = model.stages[3].blocks[0]
+    hook = blk.norm1.register_forward_hook(lambda mod, a, out: got.setdefault('x', out))
+    with AttentionCapture(model) as cap, torch.no_grad():
+        model(x)
+    hook.remove()
+    call = cap.calls['stages.3.blocks.0.attn']
+    layout = call.layout
+    n = layout.grid[0] * layout.grid[1]
+    assert layout.query_pos[0, 0] == -2 and torch.equal(layout.query_pos[0, 1:], torch.arange(n))
+    q = blk.attn.q(got['x']).view(1, n + 1, blk.attn.num_heads, -1).transpose(1, 2)
+    torch.testing.assert_close(call.q, q)  # token 0 the class token, then the grid row-major
+    assert call_stats(call)['rows'] == n + 1  # the class token's row counts in the norms
+    res = query_map(call, (0, 0), head=0)
+    a = call.matrix()[0, 0, 1]
+    assert float(res['values'][0, 0]) == pytest.approx(float(a[1]))  # grid token 0 is key 1; the class token: no pixel
+    assert abs(float(res['values'].sum()) - (1 - float(a[0]))) < 1e-5
 
 
 def test_query_map_draws_softmax_rows_where_their_keys_lie_and_keeps_the_mass():

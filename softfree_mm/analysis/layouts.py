@@ -10,7 +10,9 @@ the backbones changes. A kernel owned by a module without an adapter gets a plai
 (one problem per image over a grid), else ``kind='unknown'``.
 
 Conventions: the layer's grid is (H, W), tokens row-major; a kernel call's batch dimension is image-major
-(``b * groups + g``); ``query_pos[g, i]`` is the grid index of query i of problem g (-1: a padding token);
+(``b * groups + g``); ``query_pos[g, i]`` is the grid index of query i of problem g (``PAD`` = -1: a padding token,
+left out of every measure; ``OFF_GRID`` = -2: a real token without a grid position, such as a class token: it counts
+in norms and confusions, but has no place in maps and neighbourhoods);
 key j of problem g spreads its attention mass over grid tokens ``key_index[g, j, :]`` with weights
 ``key_weight[g, j, :]`` (summing to 1; one token for ordinary keys, a cell of the grid for a spatially reduced
 key; index -1 / weight 0 fill unused slots).
@@ -22,6 +24,7 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 
 KINDS = ('global', 'window', 'stripe', 'reduction', 'channel', 'unknown')
+PAD, OFF_GRID = -1, -2
 
 
 @dataclass
@@ -43,6 +46,10 @@ class Layout:
 
     def query_valid(self) -> Optional[torch.Tensor]:
         """(groups, Nq) bool: False for padding queries (None when the layout has no positions)."""
+        return None if self.query_pos is None else self.query_pos != PAD
+
+    def query_placed(self) -> Optional[torch.Tensor]:
+        """(groups, Nq) bool: True for queries with a grid position."""
         return None if self.query_pos is None else self.query_pos >= 0
 
     def group(self, g: int) -> 'Layout':
@@ -196,6 +203,20 @@ def pvt_layout(attn, args, kwargs, call) -> Layout:
                   note=note)
 
 
+def soft_global_layout(block, args, kwargs, call) -> Layout:
+    """SOFT's stage-4 GlobalBlock(x (B, 1 + H * W, C), hw): a class token, then the grid, all attending globally."""
+    hw = tuple(int(s) for s in (args[1] if len(args) > 1 else kwargs['hw']))
+    n, nq, nk = hw[0] * hw[1], call.q.shape[2], call.k.shape[2]
+    extra = nq - n
+    if extra < 0 or nk != nq:
+        return Layout('unknown', grid=hw, note=f'Nq={nq}, Nk={nk} do not fit the {hw[0]}x{hw[1]} grid')
+    pos = torch.cat([torch.full((extra, ), OFF_GRID), torch.arange(n)]).view(1, -1)
+    idx, wt = _token_keys(pos)
+    wt = (pos >= 0).unsqueeze(-1).float()
+    return Layout('global', grid=hw, groups=1, query_pos=pos, key_index=idx, key_weight=wt,
+                  note=f'global over a class token and the {hw[0]}x{hw[1]} grid (the class token is not drawn)')
+
+
 def xcit_layout(block, args, kwargs, call) -> Layout:
     """XCABlock(x (B, N, C), hw): attention over the d_h channels of each head; tokens are channels."""
     hw = tuple(int(s) for s in (args[1] if len(args) > 1 else kwargs['hw']))
@@ -223,9 +244,11 @@ def adapters() -> Dict[type, Callable]:
     """Owner module type -> layout function. Each owner is hooked before its kernel runs."""
     from ..models.backbones.cswin import StripeBranch
     from ..models.backbones.pvt import SRAttention
+    from ..models.backbones.soft import GlobalBlock
     from ..models.backbones.swin import SwinBlock
     from ..models.backbones.xcit import XCABlock
-    return {SwinBlock: swin_layout, StripeBranch: cswin_layout, SRAttention: pvt_layout, XCABlock: xcit_layout}
+    return {SwinBlock: swin_layout, StripeBranch: cswin_layout, SRAttention: pvt_layout, XCABlock: xcit_layout,
+            GlobalBlock: soft_global_layout}
 
 
 def image_stride(image_side: int, grid_side: int) -> float:

@@ -38,8 +38,8 @@ def local_mass(a: torch.Tensor, layout: Layout, keep: torch.Tensor = None):
 
 
 def call_locality(call, image: int):
-    """Per head, the mean over the image's real queries: (mass (h,), uniform (h,), queries). Raises ValueError for
-    layouts without token positions."""
+    """Per head, the mean over the image's queries that have a grid position: (mass (h,), uniform (h,), queries).
+    Raises ValueError for layouts without token positions."""
     layout = call.layout
     if layout is None or not layout.spatial:
         raise ValueError(f'{call.name}: {layout.kind if layout else "no"} layout ({layout.note if layout else ""}): '
@@ -50,6 +50,6 @@ def call_locality(call, image: int):
     if call.mask is not None:
         keep = call.mask if call.mask.shape[0] == 1 else call.mask[rows]
     mass, uniform = local_mass(a, layout, keep)
-    valid = layout.query_valid().to(a.device).unsqueeze(1).to(a.dtype)  # (G, 1, Nq)
+    valid = layout.query_placed().to(a.device).unsqueeze(1).to(a.dtype)  # (G, 1, Nq): queries on the grid
     n = valid.sum()
     return (mass * valid).sum((0, 2)) / n, (uniform * valid).sum((0, 2)).expand(a.shape[1]) / n, int(n)
