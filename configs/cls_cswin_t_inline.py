@@ -1,8 +1,11 @@
-# cls / cswin_t: InLine set-up ('IISS'): InLine in stages 1-2, softmax in 3-4, stripes as wide as the stage (seed 003).
+# cls / cswin_t: the official InLine-CSWin-T (seed 003): arch 'inline_tiny' (the preset holds the official attention
+# layout).
 # Everything else (recipe, GPUs x images per GPU, schedule) is cls_cswin_t_softmax.py.
 # Reported: no number in the anchors for this combination; compare with the softmax baseline.
 _base_ = './cls_cswin_t_softmax.py'
 model = dict(
     backbone=dict(
-        attn_cfg=['inline', 'inline', 'softmax', 'softmax'],
-        global_window=True))
+        arch='inline_tiny',
+        attn_cfg=None,
+        global_window=None,
+        drop_path_rate=0.2))  # cfgs/inline_cswin_t.yaml

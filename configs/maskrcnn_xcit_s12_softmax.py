@@ -1,6 +1,7 @@
 # Mask R-CNN + FPN, XCiT-S12/16 backbone, softmax attention (the baseline), COCO 3x multi-scale.
 # Recipe (XCiT detection): AdamW lr 1e-4, wd 0.05, 36 epochs, 8 GPUs x 2 images (total batch 16).
 # Reported (XCiT paper, 3x): box AP 45.3, mask AP 40.8.
+# Backbone start: the official XCiT-S12/16 release (ImageNet-1k, 384, distilled; the XCiT detection README's start), fetched and converted on load.
 _base_ = [
     './_base_/models/mask_rcnn_fpn.py', './_base_/datasets/coco_instance_ms.py',
     './_base_/schedules/det_3x_adamw.py', './_base_/default_runtime_det.py'
@@ -14,6 +15,8 @@ model = dict(
         attn_cfg=dict(type='softmax'),
         drop_path_rate=0.05,
         norm_cfg=dict(type='SyncBN', requires_grad=True),
-        # ImageNet weights: tools/convert_checkpoint.py, then init_cfg=dict(type='Pretrained', checkpoint=PATH)
-        init_cfg=None),
+        init_cfg=dict(
+            type='Pretrained',
+            checkpoint='https://dl.fbaipublicfiles.com/xcit/'
+            'xcit_small_12_p16_384_dist.pth')),
     neck=dict(in_channels=[384, 384, 384, 384]))

@@ -1,6 +1,7 @@
 # UperNet, CSwin-T backbone, softmax attention (the baseline), ADE20K 150 classes, crop 512x512.
 # Recipe (ADE20K): AdamW lr 6e-5, wd 0.01, 160k iterations, warm-up + poly, 8 GPUs x 2 images (total batch 16).
 # Reported: UperNet CSwin-T mIoU 49.3 (CSwin paper).
+# Backbone start: the official CSWin-T release (ImageNet-1k), fetched and converted on load.
 _base_ = [
     './_base_/models/upernet.py', './_base_/datasets/ade20k_512.py',
     './_base_/schedules/seg_160k_adamw.py', './_base_/default_runtime_seg.py'
@@ -12,6 +13,9 @@ model = dict(
         attn_cfg=dict(type='softmax'),
         drop_path_rate=0.3,  # the official upernet_cswin_tiny.py
         out_indices=(0, 1, 2, 3),
-        init_cfg=None),
+        init_cfg=dict(
+            type='Pretrained',
+            checkpoint='https://github.com/microsoft/CSWin-Transformer/releases/download/v0.1.0/'
+            'cswin_tiny_224.pth')),
     decode_head=dict(in_channels=[64, 128, 256, 512]),
     auxiliary_head=dict(in_channels=256))

@@ -1,6 +1,7 @@
 # UperNet, PVTv2-b2 backbone, softmax attention (the baseline), ADE20K 150 classes, crop 512x512.
 # Recipe (ADE20K): AdamW lr 6e-5, wd 0.01, 160k iterations, warm-up + poly, 8 GPUs x 2 images (total batch 16).
 # Reported: no UperNet number in the anchors for PVTv2-b2.
+# Backbone start: the official PVTv2-b2 release (ImageNet-1k), fetched and converted on load.
 _base_ = [
     './_base_/models/upernet.py', './_base_/datasets/ade20k_512.py',
     './_base_/schedules/seg_160k_adamw.py', './_base_/default_runtime_seg.py'
@@ -11,6 +12,9 @@ model = dict(
         arch='b2',
         attn_cfg=dict(type='softmax'),
         drop_path_rate=0.1,
-        init_cfg=None),
+        init_cfg=dict(
+            type='Pretrained',
+            checkpoint='https://github.com/whai362/PVT/releases/download/v2/'
+            'pvt_v2_b2.pth')),
     decode_head=dict(in_channels=[64, 128, 320, 512]),
     auxiliary_head=dict(in_channels=320))

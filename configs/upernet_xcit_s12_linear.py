@@ -1,7 +1,10 @@
 # upernet / xcit_s12: linear attention, feature map elu+1 (seed 002; linear cost; masks honoured in shifted/padded windows).
 # Everything else (recipe, GPUs x images per GPU, schedule) is upernet_xcit_s12_softmax.py.
 # Reported: no number in the anchors for this combination; compare with the softmax baseline.
+# Backbone start: no release exists for this kernel: the ImageNet checkpoint of configs/cls_xcit_s12_linear.py
+# (work_dirs/cls_xcit_s12_linear/epoch_400.pth); a missing file stops training with the way to make it or to opt out.
 _base_ = './upernet_xcit_s12_softmax.py'
 model = dict(
     backbone=dict(
+        init_cfg=dict(checkpoint='work_dirs/cls_xcit_s12_linear/epoch_400.pth'),
         attn_cfg=dict(_delete_=True, type='linear', feature_map='elu+1')))

@@ -18,7 +18,14 @@ ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, osp.join(ROOT, 'tools'))
 
+import functools  # noqa: E402
+
+import mmengine.config.utils as _cfg_utils  # noqa: E402
 from mmengine.config import Config  # noqa: E402
+
+# for every config that inherits an mmseg / mmdet base, mmengine re-reads all of that package's metafiles (dozens of
+# YAML files, most of a config's parse time); they never change during the tests, so each is read once
+_cfg_utils.load = functools.lru_cache(maxsize=None)(_cfg_utils.load)
 from mmengine.registry import DATASETS, MODELS  # noqa: E402
 
 import softfree_mm  # noqa: E402,F401
@@ -27,10 +34,11 @@ from softfree_mm.attention import AttentionKernel, kernel_class  # noqa: E402
 TASKS = ('maskrcnn', 'upernet', 'semfpn', 'cls')
 BACKBONES = ('xcit_s12', 'pvt_v2_b2', 'swin_t', 'cswin_t')
 BACKBONE_TYPES = dict(xcit_s12='SoftFreeXCiT', pvt_v2_b2='SoftFreePVTv2', swin_t='SoftFreeSwin',
-                      cswin_t='SoftFreeCSWin')
+                      cswin_t='SoftFreeCSWin', pvt_s='SoftFreePVT', soft_s='SoftFreeSOFT')
 MAIN = sorted(p for p in glob.glob(osp.join(ROOT, 'configs', '*.py')))
 DEMO = sorted(p for p in glob.glob(osp.join(ROOT, 'configs', 'demo', '*.py')) if not osp.basename(p).startswith('_'))
-NAME = re.compile(r'^(?P<task>[a-z]+)_(?P<backbone>xcit_s12|pvt_v2_b2|swin_t|cswin_t)_(?P<attn>[a-z0-9]+)\.py$')
+NAME = re.compile(r'^(?P<task>[a-z]+)_(?P<backbone>xcit_s12|pvt_v2_b2|swin_t|cswin_t|pvt_s|soft_s)_'
+                  r'(?P<attn>[a-z0-9]+)\.py$')
 
 
 def _rel(p):
@@ -45,6 +53,9 @@ def test_config_matrix_has_softmax_poly3_and_inline_or_poly1_for_every_task_and_
             third = 'poly1' if bb == 'xcit_s12' else 'inline'
             for attn in ('softmax', 'poly3', third):
                 assert f'{task}_{bb}_{attn}.py' in names, f'missing configs/{task}_{bb}_{attn}.py'
+    for task in TASKS:  # the official models the seeds released: InLine-PVT-S, SOFT-Small-Norm
+        for extra in ('pvt_s_inline', 'soft_s_softnorm'):
+            assert f'{task}_{extra}.py' in names, f'missing configs/{task}_{extra}.py'
     for n in names:
         assert NAME.match(n) and NAME.match(n)['task'] in TASKS, f'config name {n} is not task_backbone_attention'
 
@@ -74,8 +85,12 @@ def _expected_kernels(cfg_name, cfg):
     """The kernel type names per backbone stage / layer that the config's name promises."""
     m = NAME.match(cfg_name.replace('_demo', ''))
     attn = m['attn']
+    if attn == 'inline' and m['backbone'] == 'pvt_s':
+        return {'inline'}  # InLine-PVT: InLine in every stage
     if attn in ('inline', 'soft'):
         return {attn, 'softmax'}
+    if attn == 'softnorm':
+        return {'soft', 'softmax'}
     return {'poly3': {'poly'}, 'poly1': {'poly'}, 'softmax': {'softmax'}, 'linear': {'linear'}}[attn]
 
 
@@ -98,10 +113,12 @@ def test_config_builds_its_model_with_the_kernels_its_name_promises(path, monkey
     assert found == _expected_kernels(name, cfg), f'{name}: kernels {found}'
     if name.endswith('_poly3.py'):
         assert all(k.degree == 3 for k in kernels if hasattr(k, 'degree'))
-    if name.endswith('_inline.py'):
+    if name.endswith('_inline.py') and '_pvt_s_' not in name:
         # the InLine set-up keeps softmax only in the last stage(s): the first kernel is InLine, the last softmax
         assert _kernel_name(kernels[0]) == 'inline' and _kernel_name(kernels[-1]) == 'softmax'
-    if name.endswith('_soft.py'):
+    if name.endswith('_inline.py'):  # the official per-channel residual, with the context the backbone passes
+        assert all(k.local_residual == 'channel' for k in kernels if _kernel_name(k) == 'inline')
+    if name.endswith(('_soft.py', '_softnorm.py')):
         # the SOFT set-up: landmark ratios 8 / 4 / 2 and convs on v 9 / 5 / 3 in stages 1-3, softmax in stage 4
         per_stage = []
         for stage in model.backbone.stages:
@@ -111,7 +128,8 @@ def test_config_builds_its_model_with_the_kernels_its_name_promises(path, monkey
             assert len(names) == 1, f'{name}: one kernel per stage, got {names}'
             per_stage.append(names.pop())
         assert per_stage == [('soft', 8, 9), ('soft', 4, 5), ('soft', 2, 3), 'softmax'], per_stage
-        assert all(k.tie_qk for k in kernels if _kernel_name(k) == 'soft')
+        assert all(k.tie_qk and k.normalized == name.endswith('_softnorm.py')
+                   for k in kernels if _kernel_name(k) == 'soft')
 
 
 def _kernel_name(k):
@@ -247,3 +265,65 @@ def test_soft_set_up_backbones_run_at_odd_sizes_with_finite_gradients(backbone):
     sum(o.square().mean() for o in outs).backward()
     soft_convs = [m.v_conv.weight for m in bb.modules() if hasattr(m, 'v_conv')]
     assert soft_convs and all(w.grad is not None and torch.isfinite(w.grad).all() for w in soft_convs)
+
+
+# ------------------------------------------------------------------------------------------- pretrained starts
+DET_SEG = [p for p in MAIN if not osp.basename(p).startswith('cls_')]
+RELEASE_HOSTS = ('https://github.com/', 'https://dl.fbaipublicfiles.com/', 'https://cloud.tsinghua.edu.cn/',
+                 'https://drive.google.com/')
+
+
+def _official_start(name):
+    """Set-ups whose backbone the seeds (or the softmax backbones' authors) released: they start from the release."""
+    m = NAME.match(name)
+    return (m['attn'] == 'softmax' or m['attn'] == 'softnorm'
+            or (m['attn'] == 'inline' and m['backbone'] in ('swin_t', 'cswin_t', 'pvt_s')))
+
+
+@pytest.mark.parametrize('path', DET_SEG, ids=_rel)
+def test_det_seg_backbone_starts_from_a_release_or_the_checkpoint_of_its_cls_config(path):
+    """No det/seg config trains its backbone from scratch unannounced: a release URL (fetched on load, never here),
+    or the file ``tools/train.py configs/cls_<backbone>_<attention>.py`` writes at its last epoch."""
+    name = osp.basename(path)
+    init = Config.fromfile(path).model.backbone.init_cfg
+    assert isinstance(init, dict) and init.type == 'Pretrained' and set(init) == {'type', 'checkpoint'}, init
+    if _official_start(name):
+        assert init.checkpoint.startswith(RELEASE_HOSTS), init.checkpoint
+    else:
+        m = NAME.match(name)
+        cls_name = f"cls_{m['backbone']}_{m['attn']}"
+        epochs = Config.fromfile(osp.join(ROOT, 'configs', cls_name + '.py')).train_cfg.max_epochs
+        assert init.checkpoint == f'work_dirs/{cls_name}/epoch_{epochs}.pth'
+
+
+@pytest.mark.parametrize('name', ['maskrcnn_swin_t_softmax.py', 'upernet_xcit_s12_poly3.py', 'semfpn_cswin_t_inline.py',
+                                  'maskrcnn_soft_s_softnorm.py'])
+def test_user_pretrained_init_cfg_merges_into_a_det_seg_config_without_delete(name, tmp_path):
+    child = tmp_path / 'mine.py'
+    child.write_text(f"_base_ = '{osp.join(ROOT, 'configs', name)}'\n"
+                     "model = dict(backbone=dict(init_cfg=dict(type='Pretrained', checkpoint='mine.pth', "
+                     "prefix='backbone.')))\n")
+    init = Config.fromfile(str(child)).model.backbone.init_cfg
+    assert init.to_dict() == dict(type='Pretrained', checkpoint='mine.pth', prefix='backbone.')
+
+
+def test_demo_configs_train_their_backbones_from_scratch_on_purpose():
+    for path in DEMO:
+        cfg = Config.fromfile(path)
+        if cfg.default_scope != 'mmpretrain':
+            assert cfg.model.backbone.init_cfg.to_dict() == dict(type='Scratch'), path
+
+
+def test_missing_cls_checkpoint_is_a_one_line_error_naming_the_config_that_makes_it_and_the_opt_out():
+    from softfree_mm.engine.launch import UsageError, check_pretrained
+    cfg = Config.fromfile(osp.join(ROOT, 'configs', 'maskrcnn_swin_t_poly3.py'))
+    with pytest.raises(UsageError) as e:
+        check_pretrained(cfg)
+    msg = str(e.value)
+    assert '\n' not in msg and "'work_dirs/cls_swin_t_poly3/epoch_300.pth' does not exist" in msg
+    assert '`python tools/train.py configs/cls_swin_t_poly3.py`' in msg
+    assert 'model.backbone.init_cfg.type=Scratch' in msg
+    cfg.model.backbone.init_cfg.type = 'Scratch'  # the opt-in
+    check_pretrained(cfg)
+    release = Config.fromfile(osp.join(ROOT, 'configs', 'maskrcnn_swin_t_softmax.py'))
+    check_pretrained(release)  # URLs are fetched when the model initialises, not checked here

@@ -8,6 +8,7 @@ data_root = 'data/demo/coco/'
 metainfo = dict(classes=tuple(f'digit_{d}' for d in range(10)))
 num_iters = 200
 model = dict(
+    backbone=dict(init_cfg=dict(_delete_=True, type='Scratch')),  # from scratch on purpose (no ImageNet start)
     roi_head=dict(bbox_head=dict(num_classes=10), mask_head=dict(num_classes=10)),
     train_cfg=dict(
         rpn_proposal=dict(nms_pre=400, max_per_img=200),

@@ -19,7 +19,8 @@ test_pipeline = [
     dict(type='LoadAnnotations', reduce_zero_label=True),
     dict(type='PackSegInputs')
 ]
-model = dict(data_preprocessor=dict(size=crop_size))
+model = dict(data_preprocessor=dict(size=crop_size),
+             backbone=dict(init_cfg=dict(_delete_=True, type='Scratch')))  # from scratch on purpose
 train_dataloader = dict(batch_size=4, num_workers=0, persistent_workers=False,
                         dataset=dict(data_root=data_root, pipeline=train_pipeline))
 val_dataloader = dict(num_workers=0, persistent_workers=False,
