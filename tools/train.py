@@ -72,12 +72,12 @@ def prepare(args):
     launch.check_attention(cfg)
     launch.check_model_types(cfg)
     launch.check_types(cfg)
-    if not cfg.get('resume'):  # resuming replaces every weight: the start does not matter then
-        launch.check_pretrained(cfg)
     phases = ('train', 'val') if cfg.get('val_cfg') is not None else ('train', )
     for root, subset in launch.demo_roots(cfg, phases):
         make_demo(root, subset)
     launch.check_data(cfg, phases)
+    if not (cfg.get('resume') and cfg.get('load_from')):  # a resumed checkpoint replaces every weight
+        launch.check_pretrained(cfg)
     if device == 'cuda':
         launch.check_cuda_ops(cfg)
     if args.amp:

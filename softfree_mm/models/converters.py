@@ -75,15 +75,18 @@ def _pattern(key: str) -> str:
 
 
 _SMALL = dict(embed_dims=8, num_heads=(1, 1, 1, 1))
+_SMALL4 = dict(embed_dims=(8, 8, 8, 8), num_heads=(1, 1, 1, 1))
 _PROBES = {  # family -> (class name, build arguments): a small model with every name a converted file may use
-    'xcit': ('SoftFreeXCiT', dict(arch='t12')), 'pvt': ('SoftFreePVT', dict(arch='tiny')),
-    'pvt_v2': ('SoftFreePVTv2', dict(arch='b0')), 'swin': ('SoftFreeSwin', dict(arch='tiny')),
-    'cswin': ('SoftFreeCSWin', dict(arch='tiny')),
-    'soft': ('SoftFreeSOFT', dict(arch=dict(embed_dims=(8, 8, 8, 8), depths=(1, 1, 1, 1), num_heads=(1, 1, 1, 1)))),
+    'xcit': ('SoftFreeXCiT', dict(arch='t12', embed_dims=8, num_heads=1, norm_cfg=dict(type='BN'))),
+    'pvt': ('SoftFreePVT', dict(arch='tiny', **_SMALL4)),
+    'pvt_v2': ('SoftFreePVTv2', dict(arch='b0', **_SMALL4)),
+    'swin': ('SoftFreeSwin', dict(arch='tiny', **_SMALL)),
+    'cswin': ('SoftFreeCSWin', dict(arch='tiny', embed_dims=8, num_heads=(2, 2, 2, 2))),
+    'soft': ('SoftFreeSOFT', dict(arch=dict(depths=(1, 1, 1, 1), **_SMALL4))),
     # InLine-Swin-B's layout holds both block kinds (InLine with the residual, softmax with the bias table)
     'inline_swin': ('SoftFreeSwin', dict(arch='inline_base', **_SMALL)),
-    'inline_pvt': ('SoftFreePVT', dict(arch='inline_tiny')),
-    'inline_cswin': ('SoftFreeCSWin', dict(arch='inline_tiny', **_SMALL)),
+    'inline_pvt': ('SoftFreePVT', dict(arch='inline_tiny', **_SMALL4)),
+    'inline_cswin': ('SoftFreeCSWin', dict(arch='inline_tiny', embed_dims=8, num_heads=(2, 2, 2, 2))),
 }
 _PATTERNS: Dict[str, set] = {}
 
