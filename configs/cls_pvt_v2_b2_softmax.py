@@ -12,5 +12,5 @@ model = dict(
         attn_cfg=dict(type='softmax'),
         drop_path_rate=0.1,
         out_indices=(3, ),
-        init_cfg=None),
+        init_cfg=dict(type='Scratch')),  # ImageNet from scratch (a dict: a Pretrained override merges)
     head=dict(in_channels=512))

@@ -11,7 +11,7 @@ model = dict(
         arch='small_norm',
         out_type='cls_token',
         drop_path_rate=0.1,
-        init_cfg=None),
+        init_cfg=dict(type='Scratch')),  # ImageNet from scratch (a dict: a Pretrained override merges)
     neck=None,
     head=dict(in_channels=512))
 warmup_epochs = 10

@@ -14,7 +14,7 @@ model = dict(
         norm_cfg=dict(type='BN', requires_grad=True),  # the classification XCiT uses plain BN
         attn_cfg=dict(type='softmax'),
         drop_path_rate=0.05,
-        init_cfg=None),
+        init_cfg=dict(type='Scratch')),  # ImageNet from scratch (a dict: a Pretrained override merges)
     neck=None,
     head=dict(in_channels=384))
 

@@ -88,3 +88,22 @@ def test_bad_arguments_name_the_value():
         SoftFreeSOFT(arch=dict(SMALL), out_type='pooled')
     with pytest.raises(ValueError, match=r'out_indices must be stage indices in \[0, 3\], got \(4,\)'):
         SoftFreeSOFT(arch=dict(SMALL), out_indices=(4,))
+
+
+def test_classifier_and_detector_train_a_step_with_the_soft_backbone():
+    """mmpretrain's ImageClassifier on the class token (as configs/cls_soft_s_softnorm.py) and mmdet's Mask R-CNN
+    neck input: one loss, finite, with gradients reaching the backbone."""
+    from mmpretrain.structures import DataSample
+    clf = build_in('mmpretrain', dict(
+        type='ImageClassifier', backbone=dict(type='SoftFreeSOFT', arch=dict(SMALL), out_type='cls_token'),
+        head=dict(type='LinearClsHead', num_classes=5, in_channels=32, loss=dict(type='CrossEntropyLoss'))))
+    x = torch.randn(2, 3, 64, 64)
+    losses = clf(x, [DataSample().set_gt_label(1), DataSample().set_gt_label(3)], mode='loss')
+    losses['loss'].backward()
+    assert torch.isfinite(losses['loss'])
+    assert clf.backbone.cls_token.grad is not None and clf.backbone.stages[0].blocks[0].attn.q.weight.grad is not None
+    fpn = build_in('mmdet', dict(type='FPN', in_channels=list(SMALL['embed_dims']), out_channels=8, num_outs=5))
+    bb = SoftFreeSOFT(arch=dict(SMALL))
+    outs = fpn(bb(torch.randn(1, 3, 96, 128)))
+    assert [o.shape[-2:] for o in outs] == [torch.Size((24 // 2 ** i, 32 // 2 ** i)) for i in range(4)] + \
+        [torch.Size((2, 2))]

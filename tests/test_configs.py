@@ -307,6 +307,17 @@ def test_user_pretrained_init_cfg_merges_into_a_det_seg_config_without_delete(na
     assert init.to_dict() == dict(type='Pretrained', checkpoint='mine.pth', prefix='backbone.')
 
 
+@pytest.mark.parametrize('name', ['cls_swin_t_softmax.py', 'cls_xcit_s12_poly3.py', 'cls_soft_s_softnorm.py'])
+def test_classification_configs_train_from_scratch_and_take_a_pretrained_override(name, tmp_path):
+    path = osp.join(ROOT, 'configs', name)
+    assert Config.fromfile(path).model.backbone.init_cfg.to_dict() == dict(type='Scratch')
+    child = tmp_path / 'mine.py'
+    child.write_text(f"_base_ = '{path}'\nmodel = dict(backbone=dict(init_cfg=dict(type='Pretrained', "
+                     "checkpoint='mine.pth')))\n")
+    assert Config.fromfile(str(child)).model.backbone.init_cfg.to_dict() == dict(type='Pretrained',
+                                                                                  checkpoint='mine.pth')
+
+
 def test_demo_configs_train_their_backbones_from_scratch_on_purpose():
     for path in DEMO:
         cfg = Config.fromfile(path)
