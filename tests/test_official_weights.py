@@ -219,10 +219,12 @@ def pvt_layout(depths=(1, 1, 1, 1)):
             pre = f'block{i}.{j}'
             hid = c * PVT_MLP[i - 1]
             shapes.update({f'{pre}.norm1.weight': (c,), f'{pre}.norm1.bias': (c,), f'{pre}.attn.q.weight': (c, c),
-                           f'{pre}.attn.q.bias': (c,), f'{pre}.attn.kv.weight': (2 * c, c), f'{pre}.attn.kv.bias': (2 * c,),
+                           f'{pre}.attn.q.bias': (c,), f'{pre}.attn.kv.weight': (2 * c, c),
+                           f'{pre}.attn.kv.bias': (2 * c,),
                            f'{pre}.attn.proj.weight': (c, c), f'{pre}.attn.proj.bias': (c,),
                            f'{pre}.norm2.weight': (c,), f'{pre}.norm2.bias': (c,), f'{pre}.mlp.fc1.weight': (hid, c),
-                           f'{pre}.mlp.fc1.bias': (hid,), f'{pre}.mlp.fc2.weight': (c, hid), f'{pre}.mlp.fc2.bias': (c,),
+                           f'{pre}.mlp.fc1.bias': (hid,), f'{pre}.mlp.fc2.weight': (c, hid),
+                           f'{pre}.mlp.fc2.bias': (c,),
                            **inline_residual_shapes(f'{pre}.attn', c, PVT_HEADS[i - 1])})
         cin = c
     shapes.update({'head.weight': (10, PVT_DIMS[-1]), 'head.bias': (10,)})
@@ -290,7 +292,8 @@ def cswin_layout(kinds, segmentation=False, dim=16, depths=(1, 1, 2, 1), heads=(
             branches = 1 if (last or kinds[s - 1] == 'I') else 2
             for b in range(branches):
                 part = c // branches
-                shapes.update({f'{pre}.attns.{b}.get_v.weight': (part, 1, 3, 3), f'{pre}.attns.{b}.get_v.bias': (part,)})
+                shapes.update({f'{pre}.attns.{b}.get_v.weight': (part, 1, 3, 3),
+                               f'{pre}.attns.{b}.get_v.bias': (part,)})
                 if kinds[s - 1] == 'I':
                     shapes.update(inline_residual_shapes(f'{pre}.attns.{b}', part, heads[s - 1]))
         if segmentation:
@@ -576,7 +579,8 @@ def test_convert_tool_detects_each_official_layout_and_places_every_key(tmp_path
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'tools'))
     import convert_checkpoint
     cases = {
-        'inline_swin': (swin_layout(('I', 'I', 'IIII', 'S')), SoftFreeSwin(arch='inline_tiny', out_indices=(3,), **SWIN)),
+        'inline_swin': (swin_layout(('I', 'I', 'IIII', 'S')),
+                        SoftFreeSwin(arch='inline_tiny', out_indices=(3,), **SWIN)),
         'inline_pvt': (pvt_layout(), SoftFreePVT(arch='inline_small', embed_dims=PVT_DIMS, num_heads=PVT_HEADS,
                                                  depths=(1, 1, 1, 1))),
         'inline_cswin': (cswin_layout(('I', 'I', 'S', 'S')), SoftFreeCSWin(arch='inline_tiny', out_indices=(3,),
@@ -586,8 +590,12 @@ def test_convert_tool_detects_each_official_layout_and_places_every_key(tmp_path
     for family, (official, model) in cases.items():
         assert detect_family(official)[0] == family
         src, dst = tmp_path / f'{family}.pth', tmp_path / f'{family}_ours.pth'
-        wrapped = {'state_dict': official, 'state_dict_ema': official, 'args': argparse.Namespace(lr=1e-3)} \
+        ema = {k: v + 1 if v.is_floating_point() else v for k, v in official.items()}
+        wrapped = {'state_dict': official, 'state_dict_ema': ema, 'args': argparse.Namespace(lr=1e-3)} \
             if family == 'soft' else {'model': official, 'epoch': 300}
         torch.save(wrapped, src)
         assert convert_checkpoint.main(['auto', str(src), str(dst)]) == 0
-        model.double().load_state_dict(torch.load(dst)['state_dict'], strict=True)
+        converted = torch.load(dst)['state_dict']
+        model.double().load_state_dict(converted, strict=True)
+        if family == 'soft':  # the EMA weights, which the official SOFT evaluation loads
+            assert torch.equal(converted['cls_token'], ema['cls_token'])

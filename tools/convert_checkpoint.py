@@ -1,9 +1,11 @@
 #!/usr/bin/env python
 """Convert an official release or timm checkpoint to softfree_mm's backbone layout.
 
-    python tools/convert_checkpoint.py {auto|xcit|pvt|pvt_v2|swin|cswin|soft|inline_swin|inline_pvt|inline_cswin} SRC DST [--ema]
+    python tools/convert_checkpoint.py FAMILY SRC DST [--ema]
 
-``auto`` detects the family from the key names. SRC may wrap its weights in 'model', 'state_dict', 'state_dict_ema'
+FAMILY: auto | xcit | pvt | pvt_v2 | swin | cswin | soft | inline_swin | inline_pvt | inline_cswin; ``auto`` detects
+the family from the key names. ``--ema`` takes the EMA weights when the file has them (always for SOFT releases,
+whose official evaluation uses them). SRC may wrap its weights in 'model', 'state_dict', 'state_dict_ema'
 or be bare (the official releases' other entries, such as the training arguments or config, are read as plain
 data, never executed); a whole detector or segmentor checkpoint gives its 'backbone.*' weights. DST is a plain
 ``{'state_dict': ...}`` file that ``init_cfg=dict(type='Pretrained', checkpoint=DST)`` loads. The tool prints how
@@ -44,6 +46,9 @@ def main(argv=None):
         family, out = detect_family(sd)
     else:
         family, out = args.family, get_converter(args.family)(sd)
+    if family == 'soft' and not args.ema:  # the official SOFT evaluation loads 'state_dict_ema'
+        sd = unwrap_state_dict(raw, prefer_ema=True)
+        out = get_converter(family)(sd)
     share = family_match(family, out)
     if share < 0.6:
         what = 'any family' if args.family == 'auto' else f'a {family} checkpoint'

@@ -17,7 +17,7 @@ sample from a summary vector by ``Conv1d(C, C, 1, groups=h) -> GELU -> Conv1d(C,
   term of ``A`` and ``out == attention_matrix(...) @ v`` holds, residual included: attention maps and any analysis
   of A see the whole attention. Its weights are not those of the official releases.
 """
-from typing import Optional, Union
+from typing import Union
 
 import torch
 import torch.nn.functional as F

@@ -169,7 +169,8 @@ def init_from_cfg(module, convert_fn, prefer_ema: bool = False):
 
 class StagedBackbone(BaseModule):
     """What SoftFreeSwin and SoftFreeCSWin share: default init, Pretrained loading through the family's
-    converter, stage freezing, the forward over stages with a norm per output, mmpretrain-style layer depths. Subclasses set ``depths``, ``out_indices``,
+    converter, stage freezing, the forward over stages with a norm per output, mmpretrain-style layer depths.
+    Subclasses set ``depths``, ``out_indices``,
     ``frozen_stages``, ``patch_embed``, ``stages`` (each with an optional ``downsample`` first) and ``norm{i}``."""
 
     _convert = None  # the family's convert function (staticmethod in subclasses)
