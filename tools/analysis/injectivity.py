@@ -19,7 +19,7 @@ import os.path as osp
 import sys
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from _cli import Parser, fail, run  # noqa: E402
+from _cli import Parser, run  # noqa: E402
 
 
 def parse_args(argv=None, doc=__doc__, threshold=True):
