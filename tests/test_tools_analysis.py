@@ -41,7 +41,8 @@ def demo(tmp_path_factory):
 
 def _config(folder, demo, name='tiny', extra=''):
     """The attention-stats demo shrunk: embed 16, depths 2-2-1-1, 56 px (stage grids 14, 7, 4, 2), 8 training
-    images in batches of 4, 2 epochs (4 iterations), 4 validation images, no drop path, no mixup."""
+    images in batches of 4, 2 epochs (4 iterations), 4 validation images, no drop path, no mixup; the hook skips
+    matrices above 5000 elements (stage 4: 4 heads x 49 x 49)."""
     root = osp.join(demo, 'imagenet')
     text = f"""_base_ = {DEMO_CFG!r}
 model = dict(backbone=dict(embed_dims=16, depths=(2, 2, 1, 1), num_heads=(1, 2, 2, 4), drop_path_rate=0.0),
@@ -53,7 +54,7 @@ val_dataloader = dict(batch_size=4, dataset=dict(data_root={root!r}, indices=4, 
 test_dataloader = val_dataloader
 train_cfg = dict(max_epochs=2, val_interval=2)
 default_hooks = dict(logger=dict(interval=1), checkpoint=dict(interval=2))
-custom_hooks = [dict(type='AttentionStatsHook', interval=3)]
+custom_hooks = [dict(type='AttentionStatsHook', interval=3, max_matrix_elements=5000)]
 {extra}
 """
     path = osp.join(folder, f'{name}.py')
@@ -143,10 +144,14 @@ def test_stats_hook_writes_the_norms_a_direct_computation_gives_on_its_iteration
         assert rec[f'{key}/jac_h0'] == pytest.approx(float(jac), rel=1e-4)
         assert rec[f'{key}/rows'] == 49
         assert rec[f'{key}/keys'] == pytest.approx(float(inp['mask'].double().sum(-1).mean()))
-    # all layers, per head and mean, in the runner's scalars.json too
+    # every layer but the one above max_matrix_elements (stage 4), which the log names once
     layers = {k.split('/')[1] for k in recs[0] if k.startswith('attn/')}
-    assert len(layers) == 6
+    assert len(layers) == 5 and 'backbone.stages.3.blocks.0.attn' not in layers
     assert all(f'attn/{layer}/jac' in recs[0] for layer in layers)
+    import glob
+    log, = glob.glob(osp.join(work, '*', '*.log'))
+    text = open(log).read()
+    assert text.count('backbone.stages.3.blocks.0.attn: no statistics (A has 9604 elements') == 1
 
 
 def test_plot_attention_stats_draws_the_recorded_curves(trained, tmp_path):
@@ -158,7 +163,7 @@ def test_plot_attention_stats_draws_the_recorded_curves(trained, tmp_path):
     recs = _stats_records(work)
     with open(out + '.csv') as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 2 * 6 * 2  # steps x layers x (fro, jac)
+    assert len(rows) == 2 * 5 * 2  # steps x layers x (fro, jac)
     for r in rows:
         want = recs[[1, 3].index(int(r['step']))][f"attn/{r['layer']}/{r['metric']}"]
         assert float(r['value']) == pytest.approx(want)
@@ -177,6 +182,8 @@ def test_stats_hook_is_registered_for_every_scope_and_checks_its_arguments():
         AttentionStatsHook(file_name='scalars.json')
     with pytest.raises(TypeError, match='layers'):
         AttentionStatsHook(layers='backbone.stages.0.blocks.0.attn')
+    with pytest.raises(ValueError, match='max_matrix_elements'):
+        AttentionStatsHook(max_matrix_elements=0)
 
 
 def test_stats_hook_writes_to_tensorboard_when_installed(demo, tmp_path):

@@ -76,7 +76,7 @@ def main(argv=None):
         for name, call, res, _ in panels:
             if res is None:
                 continue
-            vals = res['values']
+            vals = res['values'].detach().cpu()
             for y in range(vals.shape[0]):
                 for x in range(vals.shape[1]):
                     v = float(vals[y, x])
@@ -109,7 +109,7 @@ def draw(panels, img, xy, args, path):
             ax.text(0.5, 0.5, _wrap(why, 40), transform=ax.transAxes, ha='center', va='center', fontsize=7,
                     color='white', bbox=dict(facecolor='black', alpha=0.6))
             continue
-        vals = res['values'].numpy().astype(float)
+        vals = res['values'].detach().cpu().numpy().astype(float)
         h, w = vals.shape
         sy, sx = res['stride']
         finite = vals[np.isfinite(vals)]

@@ -61,7 +61,7 @@ def query_map(call, xy: Tuple[float, float], head: Union[int, str] = 0, channel:
         m = call.mask if call.mask.shape[0] == 1 else call.mask[rows.start + g:rows.start + g + 1]
         keep = m[0, 0 if m.shape[1] == 1 or head == 'mean' else head, i, :].float()
     else:
-        keep = torch.ones(call.k.shape[2])
+        keep = torch.ones(call.k.shape[2], device=row.device)
     seen = sub.spread(keep.view(1, -1))[0] > 0
     values = torch.where(seen, values, torch.full_like(values, math.nan))
     return dict(values=values.reshape(h, w), token=(ty, tx), stride=stride, kind=layout.kind, note=note)

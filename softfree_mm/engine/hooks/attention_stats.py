@@ -39,13 +39,16 @@ class AttentionStatsHook(Hook):
         per_head (bool): write one scalar per head (besides the mean over heads).
         prefix (str): scalar name prefix.
         file_name (str): the JSON file (in the visualizer's save dir) that gets only these records.
+        max_matrix_elements (int): a layer whose A (heads x Nq x Nk of one attention problem) is larger is skipped,
+            with a warning (the norms need the explicit matrix; global attention at detection resolutions would
+            need gigabytes).
     """
 
     priority = 'LOW'
 
     def __init__(self, interval: int = 50, first: bool = True, layers: Optional[Sequence[str]] = None,
                  jacobian: bool = True, per_head: bool = True, prefix: str = 'attn',
-                 file_name: str = 'attention_stats.json'):
+                 file_name: str = 'attention_stats.json', max_matrix_elements: int = 1 << 27):
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
             raise ValueError(f'AttentionStatsHook: interval must be a positive int, got {interval!r}')
         if layers is not None and (isinstance(layers, str) or not all(isinstance(n, str) for n in layers)):
@@ -56,10 +59,15 @@ class AttentionStatsHook(Hook):
         for name, val in (('first', first), ('jacobian', jacobian), ('per_head', per_head)):
             if not isinstance(val, bool):
                 raise TypeError(f'AttentionStatsHook: {name} must be True or False, got {val!r}')
+        if isinstance(max_matrix_elements, bool) or not isinstance(max_matrix_elements, int) or max_matrix_elements < 1:
+            raise ValueError(f'AttentionStatsHook: max_matrix_elements must be a positive int, got '
+                             f'{max_matrix_elements!r}')
+        self.max_matrix_elements = max_matrix_elements
         self.interval, self.first, self.layers = interval, first, None if layers is None else list(layers)
         self.jacobian, self.per_head, self.prefix, self.file_name = jacobian, per_head, prefix, file_name
         self._capture: Optional[AttentionCapture] = None
         self._stats: Dict[str, dict] = {}
+        self._failed: Dict[str, str] = {}
         self._noted = set()
 
     # ------------------------------------------------------------------ mmengine
@@ -79,6 +87,11 @@ class AttentionStatsHook(Hook):
             return
         self._detach()
         scalars = self.scalars(self._stats)
+        for name, why in self._failed.items():
+            if name not in self._noted:
+                self._noted.add(name)
+                runner.logger.warning(f'AttentionStatsHook: {name}: no statistics ({why})')
+        self._failed = {}
         for name, st in self._stats.items():
             if name in self._noted:
                 continue
@@ -105,7 +118,16 @@ class AttentionStatsHook(Hook):
             self._capture = None
 
     def _record(self, call) -> None:
-        self._stats[call.name] = call_stats(call, jacobian=self.jacobian)
+        # runs inside the model's forward pass: a failure here is reported, never allowed to stop training
+        size = call.q.shape[1] * call.q.shape[2] * call.k.shape[2]
+        if size > self.max_matrix_elements:
+            self._failed.setdefault(call.name, f'A has {size} elements per attention problem, above '
+                                               f'max_matrix_elements={self.max_matrix_elements}')
+            return
+        try:
+            self._stats[call.name] = call_stats(call, jacobian=self.jacobian)
+        except Exception as e:  # noqa: BLE001
+            self._failed.setdefault(call.name, f'{type(e).__name__}: {e}')
 
     def scalars(self, stats: Dict[str, dict]) -> Dict[str, float]:
         out = {}
