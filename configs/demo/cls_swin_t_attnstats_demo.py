@@ -13,7 +13,7 @@ model = dict(
         attn_cfg=dict(type='poly', degree=3),
         drop_path_rate=0.2,
         out_indices=(3, ),
-        init_cfg=None),
+        init_cfg=dict(type='Scratch')),  # from scratch, as the classification configs
     neck=dict(_delete_=True, type='GlobalAveragePooling'),
     head=dict(in_channels=768))
 custom_hooks = [dict(type='AttentionStatsHook', interval=10)]
