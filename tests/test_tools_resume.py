@@ -23,8 +23,11 @@ import torch
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, osp.join(ROOT, 'tests'))
+from _shared_demo import shared_demo_root  # noqa: E402
+
 DEMO_CLS = osp.join(ROOT, 'configs', 'demo', 'cls_xcit_s12_poly3_demo.py')
-ITERS = 8
+ITERS = 6
 
 # a script that runs a tool with every write to a file whose name holds MARK cut short: half the bytes reach the
 # file, then the process gets SIGKILL (a death in the middle of writing a checkpoint, however it is written)
@@ -68,7 +71,7 @@ def _load_tool(name):
 @pytest.fixture(scope='module')
 def setup(tmp_path_factory):
     folder = tmp_path_factory.mktemp('resume')
-    root = str(folder / 'data' / 'demo' / 'imagenet')
+    root = shared_demo_root(tmp_path_factory)
     cfg = folder / 'cls_tiny_iters.py'
     cfg.write_text(f"""_base_ = {DEMO_CLS!r}
 data_root = {root!r}
@@ -145,6 +148,7 @@ def test_killed_runs_resume_and_reproduce_the_uninterrupted_run(setup):
     out, err = proc.communicate(timeout=900)
     assert proc.returncode == -signal.SIGKILL, err[-3000:]
     assert not osp.exists(osp.join(work, 'iter_4.pth'))  # never appeared under its final name
+    assert len(glob.glob(osp.join(work, 'iter_4.pth.tmp-*'))) == 1  # the half-written temporary file
     with open(osp.join(work, 'last_checkpoint')) as f:
         assert osp.basename(f.read().strip()) == 'iter_2.pth'
     assert torch.load(osp.join(work, 'iter_2.pth'), map_location='cpu')['meta']['iter'] == 2  # intact
@@ -165,6 +169,7 @@ def test_killed_runs_resume_and_reproduce_the_uninterrupted_run(setup):
     # 3. resumes again and finishes
     _train_in_process(setup, work, '--resume')
     losses = _losses(work)
+    assert not glob.glob(osp.join(work, '*.tmp-*'))  # the dead process's temporary file is cleaned up on resume
     assert sorted(losses) == list(range(1, ITERS + 1))
     for it in ref_losses:
         assert losses[it] == ref_losses[it], f'iteration {it}: {losses[it]} != {ref_losses[it]}'

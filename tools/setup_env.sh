@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# One-time set-up of the environment the README's commands use; later calls return at once (stamp file).
+# One-time set-up of the environment the README's commands use; later calls return at once (a stamp file holding a
+# hash of this script, the requirements and the options below: change one and the set-up runs again).
 #   - a virtual environment ($SOFTFREE_VENV, default .venv);
-#   - torch 2.14.1 / torchvision 0.29.1 when the Python has no torch (an existing torch is respected: the venv
-#     then sees the system site-packages);
-#   - mmcv 2.1.0 with compiled ops: a matching prebuilt wheel from $SOFTFREE_WHEELS (default ../shared/wheels) when
-#     present, else built from source (CPU ops; CUDA ops where nvcc and a GPU exist), with the C++20 rewrite that
-#     torch 2.14's headers need (mmcv's setup.py pins -std=c++17);
+#   - torch $TORCH_VERSION / torchvision $TORCHVISION_VERSION when the Python has no torch (an existing torch is
+#     respected: the venv then sees the system site-packages); with TORCH_INDEX_URL, the build of that index
+#     replaces a torch of another CUDA (clusters whose driver is older than the default wheel's CUDA 13 needs):
+#       TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126 bash tools/setup_env.sh
+#   - mmcv 2.1.0 with compiled ops: a matching prebuilt wheel from $SOFTFREE_WHEELS (default ../shared/wheels)
+#     when present, else built from source with CPU ops (on CUDA, nms / roi_align run on torchvision's kernels:
+#     softfree_mm/compat.py), with the C++20 rewrite torch 2.14's headers need (mmcv's setup.py pins -std=c++17);
+#   - opt-in, MMCV_CUDA=1: mmcv's own CUDA ops compiled (nvcc of torch's CUDA major and gcc >= 10 checked, an
+#     explicit TORCH_CUDA_ARCH_LIST (default: this node's GPUs), MAX_JOBS capped by CPUs and memory, no cached wheel
+#     reused, and a check that runs nms and roi_align on the GPU);
 #   - mmengine, mmdet, mmsegmentation, mmpretrain, timm and the rest (requirements/), then this package (-e).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -15,13 +21,18 @@ VENV=${SOFTFREE_VENV:-$ROOT/.venv}
 WHEELS=${SOFTFREE_WHEELS:-$ROOT/../shared/wheels}
 TORCH_VERSION=${TORCH_VERSION:-2.14.1}
 TORCHVISION_VERSION=${TORCHVISION_VERSION:-0.29.1}
+TORCH_INDEX_URL=${TORCH_INDEX_URL:-}
+MMCV_CUDA=${MMCV_CUDA:-0}
 STAMP="$VENV/.softfree_mm_setup_done"
-HASH=$(cat setup.py requirements/*.txt tools/setup_env.sh | sha256sum | cut -c1-16)
+HASH=$({ cat setup.py requirements/*.txt tools/setup_env.sh
+         echo "$TORCH_VERSION $TORCHVISION_VERSION $TORCH_INDEX_URL $MMCV_CUDA"; } | sha256sum | cut -c1-16)
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$HASH" ]; then
   exit 0
 fi
 log() { echo "[setup_env] $*" >&2; }
+die() { echo "[setup_env] error: $*" >&2; exit 2; }
+[ "$MMCV_CUDA" = 0 ] || [ "$MMCV_CUDA" = 1 ] || die "MMCV_CUDA must be 0 or 1, got '$MMCV_CUDA'"
 
 if [ ! -x "$VENV/bin/python" ]; then
   if "$PYTHON" -c 'import torch' >/dev/null 2>&1; then
@@ -35,26 +46,48 @@ PY="$VENV/bin/python"
 PIP=("$PY" -m pip install --disable-pip-version-check)
 
 "${PIP[@]}" -q -r requirements/build.txt
-if ! "$PY" -c 'import torch, torchvision' >/dev/null 2>&1; then
+if [ -n "$TORCH_INDEX_URL" ]; then
+  # the index's build tag (cu126, cpu...) against the installed torch's
+  want=$(basename "${TORCH_INDEX_URL%/}")
+  have=$("$PY" -c 'import torch; c = torch.version.cuda; print("cu" + c.replace(".", "") if c else "cpu")' \
+         2>/dev/null || echo none)
+  if [ "$have" != "$want" ]; then
+    log "torch $TORCH_VERSION / torchvision $TORCHVISION_VERSION from $TORCH_INDEX_URL (installed: $have)"
+    "$PY" -m pip uninstall -y -q torch torchvision >/dev/null 2>&1 || true
+    "${PIP[@]}" --no-cache-dir "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION" \
+      --index-url "$TORCH_INDEX_URL" --extra-index-url https://pypi.org/simple
+  fi
+elif ! "$PY" -c 'import torch, torchvision' >/dev/null 2>&1; then
   log "installing torch==$TORCH_VERSION torchvision==$TORCHVISION_VERSION"
   "${PIP[@]}" "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
 fi
 "${PIP[@]}" -q "mmengine==0.10.7"
 
-if ! "$PY" -c 'import mmcv; assert mmcv.__version__ == "2.1.0"; from mmcv.ops import nms, roi_align' >/dev/null 2>&1; then
-  have_torch=$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')
-  if [ -d "$WHEELS" ] && ls "$WHEELS"/mmcv-2.1.0-*.whl >/dev/null 2>&1 && [ "$have_torch" = "2.14.1" ]; then
-    log "mmcv 2.1.0 from the prebuilt wheel in $WHEELS (built against torch 2.14.1)"
-    "${PIP[@]}" --no-deps --no-index --find-links "$WHEELS" "mmcv==2.1.0"
-  else
-    log "building mmcv 2.1.0 with ops from source (about 25 minutes on 2 cores, once)"
-    WRAP=$(mktemp -d)
-    # torch >= 2.14 headers need C++20; mmcv's setup.py pins -std=c++14/17 for g++ and nvcc
-    for tool in c++ nvcc; do
-      real=$(command -v "$tool" || true)
-      [ "$tool" = nvcc ] && [ -n "${CUDA_HOME:-}" ] && [ -x "$CUDA_HOME/bin/nvcc" ] && real="$CUDA_HOME/bin/nvcc"
-      [ -n "$real" ] || continue
-      cat > "$WRAP/$tool" <<WRAPPER
+# an installed mmcv is kept when it is 2.1.0 with ops (and, with MMCV_CUDA=1, compiled with CUDA)
+MMCV_OK='import mmcv; assert mmcv.__version__ == "2.1.0"; from mmcv.ops import nms, roi_align'
+if [ "$MMCV_CUDA" = 1 ]; then
+  MMCV_OK="$MMCV_OK"'; from mmcv.ops import get_compiling_cuda_version as v; assert v() not in ("not available", "")'
+fi
+# a check that really runs the ops (an ABI mismatch shows here, not at import); on CUDA with MMCV_CUDA=1
+OPS_RUN='import sys, torch; from mmcv.ops import nms, roi_align
+dev = sys.argv[1]
+b = torch.tensor([[0, 0, 10, 10], [1, 1, 11, 11], [20, 20, 30, 30.]], device=dev)
+keep = nms(b, torch.tensor([0.9, 0.8, 0.7], device=dev), 0.5)[1]
+assert keep.tolist() == [0, 2], keep
+out = roi_align(torch.arange(64.0, device=dev).view(1, 1, 8, 8), torch.tensor([[0, 0, 0, 4, 4.]], device=dev),
+                (2, 2), 1.0, 2, "avg", True)
+assert out.device.type == dev and out.shape == (1, 1, 2, 2), out
+print(f"mmcv nms and roi_align ran on {dev}")'
+
+build_mmcv() {
+  local wrap real tool
+  wrap=$(mktemp -d)
+  # torch >= 2.14 headers need C++20; mmcv's setup.py pins -std=c++14/17 for g++ and nvcc
+  for tool in c++ nvcc; do
+    real=$(command -v "$tool" || true)
+    [ "$tool" = nvcc ] && [ -n "${CUDA_HOME:-}" ] && [ -x "$CUDA_HOME/bin/nvcc" ] && real="$CUDA_HOME/bin/nvcc"
+    [ -n "$real" ] || continue
+    cat > "$wrap/$tool" <<WRAPPER
 #!/usr/bin/env bash
 args=()
 for a in "\$@"; do
@@ -62,23 +95,70 @@ for a in "\$@"; do
 done
 exec "$real" "\${args[@]}"
 WRAPPER
-      chmod +x "$WRAP/$tool"
-    done
-    export CXX="$WRAP/c++" MMCV_WITH_OPS=1 MAX_JOBS=${MAX_JOBS:-$(nproc)}
-    if [ -x "$WRAP/nvcc" ] && "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
-      export FORCE_CUDA=1 PYTORCH_NVCC="$WRAP/nvcc"
-      log "CUDA found: building CUDA ops too"
+    chmod +x "$wrap/$tool"
+  done
+  local cpus mem_gib per_job build_env=()
+  cpus=$(nproc)
+  mem_gib=$(awk '/MemAvailable/ {print int($2 / 1048576)}' /proc/meminfo 2>/dev/null || echo 8)
+  if [ "$MMCV_CUDA" = 1 ]; then
+    [ -x "$wrap/nvcc" ] || die "MMCV_CUDA=1 needs nvcc: set CUDA_HOME to a CUDA toolkit of torch's CUDA major"
+    local torch_cuda nvcc_cuda gcc_major
+    torch_cuda=$("$PY" -c 'import torch; print(torch.version.cuda or "")')
+    [ -n "$torch_cuda" ] || die "MMCV_CUDA=1: this torch is a CPU-only build (set TORCH_INDEX_URL to a CUDA one)"
+    nvcc_cuda=$("$wrap/nvcc" --version | sed -n 's/.*release \([0-9.]*\),.*/\1/p')
+    [ "${nvcc_cuda%%.*}" = "${torch_cuda%%.*}" ] || \
+      die "MMCV_CUDA=1: nvcc is CUDA $nvcc_cuda, torch is built for CUDA $torch_cuda: the majors must match"
+    gcc_major=$(c++ -dumpversion | cut -d. -f1)
+    [ "$gcc_major" -ge 10 ] || die "MMCV_CUDA=1: the C++20 rewrite needs gcc >= 10, c++ is $(c++ -dumpversion)"
+    if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ]; then
+      TORCH_CUDA_ARCH_LIST=$("$PY" -c 'import torch
+caps = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+print(";".join(f"{a}.{b}" for a, b in caps))' 2>/dev/null || true)
+      [ -n "$TORCH_CUDA_ARCH_LIST" ] || \
+        die "MMCV_CUDA=1: no GPU visible to pick the architectures: set TORCH_CUDA_ARCH_LIST, e.g. '8.0;9.0'"
     fi
-    "${PIP[@]}" --no-build-isolation --no-binary mmcv "mmcv==2.1.0"
+    per_job=4  # GiB an nvcc job can take
+    build_env=(TORCH_CUDA_ARCH_LIST="$TORCH_CUDA_ARCH_LIST" FORCE_CUDA=1 PYTORCH_NVCC="$wrap/nvcc")
+    log "building mmcv 2.1.0 with CUDA ops (nvcc $nvcc_cuda, archs $TORCH_CUDA_ARCH_LIST)"
+  else
+    per_job=2
+    build_env=(FORCE_CUDA=0 CUDA_VISIBLE_DEVICES=)  # CPU ops only, also on a GPU node (mmcv asks torch for CUDA)
+    log "building mmcv 2.1.0 with CPU ops from source (about 25 minutes on 2 cores, once)"
+  fi
+  local jobs=$(( mem_gib / per_job ))
+  [ "$jobs" -ge 1 ] || jobs=1
+  [ "$jobs" -le "$cpus" ] || jobs=$cpus
+  jobs=${MAX_JOBS:-$jobs}
+  log "MAX_JOBS=$jobs ($cpus CPUs, $mem_gib GiB available)"
+  "$PY" -m pip uninstall -y -q mmcv >/dev/null 2>&1 || true  # an installed mmcv without the ops asked for
+  env "${build_env[@]}" CXX="$wrap/c++" MMCV_WITH_OPS=1 MAX_JOBS="$jobs" \
+    "${PIP[@]}" --no-build-isolation --no-binary mmcv --no-cache-dir "mmcv==2.1.0"
+}
+
+if ! "$PY" -c "$MMCV_OK" >/dev/null 2>&1; then
+  have_torch=$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')
+  if [ "$MMCV_CUDA" = 0 ] && [ -d "$WHEELS" ] && ls "$WHEELS"/mmcv-2.1.0-*.whl >/dev/null 2>&1 \
+      && [ "$have_torch" = "2.14.1" ]; then
+    log "mmcv 2.1.0 from the prebuilt wheel in $WHEELS (built against torch 2.14.1)"
+    "${PIP[@]}" --no-deps --no-index --find-links "$WHEELS" "mmcv==2.1.0"
+    if ! "$PY" -c "$OPS_RUN" cpu >/dev/null 2>&1; then
+      log "the prebuilt mmcv does not run with this torch build; building from source instead"
+      build_mmcv
+    fi
+  else
+    build_mmcv
   fi
 fi
-"$PY" -c 'from mmcv.ops import nms, roi_align' || { log "mmcv ops did not import"; exit 1; }
+"$PY" -c "$OPS_RUN" cpu >/dev/null || die "mmcv's ops do not run"
+if [ "$MMCV_CUDA" = 1 ]; then
+  "$PY" -c "$OPS_RUN" cuda || die "MMCV_CUDA=1: mmcv's CUDA ops do not run on the GPU"
+fi
 
 "${PIP[@]}" -q -r requirements/runtime.txt -r requirements/tests.txt
 "${PIP[@]}" -q --no-build-isolation --no-deps -e .
 if "$PY" -c 'import transformers' >/dev/null 2>&1; then
   log "warning: transformers is installed; it switches on mmpretrain's multimodal code, which fails to import"
 fi
-"$PY" -c 'import softfree_mm, mmdet.models, mmseg.models, mmpretrain.models' 
+"$PY" -c 'import softfree_mm, mmdet.models, mmseg.models, mmpretrain.models'
 echo "$HASH" > "$STAMP"
 log "environment ready: $VENV"

@@ -124,7 +124,7 @@ def main(argv=None):
         runner = launch.build_runner(cfg)
         from mmengine.model import is_model_wrapper
         reliability.check_checkpoint(args.checkpoint, runner.model.module if is_model_wrapper(runner.model)
-                                     else runner.model, exact=False)
+                                     else runner.model, 'test')
     except launch.UsageError as e:
         launch.print_error(str(e))
         return 2

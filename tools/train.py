@@ -101,7 +101,7 @@ def check_start(runner, cfg, auto_resume):
         return
     model = runner.model.module if is_model_wrapper(runner.model) else runner.model
     try:
-        reliability.check_checkpoint(path, model, exact=bool(cfg.get('resume')))
+        reliability.check_checkpoint(path, model, 'resume' if cfg.get('resume') else 'load')
     except reliability.BadInput as e:
         if not auto_resume:
             raise
@@ -109,7 +109,7 @@ def check_start(runner, cfg, auto_resume):
         if not fallback or fallback == path:
             raise
         print(f'[softfree_mm] {e}; resuming from {fallback} instead', file=sys.stderr)
-        reliability.check_checkpoint(fallback, model, exact=True)
+        reliability.check_checkpoint(fallback, model, 'resume')
         runner._load_from = fallback
     from mmengine.dist import is_main_process
     if cfg.get('resume') and is_main_process():

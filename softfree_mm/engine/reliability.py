@@ -460,10 +460,17 @@ def load_state_dict_of(path: str) -> dict:
     return {re.sub(r'^module\.', '', k): v for k, v in state.items()}
 
 
-def check_checkpoint(path: str, model: torch.nn.Module, exact: bool) -> None:
-    """The checkpoint belongs to this model: every weight it shares with the model has the model's shape, and it
-    covers the model's weights (``exact``: all of them, as --resume needs; else at least half, as a checkpoint of
-    this model evaluated or fine-tuned in a changed config would). An empty state_dict passes (nothing to load)."""
+CHECK_MODES = ('resume', 'test', 'load')
+
+
+def check_checkpoint(path: str, model: torch.nn.Module, mode: str) -> None:
+    """The checkpoint is readable and belongs to this model. ``'resume'``: every weight of the model, each of its
+    shape (resuming continues the same model); ``'test'``: no weight of another shape and at least half of the
+    model's weights (evaluating a partly random model reports garbage); ``'load'`` (load_from in training, e.g.
+    fine-tuning with another number of classes): at least one weight of the model, name and shape (mmengine warns
+    about the rest). An empty state_dict passes (nothing to load)."""
+    if mode not in CHECK_MODES:
+        raise ValueError(f'check_checkpoint: mode must be one of {CHECK_MODES}, got {mode!r}')
     state = load_state_dict_of(path)
     if not state:
         return
@@ -472,12 +479,15 @@ def check_checkpoint(path: str, model: torch.nn.Module, exact: bool) -> None:
     wrong = [f'{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}' for k in shared
              if tuple(state[k].shape) != tuple(own[k].shape)]
     missing = [k for k in own if k not in state]
-    if wrong or (exact and missing) or len(shared) < 0.5 * len(own):
+    fitting = len(shared) - len(wrong)
+    bad = {'resume': bool(wrong or missing), 'test': bool(wrong) or len(shared) < 0.5 * len(own),
+           'load': fitting == 0}[mode]
+    if bad:
         parts = []
         if wrong:
             parts.append(f'{len(wrong)} weights of another shape (e.g. {wrong[0]})')
         if missing:
-            parts.append(f'{len(missing)} of the model\'s {len(own)} weights missing (e.g. {missing[0]})')
+            parts.append(f"{len(missing)} of the model's {len(own)} weights missing (e.g. {missing[0]})")
         extra = [k for k in state if k not in own]
         if extra:
             parts.append(f'{len(extra)} unknown to the model (e.g. {extra[0]})')
