@@ -120,3 +120,20 @@ def test_soft_detection_backbone_fits_a_gpu_at_1333x800_with_two_images(config):
     peak = torch.cuda.max_memory_allocated() / 2 ** 30
     print(f'{config}: peak {peak:.1f} GiB')
     assert peak < 20, f'{config}: {peak:.1f} GiB'
+
+
+def test_rng_states_round_trip_through_a_checkpoint_loaded_onto_the_gpu(tmp_path):
+    """What RNGStateHook saves (this process's CUDA generator included) loads back with mmengine's resume, which maps
+    the checkpoint onto the GPU, and restores the same random streams."""
+    from softfree_mm.engine import reliability
+    torch.cuda.init()
+    torch.manual_seed(3)
+    torch.rand(1, device='cuda')
+    saved = reliability._rng_to_checkpoint(reliability.capture_rng())
+    assert 'cuda' in saved
+    expected = (torch.rand(4), torch.rand(4, device='cuda').cpu())
+    torch.save({'rng': saved}, tmp_path / 'rng.pth')
+    loaded = torch.load(tmp_path / 'rng.pth', map_location='cuda')['rng']  # weights_only: plain types only
+    torch.manual_seed(99)
+    reliability.restore_rng(reliability._rng_from_checkpoint(loaded))
+    assert torch.equal(torch.rand(4), expected[0]) and torch.equal(torch.rand(4, device='cuda').cpu(), expected[1])

@@ -48,7 +48,8 @@ def _short(e: BaseException, limit: int = 300) -> str:
 def capture_rng() -> dict:
     state = dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state())
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state['cuda'] = torch.cuda.get_rng_state_all()
+        # this process's device only (every device's state would open a CUDA context on each GPU in every process)
+        state['cuda'] = torch.cuda.get_rng_state()
     return state
 
 
@@ -57,8 +58,8 @@ def restore_rng(state: dict) -> None:
     np.random.set_state(state['numpy'])
     torch.set_rng_state(state['torch'])
     cuda = state.get('cuda')
-    if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(cuda)
+    if cuda is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(cuda)
 
 
 def _rng_to_checkpoint(state: dict) -> dict:
@@ -70,7 +71,7 @@ def _rng_to_checkpoint(state: dict) -> dict:
                           has_gauss=int(has_gauss), gauss=float(gauss)),
                torch=state['torch'])
     if 'cuda' in state:
-        out['cuda'] = list(state['cuda'])
+        out['cuda'] = state['cuda']
     return out
 
 
@@ -78,11 +79,11 @@ def _rng_from_checkpoint(saved: dict) -> dict:
     py = saved['python']
     npy = saved['numpy']
     state = dict(python=(py[0], tuple(py[1]), py[2]),
-                 numpy=(npy['name'], npy['keys'].numpy().astype(np.uint32), npy['pos'], npy['has_gauss'],
+                 numpy=(npy['name'], npy['keys'].cpu().numpy().astype(np.uint32), npy['pos'], npy['has_gauss'],
                         npy['gauss']),
                  torch=saved['torch'].cpu())
     if 'cuda' in saved:
-        state['cuda'] = [t.cpu() for t in saved['cuda']]
+        state['cuda'] = saved['cuda'].cpu()
     return state
 
 
