@@ -14,6 +14,9 @@ model = dict(
         drop_path_rate=0.1,
         norm_cfg=dict(type='SyncBN', requires_grad=True),
         out_indices=(0, 1, 2, 3),
+        # activation checkpointing per block: about 50 GiB of SOFT maps for 2 images at 1344x800 without it, one
+        # block's at a time with it (README, "GPU clusters and long runs")
+        with_cp=True,
         init_cfg=dict(
             type='Pretrained',
             checkpoint='https://drive.google.com/file/d/1OBjn7FzVdNP1Urqxq7X0yDykyPhxAAW1/view?usp=sharing')))

@@ -97,7 +97,7 @@ def test_amp_float16_overflow_stops_with_one_line_and_bfloat16_trains(tmp_path, 
 
 
 @pytest.mark.parametrize('config', ['maskrcnn_swin_t_soft.py', 'maskrcnn_pvt_v2_b2_soft.py',
-                                    'maskrcnn_cswin_t_soft.py'])
+                                    'maskrcnn_cswin_t_soft.py', 'maskrcnn_soft_s_softnorm.py'])
 def test_soft_detection_backbone_fits_a_gpu_at_1333x800_with_two_images(config):
     """Forward + backward of the SOFT set-up's backbone on 2 images of 800x1344 (the padded 1333x800) with the
     config's activation checkpointing: peak memory under 20 GiB (the README's estimate: about 8 GiB for the largest

@@ -48,10 +48,11 @@ def test_benchmark_runs_as_the_gpu_check_calls_it(capsys):
     assert len(rows) == 1 and float(rows[0].split('|')[4]) > 0
 
 
-@pytest.mark.parametrize('backbone', ['swin_t', 'cswin_t', 'pvt_v2_b2'])
+@pytest.mark.parametrize('backbone', ['swin_t', 'cswin_t', 'pvt_v2_b2', 'soft_s_softnorm'])
 def test_soft_detection_setups_checkpoint_their_blocks(backbone):
     from softfree_mm.engine import launch
-    cfg = launch.load_config(osp.join(ROOT, 'configs', f'maskrcnn_{backbone}_soft.py'))
+    name = backbone if backbone.startswith('soft_') else f'{backbone}_soft'
+    cfg = launch.load_config(osp.join(ROOT, 'configs', f'maskrcnn_{name}.py'))
     assert cfg.model.backbone.with_cp is True
 
 
