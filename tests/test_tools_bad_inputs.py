@@ -102,6 +102,22 @@ def test_truncated_image_names_the_file_and_keeps_the_checkpoint(base, tools, ca
     assert str(bad) in line and 'cannot decode' in line
 
 
+def test_cut_short_images_are_told_from_complete_ones_with_thumbnails_or_trailers():
+    import cv2
+    import numpy as np
+    from softfree_mm.engine.reliability import _truncated
+    img = (np.arange(64 * 48 * 3) % 251).astype(np.uint8).reshape(64, 48, 3)
+    jpg = cv2.imencode('.jpg', img)[1].tobytes()
+    png = cv2.imencode('.png', img)[1].tobytes()
+    thumb = b'\xff\xe1' + (2 + 12).to_bytes(2, 'big') + b'Exif\0\0\xff\xd8\xff\xd9\0\0'  # an APP1 holding FF D9
+    with_thumb = jpg[:2] + thumb + jpg[2:]
+    for ok in (jpg, png, with_thumb, jpg + b'\0' * 100 + b'ftypmp42' * 2000, png + b'trailer'):
+        assert _truncated(ok) is None
+    for cut in (jpg[:len(jpg) // 2], with_thumb[:len(with_thumb) - 10], jpg[:40]):
+        assert _truncated(cut) == 'truncated JPEG (no end-of-image marker)'
+    assert _truncated(png[:len(png) - 20]) == 'truncated PNG (no IEND chunk)'
+
+
 @pytest.mark.parametrize('case', ['not_json', 'no_bbox'])
 def test_bad_coco_annotation_file_is_one_line_naming_it(tools, capsys, tmp_path, case):
     ann = tmp_path / 'instances.json'

@@ -289,12 +289,32 @@ def error_line(e: BaseException) -> str:
 IMAGE_KEYS = ('img_path', 'seg_map_path', 'filename', 'img_file')
 
 
+def _jpeg_cut_short(data: bytes) -> bool:
+    """True when a JPEG's image data has no end-of-image marker: the marker segments are walked up to the first
+    start-of-scan (so EXIF thumbnails do not count), and the scan data must be followed by FF D9 (entropy-coded data
+    never holds it). Data after the marker (motion photos, trailers) is fine."""
+    i, n = 2, len(data)
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return False  # not the layout expected here: the decoder decides
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+        elif marker == 0xDA:  # start of scan
+            return data.find(b'\xff\xd9', i + 2) < 0
+        elif marker in (0x01, 0xD8) or 0xD0 <= marker <= 0xD7:  # markers without a length
+            i += 2
+        else:
+            i += 2 + int.from_bytes(data[i + 2:i + 4], 'big')
+    return True  # the file ends before its image data
+
+
 def _truncated(data: bytes) -> Optional[str]:
-    """Why image bytes are cut short, or None: JPEG without its end marker, PNG without its IEND chunk."""
+    """Why image bytes are cut short, or None: a JPEG whose scan has no end marker, a PNG without its IEND chunk."""
     if data[:2] == b'\xff\xd8':
-        return None if b'\xff\xd9' in data[-4096:] else 'truncated JPEG (no end-of-image marker)'
+        return 'truncated JPEG (no end-of-image marker)' if _jpeg_cut_short(data) else None
     if data[:8] == b'\x89PNG\r\n\x1a\n':
-        return None if b'IEND' in data[-64:] else 'truncated PNG (no IEND chunk)'
+        return None if data.rfind(b'IEND') > 8 else 'truncated PNG (no IEND chunk)'
     return None
 
 
@@ -387,7 +407,7 @@ def data_file_error(e: BaseException) -> Optional[str]:
         for frame, _ in traceback.walk_tb(exc.__traceback__):
             ds = frame.f_locals.get('self')
             if isinstance(ds, BaseDataset) and frame.f_code.co_name in ('full_init', 'load_data_list',
-                                                                        'parse_data_info', '__init__'):
+                                                                        'parse_data_info'):
                 ann = getattr(ds, 'ann_file', '') or getattr(ds, 'data_root', '')
                 problem = json_problem(ann) if str(ann).endswith('.json') and osp.isfile(ann) else None
                 if problem is None:
