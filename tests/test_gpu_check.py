@@ -48,6 +48,22 @@ def test_benchmark_runs_as_the_gpu_check_calls_it(capsys):
     assert len(rows) == 1 and float(rows[0].split('|')[4]) > 0
 
 
+def test_setup_refuses_a_bad_mmcv_cuda_value_and_its_op_check_runs_the_ops(tmp_path):
+    """tools/setup_env.sh: MMCV_CUDA is 0 or 1 (one line, exit status 2, nothing created); the check it runs after
+    installing mmcv calls nms and roi_align (not just imports them)."""
+    import re
+    env = dict(os.environ, SOFTFREE_VENV=str(tmp_path / 'venv'), MMCV_CUDA='yes')
+    proc = subprocess.run(['bash', osp.join(ROOT, 'tools', 'setup_env.sh')], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip() == "[setup_env] error: MMCV_CUDA must be 0 or 1, got 'yes'"
+    assert not (tmp_path / 'venv').exists()
+    text = open(osp.join(ROOT, 'tools', 'setup_env.sh')).read()
+    ops_run = re.search(r"OPS_RUN='(.*?)'\n", text, re.S).group(1)
+    run = subprocess.run([sys.executable, '-c', ops_run, 'cpu'], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == 'mmcv nms and roi_align ran on cpu', run.stderr[-2000:]
+    assert '--no-cache-dir "mmcv==2.1.0"' in text  # a cached CPU build never comes back for MMCV_CUDA=1
+
+
 @pytest.mark.parametrize('backbone', ['swin_t', 'cswin_t', 'pvt_v2_b2', 'soft_s_softnorm'])
 def test_soft_detection_setups_checkpoint_their_blocks(backbone):
     from softfree_mm.engine import launch

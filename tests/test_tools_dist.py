@@ -56,4 +56,5 @@ default_hooks = dict(logger=dict(interval=1), checkpoint=dict(interval=1))
     import softfree_mm  # noqa: F401  (its compat repair lets torch 2.14 load mmengine checkpoints)
     ckpt = torch.load(osp.join(work, 'epoch_1.pth'), map_location='cpu')
     assert ckpt['meta']['epoch'] == 1 and ckpt['meta']['iter'] == 2
+    assert len(ckpt['softfree_mm_rng']) == 2  # both processes' random states, for an exact resume
     assert any(k.startswith('backbone.') for k in ckpt['state_dict'])
