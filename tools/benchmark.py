@@ -82,6 +82,8 @@ def build_parser(default_device):
     p.add_argument('--dtype', default='fp32', help='fp32, bf16 or fp16 (backbones: autocast)')
     p.add_argument('--repeats', type=int, default=3)
     p.add_argument('--device', default=default_device)
+    p.add_argument('--clock', default='wall', help='wall (default) or cpu: this process\'s CPU time, for a shared '
+                                                   'machine with OMP_NUM_THREADS=1 (CPU device only)')
     p.add_argument('--plot', default=None, help='kernels: write latency and memory against N (log-log) here')
     p.add_argument('--csv', default=None, help='write every measured row to this CSV file')
     return p
@@ -106,6 +108,10 @@ def main(argv=None):
         return fail(f'--dtype must be fp32, bf16 or fp16, got {args.dtype!r}')
     if args.device.startswith('cuda') and not torch.cuda.is_available():
         return fail(f'--device {args.device}: CUDA is not available on this machine')
+    if args.clock not in bm.CLOCKS:
+        return fail(f'--clock must be wall or cpu, got {args.clock!r}')
+    if args.clock == 'cpu' and args.device != 'cpu':
+        return fail('--clock cpu measures CPU time: use it with --device cpu')
     if args.repeats < 1:
         return fail(f'--repeats must be >= 1, got {args.repeats}')
     try:
@@ -121,7 +127,7 @@ def main(argv=None):
         return fail(e.args[0] if e.args else str(e))
 
     def show(rows, columns, title):
-        print(f'{title}  (device={args.device}, threads={torch.get_num_threads()})')
+        print(f'{title}  (device={args.device}, threads={torch.get_num_threads()}, clock={args.clock})')
         print(bm.markdown(rows, columns))
 
     def progress(row):
@@ -139,7 +145,8 @@ def main(argv=None):
         passes = ('fwd', 'fwdbwd') if args.backward else ('fwd',)
         rows = bm.run_kernels(kernels, tokens, heads=args.heads or 1, head_dim=args.head_dim or 64,
                               batch=args.batch, dtype=bm.DTYPES[args.dtype], device=args.device,
-                              repeats=args.repeats, passes=passes, memory=not args.no_memory, log=progress)
+                              repeats=args.repeats, passes=passes, memory=not args.no_memory, log=progress,
+                              clock=args.clock)
         r0 = rows[0]
         show(rows, bm.KERNEL_COLUMNS, f"kernels: B={r0['batch']} heads={r0['heads']} head_dim={r0['head_dim']} "
                                       f"{r0['dtype']}")
@@ -160,7 +167,8 @@ def main(argv=None):
                         'counter'), 'flops (multiply-adds, attention included)')
         else:
             rows = bm.run_backbones(backbones, kernels, sizes, batch=args.batch, dtype=args.dtype,
-                                    device=args.device, repeats=args.repeats, flops=not args.no_flops, log=progress)
+                                    device=args.device, repeats=args.repeats, flops=not args.no_flops, log=progress,
+                                    clock=args.clock)
             show(rows, bm.BACKBONE_COLUMNS, f'backbones: batch={args.batch} {args.dtype}, one subprocess a point')
     else:
         backbones = args.backbones or ['swin_t', 'pvt_v2_b2', 'xcit_s12']
@@ -172,7 +180,7 @@ def main(argv=None):
         except ValueError as e:
             return fail(str(e))
         rows = bm.compare(backbones, size=size, batch=args.batch, repeats=args.repeats, device=args.device,
-                          log=progress)
+                          log=progress, clock=args.clock)
         show(rows, bm.COMPARE_COLUMNS, f'ours vs reference, softmax, same weights, batch={args.batch}')
     if args.csv:
         bm.write_csv(rows, args.csv)

@@ -39,8 +39,17 @@ def synchronize(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(fn: Callable, device) -> float:
-    """Wall seconds of one call (device work included)."""
+CLOCKS = ('wall', 'cpu')
+
+
+def timed(fn: Callable, device, clock: str = 'wall') -> float:
+    """Seconds of one call: wall time (device work included), or ``clock='cpu'``: this process's CPU time (on a
+    machine shared with other jobs, with one thread, it counts only our own work; with several threads it also
+    counts their spinning; CPU devices only)."""
+    if clock == 'cpu':
+        t0 = time.process_time()
+        fn()
+        return time.process_time() - t0
     synchronize(device)
     t0 = time.perf_counter()
     fn()
@@ -161,7 +170,7 @@ def _side(n: int) -> Tuple[int, int]:
 
 def run_kernels(kernels: Sequence, tokens: Sequence[int], heads: int = 1, head_dim: int = 64, batch: int = 1,
                 dtype: torch.dtype = torch.float32, device='cpu', repeats: int = 3, passes=PASSES,
-                memory: bool = True, reference='softmax', log=None) -> List[Dict]:
+                memory: bool = True, reference='softmax', log=None, clock: str = 'wall') -> List[Dict]:
     """Rows of {kernel, N, pass, ms, peak_MiB, saved_MiB, GFLOPs, GFLOP_per_s, time_ratio, memory_ratio}.
 
     At each N every kernel is warmed up, then timed ``repeats`` times with the kernels alternating (the order
@@ -194,14 +203,14 @@ def run_kernels(kernels: Sequence, tokens: Sequence[int], heads: int = 1, head_d
             for step in range(len(kerns)):
                 i = (step + r) % len(kerns)
                 for p in passes:
-                    times[(i, p)].append(timed(lambda: fns[p](kerns[i]), device))
+                    times[(i, p)].append(timed(lambda: fns[p](kerns[i]), device, clock))
         for i, (cfg, kern) in enumerate(zip(kernels, kerns)):
             macs = batch * heads * kern.flops(n, n, head_dim, head_dim)
             for p in passes:
                 sec = statistics.median(times[(i, p)])
                 row = dict(kernel=kernel_label(cfg), N=n, heads=heads, head_dim=head_dim, batch=batch,
                            dtype=str(dtype).replace('torch.', ''), device=str(device), threads=torch.get_num_threads(),
-                           **{'pass': p}, ms=sec * 1e3, GFLOPs=2 * macs / 1e9 * (1 if p == 'fwd' else 3))
+                           clock=clock, **{'pass': p}, ms=sec * 1e3, GFLOPs=2 * macs / 1e9 * (1 if p == 'fwd' else 3))
                 row['GFLOP_per_s'] = row['GFLOPs'] / sec
                 if memory:
                     row['peak_MiB'] = peak_memory(lambda: fns[p](kern), device) / 2 ** 20
@@ -364,7 +373,7 @@ def _step_fns(model, x, device):
 
 
 def backbone_point(name: str, kernel, size: Tuple[int, int], batch: int = 1, dtype='fp32', device='cpu',
-                   repeats: int = 3, flops: bool = True) -> Dict:
+                   repeats: int = 3, flops: bool = True, clock: str = 'wall') -> Dict:
     """One backbone x kernel x image size, measured in this process (``backbone`` mode runs each in a fresh
     one): ms, images/s and peak MiB for forward and forward + backward, parameters (M), GFLOPs."""
     import softfree_mm  # noqa: F401  (registers, applies compat)
@@ -378,12 +387,12 @@ def backbone_point(name: str, kernel, size: Tuple[int, int], batch: int = 1, dty
            else contextlib.nullcontext())
     fns = _step_fns(model, x, device)
     row = dict(backbone=name, kernel=kernel_label(kernel), setup=setup, size=f'{size[0]}x{size[1]}', batch=batch,
-               dtype=dtype, device=str(device), threads=torch.get_num_threads(),
+               dtype=dtype, device=str(device), threads=torch.get_num_threads(), clock=clock,
                params_M=sum(p.numel() for p in model.parameters()) / 1e6)
     with ctx:
         for p, fn in fns.items():
             fn()  # warm-up
-            row[f'{p}_ms'] = statistics.median(timed(fn, device) for _ in range(repeats)) * 1e3
+            row[f'{p}_ms'] = statistics.median(timed(fn, device, clock) for _ in range(repeats)) * 1e3
             row[f'{p}_peak_MiB'] = peak_memory(fn, device) / 2 ** 20
     row['images_per_s'] = batch / row['fwd_ms'] * 1e3
     if flops:
@@ -395,14 +404,14 @@ def backbone_point(name: str, kernel, size: Tuple[int, int], batch: int = 1, dty
 
 
 def run_backbones(backbones: Sequence[str], kernels: Sequence, sizes: Sequence[Tuple[int, int]], batch=1,
-                  dtype='fp32', device='cpu', repeats=3, flops=True, log=None) -> List[Dict]:
+                  dtype='fp32', device='cpu', repeats=3, flops=True, log=None, clock='wall') -> List[Dict]:
     """Every point in a fresh Python process (peak memory and caches of one point do not leak into the next)."""
     rows = []
     for name in backbones:
         for kernel in kernels:
             for size in sizes:
                 spec = dict(name=name, kernel=kernel, size=list(size), batch=batch, dtype=dtype, device=str(device),
-                            repeats=repeats, flops=flops)
+                            repeats=repeats, flops=flops, clock=clock)
                 proc = subprocess.run([sys.executable, '-m', 'softfree_mm.analysis.benchmark', 'point',
                                        json.dumps(spec)], capture_output=True, text=True,
                                       env=dict(os.environ, PYTHONWARNINGS='ignore'))
@@ -548,14 +557,15 @@ def mmdet_pvt_to_official(sd: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor
 
 
 def compare(names: Sequence[str], size: Tuple[int, int] = (512, 768), batch: int = 1, repeats: int = 5,
-            device='cpu', log=None) -> List[Dict]:
+            device='cpu', log=None, clock: str = 'wall') -> List[Dict]:
     """Ours against the reference with the same weights: outputs checked at ``PARITY_SIZE`` (the largest absolute
     difference is reported), then forward and forward + backward at ``size`` timed with the two models
     alternating (the order swapped every repeat), and the peak memory of each."""
     rows = []
     for name in names:
         ours, ref = reference_pair(name)
-        ours, ref = ours.to(device).eval(), ref.to(device).eval()
+        ours.to(device).eval()  # (mmdet's Swin.train() returns None: no chaining)
+        ref.to(device).eval()
         with torch.no_grad():
             xp = torch.randn(1, 3, *PARITY_SIZE, device=device)
             diff = max(float((a - b).abs().max()) for a, b in zip(ours(xp), ref(xp)))
@@ -564,7 +574,7 @@ def compare(names: Sequence[str], size: Tuple[int, int] = (512, 768), batch: int
         x = torch.randn(batch, 3, *size, device=device)
         fo, fr = _step_fns(ours, x, device), _step_fns(ref, x, device)
         row = dict(backbone=name, reference=REFERENCES[name], size=f'{size[0]}x{size[1]}', batch=batch,
-                   device=str(device), threads=torch.get_num_threads(), max_abs_diff=diff)
+                   device=str(device), threads=torch.get_num_threads(), clock=clock, max_abs_diff=diff)
         for p in PASSES:
             fo[p]()
             fr[p]()
@@ -572,7 +582,7 @@ def compare(names: Sequence[str], size: Tuple[int, int] = (512, 768), batch: int
             for r in range(repeats):
                 pair = [(fo[p], to), (fr[p], tr)]
                 for fn, acc in (pair if r % 2 == 0 else pair[::-1]):
-                    acc.append(timed(fn, device))
+                    acc.append(timed(fn, device, clock))
             row[f'{p}_ms_ours'] = statistics.median(to) * 1e3
             row[f'{p}_ms_ref'] = statistics.median(tr) * 1e3
             row[f'{p}_speed_ratio'] = row[f'{p}_ms_ref'] / row[f'{p}_ms_ours']  # >= 1: ours at least as fast
@@ -595,5 +605,5 @@ if __name__ == '__main__':  # python -m softfree_mm.analysis.benchmark point '{j
         sys.exit('usage: python -m softfree_mm.analysis.benchmark point JSON')
     spec = json.loads(sys.argv[2])
     res = backbone_point(spec['name'], spec['kernel'], tuple(spec['size']), spec['batch'], spec['dtype'],
-                         spec['device'], spec['repeats'], spec['flops'])
+                         spec['device'], spec['repeats'], spec['flops'], spec.get('clock', 'wall'))
     print(json.dumps(res))

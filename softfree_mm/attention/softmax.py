@@ -1,9 +1,39 @@
-"""Softmax attention through scaled_dot_product_attention (the reference every other kernel is compared to)."""
+"""Softmax attention through scaled_dot_product_attention (the reference every other kernel is compared to).
+
+On the CPU, small matrices with a bias or a mask (Swin's 7x7 windows) and tiny ones (XCiT's channel attention)
+are computed explicitly: PyTorch's CPU SDPA has no fused kernel for them under autograd and falls back to its math
+path, which adds a float mask built from bias and mask and a safe-softmax pass; the explicit path (in place where
+autograd allows) is faster and holds the same matrix for backward. Elsewhere (no mask, large matrices, CUDA)
+SDPA's fused kernels run.
+"""
 import torch
 import torch.nn.functional as F
 
 from . import ATTENTION
-from .base import AttentionKernel, default_scale, no_autocast, scores, upcast
+from .base import AttentionKernel, cast_back, default_scale, no_autocast, scores, upcast, work_dtype
+
+# (Nq x Nk) matrices up to this size take the explicit CPU path when they carry a bias or a mask, and up to the
+# tiny size always (XCiT's d_h x d_h channel attention: its "head_dim" is the token count, beyond the fused
+# kernel's, so SDPA falls back to its math path there too)
+EXPLICIT_CPU_ELEMENTS = 1 << 16
+TINY_CPU_ELEMENTS = 1 << 12
+
+
+class _MaskedSoftmax(torch.autograd.Function):
+    """softmax over the last dim with masked entries at weight 0 exactly and rows that keep nothing at 0. Keeps
+    only the weights for backward (not the mask: a masked weight is 0, so is its gradient)."""
+
+    @staticmethod
+    def forward(ctx, s, mask):
+        a = torch.softmax(s.masked_fill(~mask, torch.finfo(s.dtype).min), dim=-1)
+        a = a.mul_(mask.any(-1, keepdim=True).to(a.dtype))  # a row without any valid key: uniform -> zero
+        ctx.save_for_backward(a)
+        return a
+
+    @staticmethod
+    def backward(ctx, grad):
+        (a,) = ctx.saved_tensors
+        return a * (grad - (grad * a).sum(-1, keepdim=True)), None
 
 
 @ATTENTION.register('softmax')
@@ -29,7 +59,26 @@ class SoftmaxAttention(AttentionKernel):
             # a row with no allowed key would be NaN: give it zero weights instead
             return torch.softmax(s, dim=-1).nan_to_num(0.0)
 
+    def _explicit_cpu(self, q, k, v, scale, bias, mask):
+        """softmax(S) @ v without SDPA, in the working dtype (masked keys weigh exactly 0; a row that keeps no key
+        is a zero row)."""
+        dtype = v.dtype
+        with no_autocast(v):
+            q, k, v = upcast(q, k, v)
+            s = q @ k.transpose(-2, -1)
+            s = s * default_scale(scale, q.shape[-1], q) if isinstance(scale, torch.Tensor) else \
+                s.mul_(default_scale(scale, q.shape[-1], q))
+            if bias is not None:
+                s = s.add_(bias.to(s.dtype))
+            a = torch.softmax(s, dim=-1) if mask is None else _MaskedSoftmax.apply(s, mask)
+            out = a @ v
+        return cast_back(out, dtype)
+
     def _forward(self, q, k, v, hw, scale, bias, mask):
+        size = q.shape[2] * k.shape[2]
+        if q.device.type == 'cpu' and (size <= TINY_CPU_ELEMENTS or (
+                (bias is not None or mask is not None) and size <= EXPLICIT_CPU_ELEMENTS)):
+            return self._explicit_cpu(q, k, v, scale, bias, mask)
         s = default_scale(scale, q.shape[-1], q)
         attn_mask = None
         if bias is not None:

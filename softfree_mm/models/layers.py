@@ -96,6 +96,21 @@ def padded_key_mask(valid_hw, padded_hw, device) -> torch.Tensor:
     return m.flatten()
 
 
+def grid_view(x: torch.Tensor, hw) -> torch.Tensor:
+    """(B, N, C) tokens -> (B, C, H, W) in channels-last memory: a view of contiguous tokens, no copy. Convolutions
+    on it run channels-last (oneDNN's fastest CPU layout, and the GPU's), and :func:`token_view` turns their output
+    back into tokens without a copy. (``x.transpose(1, 2).reshape(B, C, H, W)`` has the same strides, but
+    convolutions answer it in NCHW, and the copies back and forth, forward and backward, cost more than the conv.)"""
+    b, n, c = x.shape
+    return x.reshape(b, hw[0], hw[1], c).permute(0, 3, 1, 2)
+
+
+def token_view(x: torch.Tensor) -> torch.Tensor:
+    """(B, C, H, W) -> (B, H * W, C) tokens; a view when ``x`` is channels-last (see :func:`grid_view`)."""
+    b, c, h, w = x.shape
+    return x.permute(0, 2, 3, 1).reshape(b, h * w, c)
+
+
 def nchw(x: torch.Tensor, hw) -> torch.Tensor:
     """(B, N, C) tokens -> (B, C, H, W)."""
     b, n, c = x.shape

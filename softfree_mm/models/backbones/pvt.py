@@ -34,7 +34,7 @@ from timm.layers import DropPath, Mlp, trunc_normal_
 from torch import nn
 
 from ...attention import build_attention, kernel_class, list_attentions
-from ..layers import expand_attn_cfg, require_kernel_fit
+from ..layers import expand_attn_cfg, grid_view, require_kernel_fit, token_view
 
 __all__ = ['SoftFreePVT', 'SoftFreePVTv2']
 
@@ -82,10 +82,10 @@ class SRAttention(nn.Module):
         h, d = self.num_heads, self.head_dim
         q = self.q(x).reshape(b, n, h, d).transpose(1, 2)
         if self.reduces:
-            y = x.transpose(1, 2).reshape(b, c, hw[0], hw[1])
+            y = grid_view(x, hw)
             if self.pool is not None:
                 y = self.pool(y)
-            y = self.norm(self.sr(y).flatten(2).transpose(1, 2))
+            y = self.norm(token_view(self.sr(y)))
             if self.act is not None:
                 y = self.act(y)
         else:
@@ -111,7 +111,7 @@ class DWConvMlp(nn.Module):
     def forward(self, x, hw):
         x = self.relu(self.fc1(x))
         b, n, c = x.shape
-        x = self.dwconv(x.transpose(1, 2).reshape(b, c, hw[0], hw[1])).flatten(2).transpose(1, 2)
+        x = token_view(self.dwconv(grid_view(x, hw)))
         return self.fc2(self.act(x))
 
 
@@ -150,7 +150,7 @@ class PatchEmbed(nn.Module):
                 x = F.pad(x, (0, pw, 0, ph))
         x = self.proj(x)
         hw = (x.shape[2], x.shape[3])
-        return self.norm(x.flatten(2).transpose(1, 2)), hw
+        return self.norm(token_view(x)), hw
 
 
 class PVTStage(nn.Module):
@@ -287,10 +287,9 @@ class _PVTBase(BaseModule):
                     x = blk(x, hw)
             if stage.norm is not None:
                 x = stage.norm(x)
-            b, _, c = x.shape
-            x = x.transpose(1, 2).reshape(b, c, hw[0], hw[1]).contiguous()
+            x = grid_view(x, hw)  # the next patch embedding's conv runs channels-last
             if i in self.out_indices:
-                outs.append(x)
+                outs.append(x.contiguous())
         return tuple(outs)
 
     def get_layer_depth(self, param_name: str, prefix: str = ''):

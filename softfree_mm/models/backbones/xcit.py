@@ -38,7 +38,7 @@ from timm.layers import DropPath, Mlp, trunc_normal_
 from torch import nn
 
 from ...attention import build_attention, kernel_class, list_attentions
-from ..layers import expand_attn_cfg
+from ..layers import expand_attn_cfg, grid_view, token_view
 
 __all__ = ['SoftFreeXCiT']
 
@@ -110,10 +110,8 @@ class LPI(nn.Module):
         self.conv2 = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
 
     def forward(self, x, hw):
-        b, n, c = x.shape
-        x = x.transpose(1, 2).reshape(b, c, hw[0], hw[1])
-        x = self.conv2(self.bn(self.act(self.conv1(x))))
-        return x.reshape(b, c, n).transpose(1, 2)
+        x = self.conv2(self.bn(self.act(self.conv1(grid_view(x, hw)))))
+        return token_view(x)
 
 
 class XCA(nn.Module):
@@ -138,7 +136,9 @@ class XCA(nn.Module):
         q, k, v = qkv.unbind(0)
         # the temperature is folded into q (scale=1): for every kernel whose score is scale * q.k this equals
         # scale=temperature, and kernels without a score scale (linear, efficient) still feel the temperature
-        q = F.normalize(q, dim=-1) * self.temperature
+        # (one product q * (temperature / |q|) instead of normalize(q) * temperature: autograd then keeps one
+        # (B, h, d_h, N) tensor for q instead of two)
+        q = q * (self.temperature / q.norm(dim=-1, keepdim=True).clamp_min(1e-12))
         k = F.normalize(k, dim=-1)
         out = self.kernel(q, k, v, hw=None, scale=1.0, bias=None, mask=None)
         out = out.permute(0, 3, 1, 2).reshape(b, n, c)
