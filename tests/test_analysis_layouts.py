@@ -5,7 +5,8 @@ explicit A reproduces the kernel's output (out == A @ v); the layout puts every 
 (and k) the kernel received for query i of problem g equal the projection of the owner block's input at grid
 position ``query_pos[g, i]`` (Swin's shifted / padded windows, CSwin's symmetric stripe padding), PVT's reduced key j
 is the one pooled from the cell its footprint names, XCiT's values are token maps on the grid; query_map draws a
-softmax row where its keys lie, with the mass preserved.
+softmax row where its keys lie, with the mass preserved; hand-checkable maps per layout: a padded stripe lights its
+own real columns only, a reduced key spreads over exactly the tokens torch's pooling averages into it.
 """
 import pytest
 import torch
@@ -221,6 +222,74 @@ def test_query_map_of_channel_attention_is_the_rows_mix_of_value_maps():
     a = torch.softmax(q @ k.T, -1)  # scale 1: XCA folds its temperature into q
     torch.testing.assert_close(res['values'], (a[3] @ v).view(h, w), rtol=1e-5, atol=1e-6)
     assert res['token'] is None and res['kind'] == 'channel'
+
+
+def _nan_outside(values, want):
+    """values (H, W) equals want (H, W) where want is finite, and is NaN exactly where want is NaN."""
+    assert torch.equal(torch.isnan(values), torch.isnan(want))
+    torch.testing.assert_close(values[~torch.isnan(want)], want[~torch.isnan(want)], rtol=1e-5, atol=1e-7)
+
+
+def test_query_map_of_a_stripe_lights_the_query_stripe_only_padding_left_out():
+    """Hand-checkable stripes on a 61 x 90 image: stage 2 (4 x 6 grid, 16 px a token) has vertical stripes 4 wide,
+    padded symmetrically to 8 columns (one pad column each side): stripe 0 holds columns 0..2, stripe 1 columns
+    3..5; stage 1 (8 x 12 grid, 8 px) has horizontal stripes 2 rows high. The expected row is a softmax over the
+    stripe's real tokens from the branch's own q, k (B, H, W, c), computed here."""
+    model = _build('SoftFreeCSWin')
+    got, hooks = {}, []
+    for name, m in model.named_modules():
+        if type(m).__name__ == 'StripeBranch':
+            def grab(mod, args, key=name):
+                got[key] = args[:2]  # returns None: the arguments stay as they are
+            hooks.append(m.register_forward_pre_hook(grab))
+    cap = _run(model, b=1)
+    for h in hooks:
+        h.remove()
+    cases = [  # layer, pixel (X, Y), query token (y, x), rows seen, columns seen
+        ('stages.2.blocks.0.branches.0', (2 * 16 + 5, 1 * 16 + 3), (1, 2), range(4), range(0, 3)),
+        ('stages.2.blocks.0.branches.0', (3 * 16, 3 * 16 + 12), (3, 3), range(4), range(3, 6)),
+        ('stages.1.blocks.0.branches.1', (7 * 8 + 1, 5 * 8 + 7), (5, 7), range(4, 6), range(12)),
+    ]
+    for layer, xy, tok, rows, cols in cases:
+        call = cap.calls[layer]
+        q, k = got[layer]
+        heads, d = call.num_heads, q.shape[-1] // call.num_heads
+        for head in range(heads):
+            qi = q[0, tok[0], tok[1], head * d:(head + 1) * d]
+            keys = [(y, x) for y in rows for x in cols]
+            s = torch.stack([qi @ k[0, y, x, head * d:(head + 1) * d] for y, x in keys]) / d ** 0.5
+            want = torch.full(call.layout.grid, float('nan'))
+            for (y, x), a in zip(keys, torch.softmax(s, 0)):
+                want[y, x] = a
+            res = query_map(call, xy, head=head)
+            assert res['token'] == tok and res['kind'] == 'stripe'
+            _nan_outside(res['values'], want)
+
+
+@pytest.mark.parametrize('name', ['SoftFreePVT', 'SoftFreePVTv2'])
+def test_query_map_of_reduced_keys_spreads_each_key_over_the_tokens_it_pools(name):
+    """Hand-checkable reduction in stage 1 (16 x 23 grid): PVT v1 pools 8 x 8 cells with a stride-8 conv (2 x 2
+    keys; columns 16..22 feed no key), PVT v2's linear SRA averages the grid into 7 x 7 adaptive bins. Token t
+    shows sum_j a_j P[j, t], P being the pooling itself (torch's avg_pool2d / adaptive_avg_pool2d of one-hot
+    images), a the softmax row from the kernel's q, k; tokens no key pools are NaN."""
+    import torch.nn.functional as F
+    model = _build(name, **({'linear': True} if name == 'SoftFreePVTv2' else {}))
+    cap = _run(model, b=1)
+    call = cap.calls['stages.0.blocks.0.attn']
+    h, w = call.layout.grid
+    assert (h, w) == (16, 23)
+    eye = torch.eye(h * w).view(h * w, 1, h, w)
+    pool = F.avg_pool2d(eye, 8) if name == 'SoftFreePVT' else F.adaptive_avg_pool2d(eye, 7)
+    p = pool.reshape(h * w, -1).T  # (Nk, N)
+    assert p.shape[0] == call.k.shape[2]
+    for ty, tx in [(0, 0), (9, 20), (15, 12)]:
+        i = ty * w + tx
+        a = torch.softmax(call.q[0, 0, i] @ call.k[0, 0].T / call.q.shape[-1] ** 0.5, -1)
+        want = (a @ p).view(h, w)
+        want[(p.sum(0) == 0).view(h, w)] = float('nan')
+        res = query_map(call, (tx * 4 + 1, ty * 4 + 2), head=0)
+        assert res['token'] == (ty, tx) and res['kind'] == 'reduction'
+        _nan_outside(res['values'], want)
 
 
 def test_checkpointed_blocks_are_recorded_once():
