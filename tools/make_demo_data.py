@@ -31,14 +31,20 @@ from pycocotools import mask as mask_utils
 
 TASKS = ('coco', 'ade', 'imagenet')
 CLASSES = tuple(f'digit_{d}' for d in range(10))
-# image sizes (h, w) and counts per split: small enough to write in seconds and to train on CPU
-COCO_SIZES = ((224, 256), (256, 256), (256, 320))
-COCO_COUNTS = dict(train2017=240, val2017=60)
+# image sizes (h, w), counts per split, digits per image and digit sizes (px): small enough to write in seconds and
+# to train on CPU. The detection digits and the classification crops' digits share their pixel scale, so a backbone
+# pretrained on the crops meets digits of the size it learnt in the detection images.
+COCO_SIZES = ((128, 160), (160, 160), (160, 128))
+COCO_COUNTS = dict(train2017=800, val2017=100)
+COCO_DIGITS = (2, 5)
+COCO_DIGIT_PX = (24, 52)
 ADE_SIZE = (128, 160)
 ADE_COUNTS = dict(training=200, validation=50)
 CLS_SIZE = 64
-CLS_COUNTS = dict(train=40, val=10)  # images per class
-STAMP = '.complete'  # written last (seed and file count): a folder without it, or not matching it, gets rebuilt
+CLS_COUNTS = dict(train=300, val=30)  # images per class
+CLS_DIGIT_PX = (24, 52)
+STAMP = '.complete'  # written last (version, seed, file count): a folder without it, or not matching it, is rebuilt
+VERSION = 2  # raised whenever the generator's output changes, so an old set on disk is rebuilt
 
 
 def load_digit_scans():
@@ -138,7 +144,8 @@ def make_coco(out, rng, scans):
         img_infos, anns = [], []
         for k in range(count):
             h, w = COCO_SIZES[k % len(COCO_SIZES)]
-            img, placed = scatter(rng, images, labels, h, w, n=int(rng.integers(2, 6)), size_range=(28, 72))
+            img, placed = scatter(rng, images, labels, h, w, n=int(rng.integers(COCO_DIGITS[0], COCO_DIGITS[1] + 1)),
+                                  size_range=COCO_DIGIT_PX)
             name = f'{k:012d}.jpg'
             cv2.imwrite(osp.join(out, split, name), img[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, 92])
             img_infos.append(dict(id=k + 1, file_name=name, height=h, width=w))
@@ -178,7 +185,7 @@ def make_imagenet(out, rng, scans):
             pool = np.flatnonzero(labels == d)
             for k in range(per_class):
                 scan = images[pool[int(rng.integers(len(pool)))]]
-                img, _ = scatter(rng, scan[None], np.array([d]), CLS_SIZE, CLS_SIZE, n=1, size_range=(32, 56))
+                img, _ = scatter(rng, scan[None], np.array([d]), CLS_SIZE, CLS_SIZE, n=1, size_range=CLS_DIGIT_PX)
                 rel = f'{CLASSES[d]}/{split}_{d}_{k:04d}.JPEG'
                 cv2.imwrite(osp.join(out, split, rel), img[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, 92])
                 lines.append(f'{rel} {d}')
@@ -194,7 +201,7 @@ def _files(folder):
 
 
 def _stamp(folder, seed):
-    return f'seed={seed} files={_files(folder)}\n'
+    return f'version={VERSION} seed={seed} files={_files(folder)}\n'
 
 
 def is_complete(folder, seed=0):
