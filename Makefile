@@ -9,15 +9,14 @@ PYTEST_ARGS ?=
 setup:
 	bash tools/setup_env.sh
 
-DEMO_CFG ?= configs/demo/maskrcnn_xcit_s12_poly3_demo.py
-DEMO_DIR ?= work_dirs/maskrcnn_xcit_s12_poly3_demo
-TRAIN_ARGS ?=
+DEMO_DIR ?= work_dirs/demo
+DEMO_ARGS ?=
 
-# make the demo data, train the demo Mask R-CNN (XCiT-S12, poly3) on CPU, evaluate it: COCO bbox and segm AP
+# the main job on the embedded digits data (tools/run_demo.py prints each step's command): demo data -> XCiT-S12/16
+# poly3 classifier pretraining (mmpretrain) -> Mask R-CNN from that checkpoint (mmdet) -> COCO bbox / segm AP ->
+# predictions drawn on val images -> a summary (top-1, AP, time of each step, picture folder)
 demo: setup
-	$(PY) tools/make_demo_data.py
-	$(PY) tools/train.py $(DEMO_CFG) --work-dir $(DEMO_DIR) $(TRAIN_ARGS)
-	$(PY) tools/test.py $(DEMO_CFG) $$(cat $(DEMO_DIR)/last_checkpoint) --work-dir $(DEMO_DIR)
+	$(PY) tools/run_demo.py --work-dir $(DEMO_DIR) $(DEMO_ARGS)
 
 test: setup
 	$(PY) -m pytest tests -q -p no:cacheprovider $(PYTEST_ARGS)

@@ -24,6 +24,15 @@ sys.path.insert(0, osp.join(ROOT, 'tools'))
 import make_demo_data as mdd  # noqa: E402
 
 
+@pytest.fixture(scope='module', autouse=True)
+def no_cache():
+    """These tests check the generator itself: no shared cache (tests/conftest.py) unless a test sets one."""
+    saved = os.environ.pop('SOFTFREE_DEMO_CACHE', None)
+    yield
+    if saved is not None:
+        os.environ['SOFTFREE_DEMO_CACHE'] = saved
+
+
 @pytest.fixture(scope='module')
 def demo(tmp_path_factory):
     return mdd.make_demo_data(str(tmp_path_factory.mktemp('a') / 'demo'))
@@ -116,18 +125,31 @@ def test_complete_set_is_kept_and_unknown_set_is_an_error(demo):
         mdd.make_demo_data(demo, only=['voc'])
 
 
-def test_a_set_with_a_missing_file_or_another_seed_is_rebuilt(tmp_path):
+def test_cache_links_the_files_a_direct_write_makes_into_every_root(demo, tmp_path, monkeypatch):
+    monkeypatch.setenv('SOFTFREE_DEMO_CACHE', str(tmp_path / 'cache'))
+    roots = [mdd.make_demo_data(str(tmp_path / name / 'demo'), only=['ade']) for name in ('x', 'y')]
+    a, b = (osp.join(r, 'ade') for r in roots)
+    names = _files(osp.join(demo, 'ade'))
+    assert _files(a) == _files(b) == names and mdd.is_complete(a) and mdd.is_complete(b)
+    match, mismatch, errors = filecmp.cmpfiles(osp.join(demo, 'ade'), a, names, shallow=False)
+    assert not mismatch and not errors
+    one = names[0]
+    assert os.stat(osp.join(a, one)).st_ino == os.stat(osp.join(b, one)).st_ino  # linked, not written twice
+
+
+def test_a_set_with_a_missing_file_or_another_seed_is_rebuilt(tmp_path, monkeypatch):
+    monkeypatch.setenv('SOFTFREE_DEMO_CACHE', str(tmp_path / 'cache'))  # the rebuild goes through the cache
     out = str(tmp_path / 'demo')
-    mdd.make_demo_data(out, only=['imagenet'])
-    folder = osp.join(out, 'imagenet')
+    mdd.make_demo_data(out, only=['ade'])
+    folder = osp.join(out, 'ade')
     first = sorted(_files(folder))
-    victim = osp.join(folder, 'val', 'digit_3', 'val_3_0002.JPEG')
+    victim = osp.join(folder, 'images', 'validation', 'ADE_validation_00000002.jpg')
     original = open(victim, 'rb').read()
     os.remove(victim)
     assert not mdd.is_complete(folder, 0)
-    mdd.make_demo_data(out, only=['imagenet'])
+    mdd.make_demo_data(out, only=['ade'])
     assert sorted(_files(folder)) == first and open(victim, 'rb').read() == original
     assert mdd.is_complete(folder, 0) and not mdd.is_complete(folder, 1)
-    mdd.make_demo_data(out, seed=1, only=['imagenet'])  # another seed: rewritten, different pictures
+    mdd.make_demo_data(out, seed=1, only=['ade'])  # another seed: rewritten, different pictures
     assert mdd.is_complete(folder, 1) and open(victim, 'rb').read() != original
     assert sorted(_files(folder)) == first

@@ -24,7 +24,7 @@ DEMO = osp.join(ROOT, 'configs', 'demo')
 TINY = {
     'maskrcnn': ('maskrcnn_xcit_s12_poly3_demo.py', """
 model = dict(
-    backbone=dict(embed_dims=32, depth=4, num_heads=4, out_indices=(0, 1, 2, 3)),
+    backbone=dict(embed_dims=32, depth=4, num_heads=4, out_indices=(0, 1, 2, 3), init_cfg=dict(type='Scratch')),
     neck=dict(in_channels=[32, 32, 32, 32], out_channels=32),
     rpn_head=dict(in_channels=32, feat_channels=32),
     roi_head=dict(

@@ -95,7 +95,8 @@ step bench-$HALF "$PY" tools/benchmark.py kernels --device cuda --dtype "$HALF" 
 DEMO_CFG=configs/demo/maskrcnn_xcit_s12_poly3_demo.py
 if step demo "$PY" tools/train.py "$DEMO_CFG" --amp --work-dir "$OUT/demo" --cfg-options \
         "train_cfg.max_iters=$ITERS" "train_cfg.val_begin=$((ITERS + 1))" "train_cfg.val_interval=$ITERS" \
-        "default_hooks.checkpoint.interval=$ITERS" default_hooks.logger.interval=5; then
+        "default_hooks.checkpoint.interval=$ITERS" default_hooks.logger.interval=5 \
+        model.backbone.init_cfg.type=Scratch; then  # the detector alone (make demo pretrains its backbone first)
     step eval "$PY" tools/test.py "$DEMO_CFG" "$(cat "$OUT/demo/last_checkpoint")" --work-dir "$OUT/demo"
 fi
 finish

@@ -17,8 +17,13 @@ Layout written (the same layouts the real COCO / ADE20K / ImageNet configs expec
     data/demo/imagenet/meta/{train,val}.txt                          # "digit_<d>/<name>.JPEG <d>" per line
 
 Usage: ``python tools/make_demo_data.py [--out data/demo] [--seed 0] [--only coco ade imagenet] [--force]``
+
+With ``SOFTFREE_DEMO_CACHE=DIR`` in the environment, each set is generated once under ``DIR`` and hard-linked
+(copied where links fail) into every ``--out`` that asks for it: the test suite writes many demo roots.
 """
 import argparse
+import fcntl
+import functools
 import json
 import os
 import os.path as osp
@@ -58,16 +63,23 @@ def load_digit_scans():
     return dict(train=(images[~val], labels[~val]), val=(images[val], labels[val]))
 
 
-def texture(rng, h, w):
-    """A smooth colour background: low-frequency noise, a grating and fine grain (uint8, h x w x 3)."""
-    low = rng.normal(0.0, 1.0, size=(max(2, h // 32), max(2, w // 32), 3)).astype(np.float32)
-    low = cv2.resize(low, (w, h), interpolation=cv2.INTER_CUBIC)
+@functools.lru_cache(maxsize=None)
+def _grid(h, w):
     yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    return yy, xx
+
+
+def texture(rng, h, w):
+    """A smooth colour background: low-frequency noise, a grating and fine grain (float32, h x w x 3)."""
+    low = rng.standard_normal(size=(max(2, h // 32), max(2, w // 32), 3), dtype=np.float32)
+    low = cv2.resize(low, (w, h), interpolation=cv2.INTER_CUBIC)
+    yy, xx = _grid(h, w)
     theta, period = rng.uniform(0, np.pi), rng.uniform(8, 32)
-    grating = np.sin((xx * np.cos(theta) + yy * np.sin(theta)) * 2 * np.pi / period)[..., None]
+    grating = np.sin((xx * np.float32(np.cos(theta)) + yy * np.float32(np.sin(theta))) * np.float32(2 * np.pi / period))
     base = rng.uniform(70, 185, size=3).astype(np.float32)
-    img = base + 22 * low + 12 * grating * rng.uniform(0.3, 1.0, size=3) + rng.normal(0, 5, size=(h, w, 3))
-    return np.clip(img, 0, 255)
+    tint = (12 * rng.uniform(0.3, 1.0, size=3)).astype(np.float32)
+    img = base + 22 * low + grating[..., None] * tint + 5 * rng.standard_normal(size=(h, w, 3), dtype=np.float32)
+    return np.clip(img, 0, 255, out=img)
 
 
 def render_digit(scan, size):
@@ -228,12 +240,35 @@ def make_demo_data(out='data/demo', seed=0, only=TASKS, force=False):
             continue
         if osp.isdir(folder):
             shutil.rmtree(folder)
-        # one generator per set, so each set is the same whether or not the others are written
-        MAKERS[task](folder, np.random.default_rng([seed, i]), scans)
-        stamp = _stamp(folder, seed)
-        with open(osp.join(folder, STAMP), 'w') as f:
-            f.write(stamp)
+        cache = os.environ.get('SOFTFREE_DEMO_CACHE')
+        if cache and not force:
+            source = osp.join(cache, f'seed{seed}', task)
+            os.makedirs(osp.dirname(source), exist_ok=True)
+            with open(source + '.lock', 'w') as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # parallel processes wait for one writer
+                if not is_complete(source, seed):
+                    _write(source, task, i, seed, scans)
+            shutil.copytree(source, folder, copy_function=_link)
+        else:
+            _write(folder, task, i, seed, scans)
     return out
+
+
+def _write(folder, task, index, seed, scans):
+    if osp.isdir(folder):
+        shutil.rmtree(folder)
+    # one generator per set, so each set is the same whether or not the others are written
+    MAKERS[task](folder, np.random.default_rng([seed, index]), scans)
+    stamp = _stamp(folder, seed)
+    with open(osp.join(folder, STAMP), 'w') as f:
+        f.write(stamp)
+
+
+def _link(src, dst):
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system, or links not allowed
+        shutil.copy2(src, dst)
 
 
 def parse_args(argv=None):

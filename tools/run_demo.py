@@ -42,32 +42,32 @@ def parse_args(argv=None):
     p.add_argument('--cls-config', default=CLS_CFG, help=f'pretraining config (default: {CLS_CFG})')
     p.add_argument('--det-config', default=DET_CFG, help=f'detector config (default: {DET_CFG})')
     p.add_argument('--pictures', type=int, default=8, help='val images to draw predictions on (default: 8)')
-    p.add_argument('--data-root', default='data/demo', help='where the demo data is written (default: data/demo)')
-    for step in ('cls', 'det', 'test'):
+    for step, what in (('cls', 'pretraining'), ('det', 'detector training'), ('test', 'evaluation and pictures')):
         p.add_argument(f'--{step}-options', nargs='+', default=[], metavar='KEY=VALUE',
-                       help=f'--cfg-options for the {dict(cls="pretraining", det="detector training", test="evaluation")[step]} command')
+                       help=f'--cfg-options for the {what} command')
     args = p.parse_args(argv)
     if args.pictures < 0:
         p.error(f'--pictures must be >= 0, got {args.pictures}')
+    for opt in args.cls_options + args.det_options + args.test_options:
+        if '=' not in opt:
+            p.error(f'options are KEY=VALUE, got {opt!r}')
     return args
 
 
-def _cmd(*parts):
-    return [sys.executable, *parts]
+def _options(opts):
+    return ['--cfg-options', *opts] if opts else []
 
 
-def _last_scalars(work_dir):
-    """The last logged record holding accuracy (mmpretrain validation) in the newest run under work_dir."""
-    runs = sorted(glob.glob(osp.join(work_dir, '*', 'vis_data', 'scalars.json')))
-    if not runs:
-        return {}
+def _last_accuracy(work_dir):
+    """The last logged validation record (mmpretrain: accuracy/top1) of the newest run under work_dir."""
     found = {}
-    with open(runs[-1]) as f:
-        for line in f:
-            rec = json.loads(line)
-            if any(k.startswith('accuracy/') for k in rec):
-                found = rec
-    return found
+    for path in sorted(glob.glob(osp.join(work_dir, '*', 'vis_data', 'scalars.json')))[-1:]:
+        with open(path) as f:
+            for line in f:
+                rec = json.loads(line)
+                if 'accuracy/top1' in rec:
+                    found = rec
+    return found.get('accuracy/top1')
 
 
 def _read(path):
@@ -80,87 +80,105 @@ def _fmt(seconds):
 
 
 class Demo:
-    def __init__(self, args):
-        self.args = args
+    def __init__(self):
         self.times = {}
 
     def run(self, step, cmd):
-        print(f'\n[demo] step {step}: {" ".join(osp.relpath(c, ROOT) if c == sys.executable else c for c in cmd[1:])}',
-              flush=True)
+        print(f'\n[demo] {step}: python {" ".join(cmd)}', flush=True)
         t = time.time()
-        proc = subprocess.run(cmd, cwd=ROOT)
+        proc = subprocess.run([sys.executable, *cmd], cwd=ROOT)
         self.times[step] = time.time() - t
         if proc.returncode:
-            print(f'[demo] step {step} failed (exit status {proc.returncode})', file=sys.stderr, flush=True)
+            print(f'[demo] {step} failed (exit status {proc.returncode})', file=sys.stderr, flush=True)
             raise SystemExit(proc.returncode)
 
-    def pictures(self, cfg_path, ckpt, out_dir):
-        """Draw the first N val images' predictions with mmdet's DetInferencer; returns (files, score_thr)."""
+    def pictures(self, cfg_path, options, ckpt, count, out_dir):
+        """Draw the first ``count`` val images' predictions with mmdet's DetInferencer (its DetLocalVisualizer),
+        at the config's visualization score_thr. Returns (picture files, score threshold)."""
         t = time.time()
         sys.path.insert(0, ROOT)
-        import softfree_mm  # noqa: F401  (registers the backbones; repairs checkpoint loading on torch 2.14)
-        from mmengine.config import Config
+        import softfree_mm  # noqa: F401  (registers the backbones, repairs checkpoint loading)
+        from mmengine.config import Config, DictAction
         from mmdet.apis import DetInferencer
         cfg = Config.fromfile(cfg_path)
+        if options:
+            p = argparse.ArgumentParser()
+            p.add_argument('--o', nargs='+', action=DictAction)
+            cfg.merge_from_dict(p.parse_args(['--o', *options]).o)
         thr = cfg.default_hooks.visualization.get('score_thr', 0.3)
         ds = cfg.test_dataloader.dataset
-        with open(ds.ann_file if osp.isabs(ds.ann_file) else osp.join(ds.data_root, ds.ann_file)) as f:
-            images = json.load(f)['images'][:self.args.pictures]
-        paths = [osp.join(ds.data_root, ds.data_prefix['img'], im['file_name']) for im in images]
-        print(f'\n[demo] step pictures: DetInferencer({cfg_path!r}, weights={osp.relpath(ckpt, ROOT)!r}, '
-              f"device='cpu')(<{len(paths)} val images>, out_dir={out_dir!r}, pred_score_thr={thr})", flush=True)
+        while 'dataset' in ds:  # wrappers
+            ds = ds.dataset
+        ann = ds.ann_file if osp.isabs(ds.ann_file) else osp.join(ds.data_root, ds.ann_file)
+        with open(ann) as f:
+            names = [im['file_name'] for im in json.load(f)['images'][:count]]
+        images = [osp.join(ds.data_root, ds.data_prefix['img'], n) for n in names]
+        print(f'\n[demo] pictures: DetInferencer(model={cfg_path!r}, weights={ckpt!r}, device=\'cpu\')'
+              f'({len(images)} val images, out_dir={out_dir!r}, pred_score_thr={thr})', flush=True)
         inferencer = DetInferencer(model=cfg, weights=ckpt, device='cpu', show_progress=False)
-        inferencer(paths, out_dir=out_dir, pred_score_thr=thr, no_save_pred=True)
+        inferencer(images, out_dir=out_dir, pred_score_thr=thr, no_save_pred=True)
         self.times['pictures'] = time.time() - t
-        return sorted(glob.glob(osp.join(out_dir, 'vis', '*'))), thr
+        return [osp.join(out_dir, 'vis', n) for n in names], thr
 
 
 def main(argv=None):
     args = parse_args(argv)
     os.chdir(ROOT)
-    demo = Demo(args)
+    demo = Demo()
     work = args.work_dir
     cls_dir, det_dir, pic_dir = (osp.join(work, n) for n in ('pretrain', 'maskrcnn', 'pictures'))
     t0 = time.time()
-    demo.run('data', _cmd('tools/make_demo_data.py', '--out', args.data_root))
-    demo.run('pretrain', _cmd('tools/train.py', args.cls_config, '--work-dir', cls_dir,
-                              *(['--cfg-options', *args.cls_options] if args.cls_options else [])))
+    demo.run('data', ['tools/make_demo_data.py'])
+    demo.run('pretrain', ['tools/train.py', args.cls_config, '--work-dir', cls_dir, *_options(args.cls_options)])
     cls_ckpt = _read(osp.join(cls_dir, 'last_checkpoint'))
-    demo.run('detector', _cmd('tools/train.py', args.det_config, '--work-dir', det_dir, '--cfg-options',
-                              f'model.backbone.init_cfg.checkpoint={cls_ckpt}', *args.det_options))
+    demo.run('detector', ['tools/train.py', args.det_config, '--work-dir', det_dir,
+                          *_options([f'model.backbone.init_cfg.checkpoint={cls_ckpt}', *args.det_options])])
     det_ckpt = _read(osp.join(det_dir, 'last_checkpoint'))
-    demo.run('evaluation', _cmd('tools/test.py', args.det_config, det_ckpt, '--work-dir', det_dir,
-                                *(['--cfg-options', *args.test_options] if args.test_options else [])))
+    demo.run('evaluation', ['tools/test.py', args.det_config, det_ckpt, '--work-dir', det_dir,
+                            *_options(args.test_options)])
     with open(osp.join(det_dir, 'test_metrics.json')) as f:
         metrics = json.load(f)
-    files, thr = demo.pictures(args.det_config, det_ckpt, pic_dir) if args.pictures else ([], None)
+    files, thr = [], None
+    if args.pictures:
+        files, thr = demo.pictures(args.det_config, args.test_options, det_ckpt, args.pictures, pic_dir)
     total = time.time() - t0
-    top1 = _last_scalars(cls_dir).get('accuracy/top1')
+
     import torch
-    summary = dict(pretrain_top1=top1, metrics={k: metrics.get(f'coco/{k}') for k in
-                                                ('bbox_mAP', 'bbox_mAP_50', 'segm_mAP', 'segm_mAP_50')},
-                   times={k: round(v, 1) for k, v in demo.times.items()}, total=round(total, 1),
-                   pictures=files, threads=torch.get_num_threads())
+    m = {k: metrics.get(f'coco/{k}') for k in ('bbox_mAP', 'bbox_mAP_50', 'segm_mAP', 'segm_mAP_50')}
+    summary = dict(pretrain_top1=_last_accuracy(cls_dir), pretrain_checkpoint=cls_ckpt, detector_checkpoint=det_ckpt,
+                   metrics=m, times={k: round(v, 1) for k, v in demo.times.items()}, total=round(total, 1),
+                   pictures=files, score_thr=thr, torch_threads=torch.get_num_threads())
     with open(osp.join(work, 'summary.json'), 'w') as f:
         json.dump(summary, f, indent=1)
-    m = summary['metrics']
     t = demo.times
-    lines = [
-        '',
-        '=' * 100,
-        'make demo: XCiT-S12/16 poly3 (x^3/sqrt(N) attention in every layer), digits pretraining -> Mask R-CNN',
-        f'  pretraining (classifier, 10 digits)  top-1 {top1:.1f}% (chance 10%)'.ljust(72) + _fmt(t['pretrain']),
-        f'  detector fine-tuned from it           trained'.ljust(72) + _fmt(t['detector']),
-        f'  COCO evaluation, demo val set         bbox mAP {m["bbox_mAP"]:.3f}  AP50 {m["bbox_mAP_50"]:.3f}  '
-        f'segm mAP {m["segm_mAP"]:.3f}  AP50 {m["segm_mAP_50"]:.3f}'.ljust(72) + _fmt(t['evaluation']),
-        f'  data                                  {args.data_root}'.ljust(72) + _fmt(t['data']),
+    top1 = summary['pretrain_top1']
+    rows = [
+        ('pretraining: classifier, 10 digits', f'top-1 {top1:.1f}% (chance 10%)' if top1 is not None else 'top-1 ?',
+         t['pretrain']),
+        ('detector: Mask R-CNN from the classifier', f'trained, {det_ckpt}', t['detector']),
+        ('COCO evaluation, demo val set', f'bbox mAP {m["bbox_mAP"]:.3f} AP50 {m["bbox_mAP_50"]:.3f} | '
+         f'segm mAP {m["segm_mAP"]:.3f} AP50 {m["segm_mAP_50"]:.3f}', t['evaluation']),
+        ('data', 'data/demo', t['data']),
     ]
     if files:
-        lines.append(f'  pictures ({len(files)} val images, score >= {thr})  {osp.dirname(files[0])}'.ljust(72)
-                     + _fmt(t['pictures']))
-    lines.append(f'  total'.ljust(72) + _fmt(total) + f'  ({summary["threads"]} torch threads)')
+        rows.append((f'pictures: {len(files)} val images, score >= {thr}', osp.dirname(files[0]), t['pictures']))
+    lines = ['', '=' * 110, f'make demo: {_model_name(args.det_config)}']
+    lines += [f'  {a:<42} {b:<52} {_fmt(c):>12}' for a, b, c in rows]
+    threads = f'{summary["torch_threads"]} torch threads'
+    lines.append(f'  {"total":<42} {threads:<52} {_fmt(total):>12}')
     print('\n'.join(lines), flush=True)
     return 0
+
+
+def _model_name(det_config):
+    sys.path.insert(0, ROOT)
+    from mmengine.config import Config
+    bb = Config.fromfile(det_config).model.backbone
+    attn = bb.get('attn_cfg', {})
+    kind = attn.get('type', attn) if isinstance(attn, dict) else attn
+    degree = f'{attn.get("degree")}' if isinstance(attn, dict) and 'degree' in attn else ''
+    return (f'{bb.type} arch {bb.get("arch")}/{bb.get("patch_size")}, attention {kind}{degree} in every layer: '
+            'digit classifier pretraining -> Mask R-CNN')
 
 
 if __name__ == '__main__':
