@@ -44,7 +44,7 @@ def test_shortened_main_job_pretrains_fine_tunes_evaluates_draws_and_summarises(
         cls_ckpt = f.read().strip()
     assert cls_ckpt.endswith('epoch_1.pth') and summary['pretrain_checkpoint'] == cls_ckpt
     # the detector's backbone was loaded from the classifier's checkpoint (its adapter is the only part left out)
-    (det_log, ) = glob.glob(osp.join(work, 'maskrcnn', '*', '*.log'))
+    det_log = sorted(glob.glob(osp.join(work, 'maskrcnn', '*', '*.log')))[0]  # training's; evaluation's follows
     log = open(det_log).read()
     assert f'loading {cls_ckpt}' in log and 'missing in the checkpoint' in log and "'fpn1." in log
     assert "'blocks." not in log.split('missing in the checkpoint')[1].split('\n')[0]
