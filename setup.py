@@ -1,21 +1,32 @@
 """softfree_mm: softmax-free attention for OpenMMLab 2.x backbones.
 
-``pip install -e .`` installs the package; configs and tools ship the OpenMMLab way, under ``softfree_mm/.mim``
-(symlinks for an editable install, copies otherwise), so that ``mim`` finds them.
+``pip install -e .`` installs the package in place; ``pip install .`` (or a wheel) installs a copy. Either way the
+configs, the tools and ``model-index.yml`` ship the OpenMMLab way, under ``softfree_mm/.mim``, where ``mim`` looks
+for them (``mim list``, ``mim train softfree_mm CONFIG``, ``mim test``, ``mim run softfree_mm TOOL``):
+
+* a wheel / regular install: ``build_py`` copies them into the built package (the source tree is not touched);
+* an editable install: ``editable_wheel`` links ``softfree_mm/.mim/{configs,tools,model-index.yml}`` in the source
+  tree to the repository's own folders, and points mim at the repository: mim finds a package at
+  ``<distribution location>/<package>``, else at ``<location>/<first line of top_level.txt>``; a PEP 660 editable
+  install's location is site-packages, where the package is not, so the editable wheel's ``top_level.txt`` starts
+  with the package's absolute path in the repository (see ``point_top_level_to_source``). Edits to configs and
+  tools are seen at once; ``pip uninstall`` works as for any editable install.
 """
 import os
 import os.path as osp
 import shutil
-import sys
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
 
 HERE = osp.dirname(osp.abspath(__file__))
+PACKAGE = 'softfree_mm'
+MIM_ITEMS = ('configs', 'tools', 'model-index.yml')  # what mim looks for under <package>/.mim
 
 
 def read_version():
     ns = {}
-    with open(osp.join(HERE, 'softfree_mm', '__init__.py')) as f:
+    with open(osp.join(HERE, PACKAGE, '__init__.py')) as f:
         for line in f:
             if line.startswith('__version__'):
                 exec(line, ns)
@@ -37,43 +48,104 @@ def parse_requirements(name):
     return out
 
 
-def add_mim_extension():
-    """Place configs/ and tools/ under softfree_mm/.mim (as mmdet, mmseg, mmpretrain do)."""
-    if 'develop' in sys.argv or 'editable_wheel' in sys.argv:
-        mode = 'symlink'
-    elif any(a in sys.argv for a in ('sdist', 'bdist_wheel', 'install', 'build', 'build_py')):
-        mode = 'copy'
+def _remove(path):
+    if osp.islink(path) or osp.isfile(path):
+        os.remove(path)
+    elif osp.isdir(path):
+        shutil.rmtree(path)
+
+
+def _copy(src, dst):
+    _remove(dst)
+    if osp.isdir(src):
+        shutil.copytree(src, dst, ignore=shutil.ignore_patterns('__pycache__', '*.pyc'))
     else:
-        return
-    mim = osp.join(HERE, 'softfree_mm', '.mim')
+        shutil.copyfile(src, dst)
+
+
+class BuildPy(build_py):
+    """Regular builds (wheel, ``pip install .``): copies of configs/, tools/ and model-index.yml in the package."""
+
+    def run(self):
+        super().run()
+        if getattr(self, 'editable_mode', False):
+            return  # an editable install links the source tree instead (EditableWheel)
+        mim = osp.join(self.build_lib, PACKAGE, '.mim')
+        os.makedirs(mim, exist_ok=True)
+        for name in MIM_ITEMS:
+            _copy(osp.join(HERE, name), osp.join(mim, name))
+
+
+def link_mim_in_source_tree():
+    """``softfree_mm/.mim/<item>`` -> the repository's own configs/, tools/, model-index.yml (relative links; copies
+    where the file system has no symbolic links)."""
+    mim = osp.join(HERE, PACKAGE, '.mim')
     os.makedirs(mim, exist_ok=True)
-    for name in ('configs', 'tools'):
+    for name in MIM_ITEMS:
         src, dst = osp.join(HERE, name), osp.join(mim, name)
-        if osp.islink(dst) or osp.isfile(dst):
-            os.remove(dst)
-        elif osp.isdir(dst):
-            shutil.rmtree(dst)
-        if mode == 'symlink':
+        _remove(dst)
+        try:
             os.symlink(osp.relpath(src, mim), dst)
-        else:
-            shutil.copytree(src, dst)
+        except OSError:
+            _copy(src, dst)
+
+
+def _editable_wheel_class():
+    try:
+        from setuptools.command.editable_wheel import editable_wheel
+    except ImportError:  # setuptools < 64: `pip install -e .` runs `setup.py develop`, whose location is the repo
+        return None
+
+    class EditableWheel(editable_wheel):
+        def run(self):
+            link_mim_in_source_tree()
+            try:
+                self._ensure_dist_info()  # the dist-info this wheel will carry (given by pip, or made here)
+            except AttributeError:  # a setuptools without it: the install works, mim does not find it
+                print('softfree_mm: this setuptools has no editable_wheel._ensure_dist_info; mim will not find '
+                      'the editable install (a regular install works with mim)')
+            else:
+                point_top_level_to_source(self.dist_info_dir)
+            super().run()
+
+    return EditableWheel
+
+
+def point_top_level_to_source(dist_info_dir):
+    """First line of the editable wheel's ``top_level.txt``: the package's absolute path in the repository.
+
+    mim (``get_installed_path``, ``mim list``) looks for a package at ``<location>/<package>`` and, when that does not
+    exist, at ``os.path.join(<location>, <first line of top_level.txt>)``. For a PEP 660 editable install the
+    location is site-packages, where the package is not; an absolute first line makes that join the repository's
+    package, where ``.mim`` links to the repository's configs and tools. The second line keeps the plain name.
+    """
+    path = osp.join(dist_info_dir, 'top_level.txt')
+    with open(path, 'w') as f:
+        f.write(f'{osp.join(HERE, PACKAGE)}\n{PACKAGE}\n')
+
+
+def cmdclass():
+    out = {'build_py': BuildPy}
+    editable = _editable_wheel_class()
+    if editable is not None:
+        out['editable_wheel'] = editable
+    return out
 
 
 if __name__ == '__main__':
-    add_mim_extension()
     setup(
-        name='softfree_mm',
+        name=PACKAGE,
         version=read_version(),
         description='Softmax-free attention kernels swappable inside XCiT, PVT, Swin and CSwin for mmdet, mmseg '
                     'and mmpretrain',
         long_description=open(osp.join(HERE, 'README.md')).read() if osp.exists(osp.join(HERE, 'README.md')) else '',
         long_description_content_type='text/markdown',
         python_requires='>=3.9',
-        packages=find_packages(exclude=('configs', 'tools', 'tests', 'data')),
-        include_package_data=True,
-        package_data={'softfree_mm': ['.mim/configs/**/*', '.mim/tools/**/*', '.mim/configs/*', '.mim/tools/*']},
+        packages=find_packages(exclude=('configs', 'configs.*', 'tools', 'tools.*', 'tests', 'tests.*', 'data')),
+        cmdclass=cmdclass(),
         install_requires=parse_requirements('runtime.txt'),
-        extras_require={'tests': parse_requirements('tests.txt'), 'build': parse_requirements('build.txt')},
+        extras_require={'tests': parse_requirements('tests.txt'), 'build': parse_requirements('build.txt'),
+                        'tensorboard': parse_requirements('tensorboard.txt'), 'onnx': parse_requirements('onnx.txt')},
         license='Apache-2.0',
         zip_safe=False,
     )

@@ -76,18 +76,18 @@ FACTORIES = {'SoftFreeSwap': SoftFreeSwap}  # registered callables that build a 
 def register_all():
     for scope, reg in _downstream_registries().items():
         for name in models.__all__:
-            cls = getattr(models, name)
-            if reg.get(name) is not cls and name not in reg.module_dict:
-                reg.register_module(module=cls)
+            # module_dict, not reg.get(): get() first imports the registry's locations (all of mmdet.models,
+            # mmseg.models, mmpretrain.models), which `import softfree_mm` does not need; builds import them anyway
+            if name not in reg.module_dict:
+                reg.register_module(module=getattr(models, name))
         for name, fn in FACTORIES.items():
             if name not in reg.module_dict:
                 reg.register_module(name=name, module=fn)
         REGISTERED[scope] = reg
     for reg in _downstream_registries('HOOKS').values():
         for name in HOOK_CLASSES:
-            cls = getattr(hooks, name)
-            if reg.get(name) is not cls and name not in reg.module_dict:
-                reg.register_module(module=cls)
+            if name not in reg.module_dict:  # module_dict, not get(): see above
+                reg.register_module(module=getattr(hooks, name))
     if WEIGHT_INITIALIZERS.get('Scratch') is None:
         from .models.layers import ScratchInit
         WEIGHT_INITIALIZERS.register_module('Scratch', module=ScratchInit)

@@ -296,8 +296,11 @@ def test_bad_arguments_raise_errors_naming_the_value_and_the_valid_choices():
         SoftFreePVT(sr_ratios=(1, 1, 1), **TINY)
     with pytest.raises(ValueError, match=r'out_indices must be stage indices in \[0, 3\], got \(4,\)'):
         SoftFreePVT(out_indices=(4,), **TINY)
-    with pytest.raises(TypeError, match=r'unexpected keyword argument'):
+    with pytest.raises(ValueError, match=r'SoftFreePVT: these arguments have no meaning here: '
+                                         r'use_abs_pos_embed=False \(this model has True\)'):
         SoftFreePVT(use_abs_pos_embed=False, **TINY)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'embed_dim'"):
+        SoftFreePVT(embed_dim=64)
 
 
 # ------------------------------------------------------------------------------------------- downstream

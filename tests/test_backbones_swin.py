@@ -258,11 +258,13 @@ def test_checkpointing_changes_neither_outputs_nor_grads():
 
 
 def test_frozen_stages_stay_frozen_and_in_eval_after_train():
+    # as mmdet's SwinTransformer: a frozen stage takes the patch merging after it (ours: the next stage's first part)
     model = SoftFreeSwin(arch=dict(TINY), frozen_stages=2, drop_path_rate=0.1).train()
-    frozen = [model.patch_embed, model.stages[0], model.stages[1], model.norm0, model.norm1]
+    frozen = [model.patch_embed, model.stages[0], model.stages[1], model.stages[2].downsample, model.norm0,
+              model.norm1]
     for m in frozen:
         assert not m.training and all(not p.requires_grad for p in m.parameters())
-    for m in (model.stages[2], model.stages[3], model.norm2, model.norm3):
+    for m in (model.stages[2].blocks, model.stages[3], model.norm2, model.norm3):
         assert m.training and all(p.requires_grad for p in m.parameters())
     sum(o.sum() for o in model(torch.randn(1, 3, 64, 64))).backward()
     assert all(p.grad is None for m in frozen for p in m.parameters())

@@ -15,6 +15,8 @@ import argparse
 import os
 import sys
 
+import tool_warnings  # noqa: F401  (tools/tool_warnings.py: before the OpenMMLab stack is imported)
+
 import torch
 
 

@@ -15,6 +15,8 @@ import os
 import os.path as osp
 import sys
 
+import tool_warnings  # noqa: F401  (tools/tool_warnings.py: before the OpenMMLab stack is imported)
+
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # the repository, for `softfree_mm`
 
 

@@ -2,24 +2,32 @@
 
     python tools/train.py configs/maskrcnn_xcit_s12_poly3.py [--work-dir DIR] [--amp [--amp-dtype D]]
         [--resume [CKPT]] [--auto-scale-lr] [--device auto|cuda|cpu] [--skip-nonfinite-loss]
-        [--cfg-options KEY=VALUE ...] [--launcher none|pytorch|slurm|mpi]
+        [--cfg-options KEY=VALUE ...] [--launcher none|pytorch|slurm|mpi] [--dry-run]
 
 Device: CUDA when it works. One process on a machine without GPUs runs on CPU by itself (gloo, DDP without
 device_ids, BN for SyncBN); under a launcher or with GPUs allocated, a CUDA that does not work is an error naming
 the cause unless --device cpu (or SOFTFREE_MM_DEVICE=cpu) asks for CPU.
 One line on stderr and exit status 2 for: a missing data root or image folder, an unknown config file or kernel, a
 misspelt type anywhere in the config, --cfg-options that cannot be applied, a --launcher without its environment,
+a visualiser backend whose package is missing (TensorBoard: pip install -e .[tensorboard]),
 a setting the Runner refuses while it builds its parts, an unusable CUDA, an unreadable image or annotation file
 (named), a corrupt checkpoint or one of another model, a NaN / inf loss (the iteration and the loss terms; the last
 checkpoint is kept; --skip-nonfinite-loss skips such updates instead).
 Kill and resume: checkpoints are written atomically and hold the random states; ``--resume`` continues from the
 newest readable checkpoint of the work dir and, with a fixed seed, reproduces the uninterrupted run.
+
+``--dry-run`` checks the config without its data set and trains nothing: it builds the model (kernels and their fit
+to the backbone), runs the backbone once on a small image, builds every data pipeline, the evaluators (without their
+annotation files), the optimizer and the visualiser backends, prints one line per part and exits 0 (no data is read
+and no pretrained start is loaded).
 Demo data roots (``data/demo/...``) are written on demand by tools/make_demo_data.py.
 """
 import argparse
 import os
 import os.path as osp
 import sys
+
+import tool_warnings  # noqa: F401  (tools/tool_warnings.py: before the OpenMMLab stack is imported)
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # the repository, for `softfree_mm`
 
@@ -45,6 +53,9 @@ def parse_args(argv=None):
                    help='override config settings, e.g. model.backbone.attn_cfg=linear')
     p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
     p.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    p.add_argument('--dry-run', action='store_true',
+                   help='check the config without data: build the model, run the backbone once, build the '
+                        'pipelines, evaluators, optimizer and visualiser backends; train nothing')
     args = p.parse_args(argv)
     if 'LOCAL_RANK' not in os.environ:
         os.environ['LOCAL_RANK'] = str(args.local_rank)
@@ -72,12 +83,14 @@ def prepare(args):
     launch.check_attention(cfg)
     launch.check_model_types(cfg)
     launch.check_types(cfg)
+    launch.check_vis_backends(cfg)
     phases = ('train', 'val') if cfg.get('val_cfg') is not None else ('train', )
-    for root, subset in launch.demo_roots(cfg, phases):
-        make_demo(root, subset)
-    launch.check_data(cfg, phases)
-    if not (cfg.get('resume') and cfg.get('load_from')):  # a resumed checkpoint replaces every weight
-        launch.check_pretrained(cfg)
+    if not getattr(args, 'dry_run', False):  # a dry run reads no data and loads no weights
+        for root, subset in launch.demo_roots(cfg, phases):
+            make_demo(root, subset)
+        launch.check_data(cfg, phases)
+        if not (cfg.get('resume') and cfg.get('load_from')):  # a resumed checkpoint replaces every weight
+            launch.check_pretrained(cfg)
     if device == 'cuda':
         launch.check_cuda_ops(cfg)
     if args.amp:
@@ -136,6 +149,12 @@ def main(argv=None):
     reliability.name_failing_samples()
     try:
         cfg = prepare(args)
+        if args.dry_run:
+            from softfree_mm.engine.dry_run import dry_run
+            for line in dry_run(cfg):
+                print(f'[dry-run] {line}')
+            print(f'[dry-run] {args.config}: config checked, no data read, nothing trained')
+            return 0
         runner = launch.build_runner(cfg)
         check_start(runner, cfg, auto_resume=args.resume == 'auto')
     except launch.UsageError as e:

@@ -7,6 +7,7 @@ abilities (``supports_bias``, ``supports_mask``, ``complexity``) and never the k
 This package imports torch only.
 """
 import math
+import warnings
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
@@ -89,6 +90,15 @@ class AttentionKernel(nn.Module):
 
     # ------------------------------------------------------------------ checks
     def _check(self, q, k, v, hw, scale, bias, mask):
+        if torch.jit.is_tracing():
+            # under torch.jit.trace the sizes compared here are traced tensors; the checks read their values at trace
+            # time and record nothing in the graph, so the tracer's warnings about them are not worth showing
+            with warnings.catch_warnings():
+                warnings.simplefilter('ignore', torch.jit.TracerWarning)
+                return self._check_inputs(q, k, v, hw, scale, bias, mask)
+        return self._check_inputs(q, k, v, hw, scale, bias, mask)
+
+    def _check_inputs(self, q, k, v, hw, scale, bias, mask):
         if q.dim() != 4 or k.dim() != 4:
             raise ValueError(f'{self.name}: q and k must be (B, heads, N, head_dim), got shapes '
                              f'{tuple(q.shape)} and {tuple(k.shape)}')
@@ -132,13 +142,45 @@ def _check_broadcast(arg, name, t, q, k):
                              f'{target}')
 
 
-def check_hw(name: str, hw: Sequence[int], n: int) -> Tuple[int, int]:
-    if not (isinstance(hw, (tuple, list)) and len(hw) == 2 and all(isinstance(x, int) and x > 0 for x in hw)):
+def _size_value(x):
+    """The value of one grid size for checking, or None when it has no fixed value.
+
+    Sizes are python ints in eager mode. Under ``torch.jit.trace`` (ONNX export, mmengine's FLOP counters) the
+    backbones' ``x.shape[i]`` arrive as 0-dim integer tensors: they are checked by their traced value and passed on
+    unchanged, so the recorded graph keeps them as sizes. Under ``torch.export`` with dynamic shapes they are
+    ``torch.SymInt``, which are not checked (no fixed value)."""
+    if isinstance(x, bool):
+        return False
+    if isinstance(x, int):
+        return x
+    if isinstance(x, torch.SymInt):
+        return None
+    if isinstance(x, torch.Tensor) and x.dim() == 0 and not x.is_floating_point() and not x.is_complex():
+        with warnings.catch_warnings():  # reading the traced value for the check records nothing in the graph
+            warnings.simplefilter('ignore', torch.jit.TracerWarning)
+            return int(x)
+    return False
+
+
+def check_hw(name: str, hw: Sequence[int], n) -> Tuple[int, int]:
+    """``hw`` itself when it is a pair of positive sizes with H * W == n; ValueError naming it otherwise.
+
+    Trace-safe: traced (0-dim tensor) and symbolic sizes are accepted and returned unchanged (see :func:`_size_value`).
+    """
+    vals = [_size_value(x) for x in hw] if isinstance(hw, (tuple, list)) and len(hw) == 2 else [False]
+    if any(v is False or (v is not None and v <= 0) for v in vals):
         raise ValueError(f'{name}: hw must be a pair of positive ints (H, W), got {hw!r}')
-    if hw[0] * hw[1] != n:
-        raise ValueError(f'{name}: hw={tuple(hw)} gives {hw[0] * hw[1]} tokens but the input has N={n}; '
+    count = _size_value(n)
+    if None not in vals and count is not None and vals[0] * vals[1] != count:
+        raise ValueError(f'{name}: hw={tuple(vals)} gives {vals[0] * vals[1]} tokens but the input has N={count}; '
                          'hw must satisfy H * W == N')
-    return int(hw[0]), int(hw[1])
+    return hw[0], hw[1]
+
+
+def ceil_div(a, b):
+    """ceil(a / b) for sizes a >= 0, b > 0, written with a non-negative dividend: traced sizes (0-dim tensors) export
+    to ONNX as integer division, which truncates, so ``-(-a // b)`` would come out as floor there."""
+    return (a + b - 1) // b
 
 
 def grid_for(n: int, hw=None) -> Tuple[int, int]:
@@ -155,8 +197,9 @@ def resolve_hw(name: str, hw, n: int) -> Tuple[int, int]:
     """The token grid: ``hw`` when given, else a square grid when N is a perfect square."""
     if hw is not None:
         return check_hw(name, hw, n)
-    r = math.isqrt(n)
-    if r * r != n:
+    count = _size_value(n)
+    r = math.isqrt(count) if count else 0
+    if r * r != count or not r:
         raise ValueError(f'{name}: needs the token grid hw=(H, W) and N={n} is not a square; pass hw')
     return r, r
 

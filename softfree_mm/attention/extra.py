@@ -26,10 +26,15 @@ def _positive_int(name, arg, val, minimum=1):
 
 # ---------------------------------------------------------------------------------------------- Nystromformer
 def segment_means(x, m):
-    """(B, h, N, d) -> (B, h, m, d): means of m contiguous segments of near-equal length (adaptive pooling)."""
-    b, h, n, d = x.shape
-    pooled = F.adaptive_avg_pool1d(x.reshape(b * h, n, d).transpose(1, 2), m)
-    return pooled.transpose(1, 2).reshape(b, h, m, d)
+    """(B, h, N, d) -> (B, h, m, d): means of m contiguous segments of near-equal length, segment i holding tokens
+    floor(iN/m) .. ceil((i+1)N/m) - 1 (adaptive average pooling). Written as an (m, N) averaging matrix so that it
+    traces and exports (ONNX) when N is not a constant."""
+    n = x.shape[2]
+    i = torch.arange(m, device=x.device)
+    start, end = (i * n) // m, ((i + 1) * n + m - 1) // m
+    j = torch.arange(n, device=x.device)
+    w = ((j[None, :] >= start[:, None]) & (j[None, :] < end[:, None])).to(x.dtype)
+    return (w / (end - start)[:, None].to(x.dtype)) @ x
 
 
 def iterative_pinv(p, iters):

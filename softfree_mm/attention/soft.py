@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import ATTENTION
-from .base import AttentionKernel, cast_back, default_scale, grid_for, resolve_hw, upcast, no_autocast
+from .base import AttentionKernel, cast_back, ceil_div, default_scale, grid_for, resolve_hw, upcast, no_autocast
 
 LANDMARK_OPS = ('conv', 'avgpool')
 LANDMARK_CELLS = ('floor', 'ceil')
@@ -98,7 +98,7 @@ def landmark_grid(hw, ratio, num_landmarks, cells='floor'):
     if num_landmarks is None:
         if cells == 'floor':
             return max(1, h // ratio), max(1, w // ratio)
-        return -(-h // ratio), -(-w // ratio)
+        return ceil_div(h, ratio), ceil_div(w, ratio)
     mh = min(h, max(1, int(round(math.sqrt(num_landmarks * h / w)))))
     mw = min(w, max(1, int(round(num_landmarks / mh))))
     return mh, mw
@@ -228,7 +228,7 @@ class SoftAttention(AttentionKernel):
             pooled = F.conv2d(pooled, self.landmark_conv.weight.to(q.dtype), stride=self.landmark_conv.stride)
         lm = pooled.reshape(b, nh, d, mh * mw).permute(0, 1, 3, 2)
         if self.landmark_op == 'conv':
-            lm = F.gelu(F.layer_norm(lm, (d,), self.landmark_norm.weight.to(q.dtype),
+            lm = F.gelu(F.layer_norm(lm, self.landmark_norm.normalized_shape, self.landmark_norm.weight.to(q.dtype),
                                      self.landmark_norm.bias.to(q.dtype), self.landmark_norm.eps))
         return lm
 

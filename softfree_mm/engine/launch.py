@@ -13,6 +13,7 @@ softfree_mm.engine.reliability's; the same one line, exit status 2.
 import difflib
 import functools
 import importlib
+import importlib.util
 import os
 import os.path as osp
 from typing import Iterator, List, Optional, Tuple
@@ -244,7 +245,39 @@ def check_data(cfg: Config, phases=('train', 'val', 'test')) -> None:
     for what, path in data_roots(cfg, phases):
         if '://' not in path and not osp.exists(path):
             raise UsageError(f'{what}: {path} does not exist (see the README for the expected data layout, '
-                             'or `python tools/make_demo_data.py` for the demo data)')
+                             'or `python tools/make_demo_data.py` for the demo data; `tools/train.py CONFIG '
+                             '--dry-run` checks the config without data)')
+
+
+# mmengine's visualiser backends that need a package mmengine does not require: (module, what to install)
+VIS_BACKEND_PACKAGES = {
+    'TensorboardVisBackend': ('tensorboard', 'pip install -e .[tensorboard] (or pip install tensorboard)'),
+    'WandbVisBackend': ('wandb', 'pip install wandb'),
+    'MLflowVisBackend': ('mlflow', 'pip install mlflow'),
+    'ClearMLVisBackend': ('clearml', 'pip install clearml'),
+    'NeptuneVisBackend': ('neptune', 'pip install neptune'),
+    'DVCLiveVisBackend': ('dvclive', 'pip install dvclive'),
+    'AimVisBackend': ('aim', 'pip install aim'),
+}
+
+
+def check_vis_backends(cfg: Config) -> List[str]:
+    """The visualiser's backends can be created: a backend whose package is missing is an error naming the
+    package and how to install it (mmengine would fail at the first logged value, after the model is built).
+    Returns the backend types."""
+    vis = cfg.get('visualizer') or {}
+    backends = vis.get('vis_backends') or [] if isinstance(vis, dict) else []
+    kinds = []
+    for i, backend in enumerate(backends):
+        kind = backend.get('type') if isinstance(backend, dict) else None
+        if not isinstance(kind, str):
+            continue
+        kinds.append(kind)
+        module, how = VIS_BACKEND_PACKAGES.get(kind.rpartition('.')[2], (None, None))
+        if module is not None and importlib.util.find_spec(module) is None:
+            raise UsageError(f'visualizer.vis_backends[{i}].type={kind!r} needs the {module} package, which is not '
+                             f'installed: {how}')
+    return kinds
 
 
 def demo_roots(cfg: Config, phases=('train', 'val', 'test')) -> List[Tuple[str, Optional[str]]]:

@@ -1,5 +1,7 @@
-"""What two or more backbones share: attention-config expansion, kernel fit checks, token-grid helpers."""
-from typing import List, Sequence, Tuple, Union
+"""What two or more backbones share: the backbone base class (``pretrained``, Pretrained loading), attention-config
+expansion, kernel fit checks, token-grid helpers, checks of OpenMMLab argument names."""
+import warnings
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from mmengine.model import BaseModule
@@ -111,6 +113,12 @@ def token_view(x: torch.Tensor) -> torch.Tensor:
     return x.permute(0, 2, 3, 1).reshape(b, h * w, c)
 
 
+def identity_mask(n: int, device) -> torch.Tensor:
+    """(n, n) bool identity, built by comparison (ONNX Runtime has no boolean EyeLike)."""
+    i = torch.arange(n, device=device)
+    return i[:, None] == i[None, :]
+
+
 def nchw(x: torch.Tensor, hw) -> torch.Tensor:
     """(B, N, C) tokens -> (B, C, H, W)."""
     b, n, c = x.shape
@@ -182,13 +190,82 @@ def init_from_cfg(module, convert_fn, prefer_ema: bool = False):
     return 'loaded'
 
 
-class StagedBackbone(BaseModule):
-    """What SoftFreeSwin and SoftFreeCSWin share: default init, Pretrained loading through the family's
-    converter, stage freezing, the forward over stages with a norm per output, mmpretrain-style layer depths.
-    Subclasses set ``depths``, ``out_indices``,
-    ``frozen_stages``, ``patch_embed``, ``stages`` (each with an optional ``downsample`` first) and ``norm{i}``."""
+# ---------------------------------------------------------------------- the backbone base class
+def resolve_pretrained(owner: str, pretrained: Optional[str], init_cfg):
+    """``init_cfg`` with mmdet's / mmseg's deprecated ``pretrained=PATH`` folded in (``dict(type='Pretrained',
+    checkpoint=PATH)``); a FutureWarning once per class. Both at once is an error, as in mmdet and mmseg."""
+    if pretrained is None:
+        return init_cfg
+    if not isinstance(pretrained, str):
+        raise TypeError(f'{owner}: pretrained must be a checkpoint path (str) or None, got {pretrained!r}')
+    if init_cfg is not None:
+        raise ValueError(f'{owner}: pretrained={pretrained!r} and init_cfg={init_cfg!r} cannot both be given; use '
+                         "init_cfg=dict(type='Pretrained', checkpoint=...) alone")
+    if owner not in _WARNED_PRETRAINED:
+        _WARNED_PRETRAINED.add(owner)
+        warnings.warn(f"{owner}: 'pretrained' is deprecated (as in mmdet and mmseg), use "
+                      f"init_cfg=dict(type='Pretrained', checkpoint={pretrained!r})", FutureWarning, stacklevel=3)
+    return dict(type='Pretrained', checkpoint=pretrained)
 
-    _convert = None  # the family's convert function (staticmethod in subclasses)
+
+_WARNED_PRETRAINED = set()
+
+
+def check_foreign_args(owner: str, checks: Dict[str, Tuple[object, bool, str]]) -> None:
+    """One ValueError naming every argument taken over from another library (mmdet, mmseg) whose value has no
+    meaning here. ``checks``: name -> (value, fits, what would fit)."""
+    bad = [f'{name}={value!r} ({what})' for name, (value, fits, what) in checks.items() if not fits]
+    if bad:
+        raise ValueError(f'{owner}: these arguments have no meaning here: {"; ".join(bad)}')
+
+
+def is_cfg(cfg, kind: str, **fixed) -> bool:
+    """``cfg`` is ``dict(type=kind)``, optionally with exactly the given extra values (e.g. LN with eps=1e-6)."""
+    if not isinstance(cfg, dict) or cfg.get('type') != kind:
+        return False
+    return all(cfg.get(k, v) == v for k, v in fixed.items()) and set(cfg) <= {'type', 'requires_grad', *fixed}
+
+
+class SoftFreeBackbone(BaseModule):
+    """Base of every softfree_mm backbone (subclass it for a new one).
+
+    * ``pretrained=PATH``: the deprecated alias mmdet's and mmseg's backbones take (mmseg's ``EncoderDecoder`` hands
+      a model-level ``pretrained`` to its backbone) for ``init_cfg=dict(type='Pretrained', checkpoint=PATH)``.
+    * ``init_cfg=dict(type='Pretrained', checkpoint=..., prefix=..., map_location=...)`` loads through the family's
+      converter (``_convert``, official / timm / mmdet layouts) with an exact report of unplaced keys; a dict with a
+      ``checkpoint`` and no ``type`` means the same (mmdet's PVT reads its ``init_cfg`` so).
+    * any other ``init_cfg`` goes to mmengine; with none, ``_init_default`` (the family's own initialisation).
+    """
+
+    _convert: Optional[Callable] = None  # the family's convert function (a staticmethod in subclasses)
+    _prefer_ema = False  # Pretrained files holding EMA weights: load those (SOFT's releases are evaluated with them)
+
+    def __init__(self, init_cfg=None, pretrained: Optional[str] = None):
+        init_cfg = resolve_pretrained(type(self).__name__, pretrained, init_cfg)
+        if isinstance(init_cfg, dict) and 'type' not in init_cfg and 'checkpoint' in init_cfg:
+            init_cfg = dict(init_cfg, type='Pretrained')
+        super().__init__(init_cfg=init_cfg)
+
+    def _init_default(self):
+        """The family's own initialisation (applied at build and by ``init_weights`` without an ``init_cfg``)."""
+
+    def init_weights(self):
+        if init_from_cfg(self, type(self)._convert, prefer_ema=self._prefer_ema) == 'loaded':
+            return
+        if self.init_cfg is None:
+            self._init_default()
+        super().init_weights()
+
+
+class StagedBackbone(SoftFreeBackbone):
+    """What SoftFreeSwin and SoftFreeCSWin share besides :class:`SoftFreeBackbone`: default init, stage freezing,
+    the forward over stages with a norm per output, mmpretrain-style layer depths. Subclasses set ``depths``,
+    ``out_indices``, ``frozen_stages``, ``patch_embed``, ``stages`` (each with an optional ``downsample`` first) and
+    ``norm{i}``."""
+
+    # freezing stage i also freezes the downsampling that follows it (stages[i + 1].downsample), as mmdet's,
+    # mmpretrain's and the official Swin, whose stage i ends with its patch merging
+    freeze_next_downsample = False
 
     def _init_default(self):
         """trunc-normal(0.02) Linear weights, zero biases, unit LayerNorms, as the official code; kernels keep
@@ -207,19 +284,14 @@ class StagedBackbone(BaseModule):
             elif getattr(m, 'relative_position_bias_table', None) is not None:
                 trunc_normal_(m.relative_position_bias_table, std=0.02)
 
-    def init_weights(self):
-        if init_from_cfg(self, type(self)._convert) == 'loaded':
-            return
-        if self.init_cfg is None:
-            self._init_default()
-        super().init_weights()
-
     def _freeze_stages(self):
         if self.frozen_stages < 0:
             return
         frozen = [self.patch_embed]
         for i in range(self.frozen_stages):
             frozen.append(self.stages[i])
+            if self.freeze_next_downsample and i + 1 < len(self.stages) and self.stages[i + 1].downsample is not None:
+                frozen.append(self.stages[i + 1].downsample)
             if i in self.out_indices:
                 frozen.append(getattr(self, f'norm{i}'))
         for m in frozen:

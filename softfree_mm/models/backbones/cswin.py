@@ -41,7 +41,8 @@ from timm.layers import DropPath, Mlp
 from torch import nn
 
 from ...attention import build_attention
-from ..layers import StagedBackbone, _from_windows, _to_windows, expand_attn_cfg, per_stage, require_kernel_fit
+from ..layers import (StagedBackbone, _from_windows, _to_windows, expand_attn_cfg, identity_mask, per_stage,
+                      require_kernel_fit)
 
 __all__ = ['SoftFreeCSWin']
 
@@ -106,7 +107,7 @@ class StripeBranch(nn.Module):
                 valid = torch.zeros(q.shape[1:3], dtype=torch.bool, device=q.device)
                 valid[top:top + h, left:left + w] = True
                 valid = _to_windows(valid[None, :, :, None], sh, sw)[..., 0]  # (nW, N)
-                keep = valid[:, None, :] | torch.eye(sh * sw, dtype=torch.bool, device=q.device)  # pad query: itself
+                keep = valid[:, None, :] | identity_mask(sh * sw, q.device)  # pad query: itself
                 mask = keep.unsqueeze(1).repeat(b, 1, 1, 1)  # (B * nW, 1, N, N), batch-major like the windows
         hp, wp = q.shape[1:3]
         n = sh * sw
@@ -218,7 +219,7 @@ class SoftFreeCSWin(StagedBackbone):
             (no stripes). The last stage is always global. Default: the preset's, else False.
         pad_keys: 'mask' (default: padded stripe keys are masked, padding changes nothing) or 'zeros' (the
             official segmentation code: zero pad tokens take part as keys).
-        out_indices, frozen_stages, drop_path_rate, with_cp, init_cfg: as :class:`SoftFreeSwin`.
+        out_indices, frozen_stages, drop_path_rate, with_cp, init_cfg, pretrained: as :class:`SoftFreeSwin`.
     """
 
     arch_zoo = ARCH_ZOO
@@ -241,8 +242,9 @@ class SoftFreeCSWin(StagedBackbone):
                  out_indices: Sequence[int] = (0, 1, 2, 3),
                  frozen_stages: int = -1,
                  with_cp: bool = False,
-                 init_cfg: Optional[Union[dict, List[dict]]] = None):
-        super().__init__(init_cfg=init_cfg)
+                 init_cfg: Optional[Union[dict, List[dict]]] = None,
+                 pretrained: Optional[str] = None):
+        super().__init__(init_cfg=init_cfg, pretrained=pretrained)
         owner = 'SoftFreeCSWin'
         if isinstance(arch, str):
             if arch not in ARCH_ZOO:

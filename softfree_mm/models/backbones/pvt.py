@@ -29,12 +29,12 @@ from typing import Dict, Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
-from mmengine.model import BaseModule
 from timm.layers import DropPath, Mlp, trunc_normal_
 from torch import nn
 
 from ...attention import build_attention, kernel_class, list_attentions
-from ..layers import expand_attn_cfg, grid_view, require_kernel_fit, token_view
+from ..layers import (SoftFreeBackbone, check_foreign_args, expand_attn_cfg, grid_view, is_cfg,
+                      require_kernel_fit, token_view)
 
 __all__ = ['SoftFreePVT', 'SoftFreePVTv2']
 
@@ -177,19 +177,30 @@ class PVTStage(nn.Module):
 
 
 # ---------------------------------------------------------------------- backbones
-class _PVTBase(BaseModule):
+class _PVTBase(SoftFreeBackbone):
     arch_zoo: Dict[str, dict] = {}
     OWNER = 'PVT'
     VERSION = 1
+    # mmdet's PyramidVisionTransformer (V2) layout: what its layout arguments must say to mean this model
+    MMDET_LAYOUT = {}
 
     def __init__(self, arch, in_channels, embed_dims, depths, num_heads, mlp_ratios, sr_ratios, linear,
                  qkv_bias, attn_cfg, out_indices, drop_path_rate, frozen_stages, with_cp, pretrain_img_size,
-                 init_cfg):
-        super().__init__(init_cfg=init_cfg)
+                 init_cfg, pretrained=None, num_layers=None, mmdet_args=None):
+        super().__init__(init_cfg=init_cfg, pretrained=pretrained)
         owner = self.OWNER
         if arch not in self.arch_zoo:
             raise ValueError(f'{owner}: unknown arch {arch!r}; valid archs: {", ".join(self.arch_zoo)}')
         preset = self.arch_zoo[arch]
+        if num_layers is not None:  # mmdet's name for depths
+            if depths is not None and tuple(depths) != tuple(num_layers):
+                raise ValueError(f'{owner}: depths={depths} and num_layers={num_layers} (its mmdet name) disagree; '
+                                 'give one of them')
+            depths = num_layers
+        if isinstance(embed_dims, int):  # mmdet's meaning: stage i has embed_dims * num_heads[i] channels
+            heads = preset['num_heads'] if num_heads is None else num_heads
+            embed_dims = tuple(embed_dims * h for h in heads)
+        self._check_mmdet_args(mmdet_args or {})
         attn_cfg = preset.get('attn_cfg', 'softmax') if attn_cfg is None else attn_cfg
         given = dict(embed_dims=embed_dims, depths=depths, num_heads=num_heads, mlp_ratios=mlp_ratios,
                      sr_ratios=sr_ratios)
@@ -237,6 +248,27 @@ class _PVTBase(BaseModule):
         self._init_params()
         self._freeze_stages()
 
+    def _check_mmdet_args(self, args: dict) -> None:
+        """mmdet's PyramidVisionTransformer arguments: those with one meaning here must say it."""
+        checks = {}
+        for name, value in args.items():
+            if name in self.MMDET_LAYOUT:
+                want = self.MMDET_LAYOUT[name]
+                fits = value is None or (tuple(value) if isinstance(value, (list, tuple)) else value) == want
+                checks[name] = (value, fits, f'this model has {want}')
+        checks.update(
+            num_stages=(args.get('num_stages', 4), args.get('num_stages', 4) == 4, 'four stages'),
+            drop_rate=(args.get('drop_rate', 0.), args.get('drop_rate', 0.) == 0, 'no dropout layers'),
+            attn_drop_rate=(args.get('attn_drop_rate', 0.), args.get('attn_drop_rate', 0.) == 0,
+                            'no dropout on attention weights: a kernel may never form them'),
+            act_cfg=(args.get('act_cfg'), args.get('act_cfg') is None or is_cfg(args['act_cfg'], 'GELU'),
+                     "the MLP's activation is dict(type='GELU')"),
+            norm_cfg=(args.get('norm_cfg'), args.get('norm_cfg') is None or is_cfg(args['norm_cfg'], 'LN', eps=1e-6),
+                      "the norms are dict(type='LN', eps=1e-6)"),
+            convert_weights=(args.get('convert_weights', True), isinstance(args.get('convert_weights', True), bool),
+                             'True or False: checkpoints are always converted'))
+        check_foreign_args(self.OWNER, checks)
+
     # ------------------------------------------------------------------ init / freeze
     def _init_params(self):
         for m in self.modules():
@@ -255,12 +287,6 @@ class _PVTBase(BaseModule):
         for s in self.stages:
             if s.pos_embed is not None:
                 trunc_normal_(s.pos_embed, std=.02)
-
-    def init_weights(self):
-        from ..layers import init_from_cfg
-        if init_from_cfg(self, convert_pvt_v2 if self.VERSION == 2 else convert_pvt) == 'loaded':
-            return
-        super().init_weights()
 
     def _freeze_stages(self):
         for s in self.stages[:max(self.frozen_stages, 0)]:
@@ -321,11 +347,22 @@ class SoftFreePVT(_PVTBase):
         attn_cfg: one kernel config for all stages or a list of four. Default: the preset's, else 'softmax'.
         sr_ratios: (8, 4, 2, 1) by default; (1, 1, 1, 1) gives the InLine set-up (no spatial reduction).
         pretrain_img_size: the image size the positional tables were learned at (224: grids 56, 28, 14, 7).
-        out_indices, frozen_stages, drop_path_rate, with_cp, init_cfg: as every softfree_mm backbone.
+        out_indices, frozen_stages, drop_path_rate, with_cp, init_cfg, pretrained: as every softfree_mm backbone.
     No per-output norm (the official v1 detection backbone has none).
+
+    mmdet's ``PyramidVisionTransformer`` arguments are accepted with their meanings (``type='SoftFreePVT'`` is the
+    only change an mmdet config needs): ``num_layers`` (= depths), an int ``embed_dims`` (stage i gets
+    ``embed_dims * num_heads[i]`` channels), ``convert_weights`` (checkpoints are always converted), and the layout
+    arguments at the values that describe this model (``num_stages=4``, ``patch_sizes=strides=(4, 2, 2, 2)``,
+    ``paddings=(0, 0, 0, 0)``, ``use_abs_pos_embed=True``, ``norm_after_stage=False``, ``use_conv_ffn=False``,
+    ``drop_rate=attn_drop_rate=0``, GELU, LN with eps 1e-6); other values have no meaning here and are refused in one
+    error naming them.
     """
     OWNER = 'SoftFreePVT'
     VERSION = 1
+    _convert = staticmethod(lambda sd: convert_pvt(sd))
+    MMDET_LAYOUT = dict(patch_sizes=(4, 2, 2, 2), strides=(4, 2, 2, 2), paddings=(0, 0, 0, 0), use_abs_pos_embed=True,
+                        norm_after_stage=False, use_conv_ffn=False)
     _common = dict(embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8), mlp_ratios=(8, 8, 4, 4),
                    sr_ratios=(8, 4, 2, 1))
     _inline = dict(_common, num_heads=(2, 4, 10, 16), sr_ratios=(1, 1, 1, 1), attn_cfg='inline')
@@ -356,9 +393,28 @@ class SoftFreePVT(_PVTBase):
                  frozen_stages: int = -1,
                  with_cp: bool = False,
                  pretrain_img_size: int = 224,
-                 init_cfg: Optional[dict] = None):
+                 init_cfg: Optional[dict] = None,
+                 pretrained: Optional[str] = None,
+                 num_layers: Optional[Sequence[int]] = None,
+                 num_stages: int = 4,
+                 patch_sizes: Optional[Sequence[int]] = None,
+                 strides: Optional[Sequence[int]] = None,
+                 paddings: Optional[Sequence[int]] = None,
+                 use_abs_pos_embed: Optional[bool] = None,
+                 norm_after_stage: Optional[bool] = None,
+                 use_conv_ffn: Optional[bool] = None,
+                 drop_rate: float = 0.,
+                 attn_drop_rate: float = 0.,
+                 act_cfg: Optional[dict] = None,
+                 norm_cfg: Optional[dict] = None,
+                 convert_weights: bool = True):
+        mmdet_args = dict(num_stages=num_stages, patch_sizes=patch_sizes, strides=strides, paddings=paddings,
+                          use_abs_pos_embed=use_abs_pos_embed, norm_after_stage=norm_after_stage,
+                          use_conv_ffn=use_conv_ffn, drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
+                          act_cfg=act_cfg, norm_cfg=norm_cfg, convert_weights=convert_weights)
         super().__init__(arch, in_channels, embed_dims, depths, num_heads, mlp_ratios, sr_ratios, False, qkv_bias,
-                         attn_cfg, out_indices, drop_path_rate, frozen_stages, with_cp, pretrain_img_size, init_cfg)
+                         attn_cfg, out_indices, drop_path_rate, frozen_stages, with_cp, pretrain_img_size, init_cfg,
+                         pretrained, num_layers, mmdet_args)
 
 
 class SoftFreePVTv2(_PVTBase):
@@ -366,9 +422,18 @@ class SoftFreePVTv2(_PVTBase):
     SRA (or linear SRA for 'b2_li': 7x7 adaptive pool + 1x1 conv + LN + GELU, with a ReLU in the MLP).
 
     Args: as ``SoftFreePVT`` (no positional tables), plus ``linear`` to override the preset's SRA kind.
+
+    mmdet's ``PyramidVisionTransformerV2`` arguments are accepted with their meanings (``type='SoftFreePVTv2'`` is the
+    only change an mmdet config needs): ``num_layers`` (= depths), an int ``embed_dims`` (stage i gets
+    ``embed_dims * num_heads[i]`` channels), ``convert_weights`` (checkpoints are always converted),
+    ``pretrain_img_size`` (sizes an absolute position embedding, which v2 does not have), and ``num_stages=4``,
+    ``strides=(4, 2, 2, 2)``, ``drop_rate=attn_drop_rate=0``, GELU, LN with eps 1e-6; other values have no meaning
+    here and are refused in one error naming them.
     """
     OWNER = 'SoftFreePVTv2'
     VERSION = 2
+    _convert = staticmethod(lambda sd: convert_pvt_v2(sd))
+    MMDET_LAYOUT = dict(strides=(4, 2, 2, 2))
     _wide = dict(embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8), mlp_ratios=(8, 8, 4, 4),
                  sr_ratios=(8, 4, 2, 1))
     arch_zoo = {
@@ -396,9 +461,22 @@ class SoftFreePVTv2(_PVTBase):
                  drop_path_rate: float = 0.1,
                  frozen_stages: int = -1,
                  with_cp: bool = False,
-                 init_cfg: Optional[dict] = None):
+                 init_cfg: Optional[dict] = None,
+                 pretrained: Optional[str] = None,
+                 num_layers: Optional[Sequence[int]] = None,
+                 num_stages: int = 4,
+                 strides: Optional[Sequence[int]] = None,
+                 drop_rate: float = 0.,
+                 attn_drop_rate: float = 0.,
+                 act_cfg: Optional[dict] = None,
+                 norm_cfg: Optional[dict] = None,
+                 convert_weights: bool = True,
+                 pretrain_img_size: Union[int, Sequence[int]] = 224):
+        mmdet_args = dict(num_stages=num_stages, strides=strides, drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
+                          act_cfg=act_cfg, norm_cfg=norm_cfg, convert_weights=convert_weights)
         super().__init__(arch, in_channels, embed_dims, depths, num_heads, mlp_ratios, sr_ratios, linear, qkv_bias,
-                         attn_cfg, out_indices, drop_path_rate, frozen_stages, with_cp, 224, init_cfg)
+                         attn_cfg, out_indices, drop_path_rate, frozen_stages, with_cp, 224, init_cfg, pretrained,
+                         num_layers, mmdet_args)
 
 
 # ---------------------------------------------------------------------- checkpoint conversion

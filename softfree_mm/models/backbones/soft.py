@@ -34,12 +34,11 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from mmcv.cnn import build_norm_layer
-from mmengine.model import BaseModule
 from timm.layers import DropPath, Mlp, trunc_normal_
 from torch import nn
 
 from ...attention import AttentionKernel, build_attention, kernel_class, list_attentions
-from ..layers import expand_attn_cfg, require_kernel_fit
+from ..layers import SoftFreeBackbone, expand_attn_cfg, require_kernel_fit
 
 __all__ = ['SoftFreeSOFT']
 
@@ -191,7 +190,7 @@ class SOFTStage(nn.Module):
 
 
 # ---------------------------------------------------------------------- backbone
-class SoftFreeSOFT(BaseModule):
+class SoftFreeSOFT(SoftFreeBackbone):
     """SOFT's backbone (the official sizes) with swappable attention kernels.
 
     Args:
@@ -208,10 +207,13 @@ class SoftFreeSOFT(BaseModule):
         frozen_stages: -1 none; k >= 1 freezes stages 0..k-1 (embedding, positions, blocks).
         with_cp: activation checkpointing per block. init_cfg: ``dict(type='Pretrained', checkpoint=...)`` loads
             the official release (converted by :func:`convert_soft`; the EMA weights, which the official code
-            evaluates, when the file has them).
+            evaluates, when the file has them); ``pretrained=PATH`` is its deprecated alias (as mmdet's and mmseg's
+            backbones).
     """
 
     arch_zoo = ARCH_ZOO
+    _convert = staticmethod(lambda sd: convert_soft(sd))
+    _prefer_ema = True
 
     def __init__(self,
                  arch: Union[str, dict] = 'small',
@@ -225,8 +227,9 @@ class SoftFreeSOFT(BaseModule):
                  drop_path_rate: float = 0.1,
                  frozen_stages: int = -1,
                  with_cp: bool = False,
-                 init_cfg: Optional[dict] = None):
-        super().__init__(init_cfg=init_cfg)
+                 init_cfg: Optional[dict] = None,
+                 pretrained: Optional[str] = None):
+        super().__init__(init_cfg=init_cfg, pretrained=pretrained)
         if isinstance(arch, str):
             if arch not in ARCH_ZOO:
                 raise ValueError(f'{OWNER}: unknown arch {arch!r}; valid archs: {", ".join(ARCH_ZOO)} (or a dict '
@@ -300,12 +303,6 @@ class SoftFreeSOFT(BaseModule):
         for s in self.stages:
             trunc_normal_(s.pos_embed, std=.02)
         trunc_normal_(self.cls_token, std=.02)
-
-    def init_weights(self):
-        from ..layers import init_from_cfg
-        if init_from_cfg(self, convert_soft, prefer_ema=True) == 'loaded':
-            return
-        super().init_weights()
 
     def _freeze_stages(self):
         for s in self.stages[:max(self.frozen_stages, 0)]:

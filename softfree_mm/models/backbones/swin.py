@@ -38,7 +38,9 @@ from timm.layers import DropPath, Mlp
 from torch import nn
 
 from ...attention import build_attention
-from ..layers import StagedBackbone, expand_per_block, require_kernel_fit, _from_windows, _to_windows
+from ...attention.base import ceil_div
+from ..layers import (StagedBackbone, check_foreign_args, expand_per_block, identity_mask, is_cfg, require_kernel_fit,
+                      _from_windows, _to_windows)
 
 __all__ = ['SoftFreeSwin']
 
@@ -82,7 +84,7 @@ class WindowGeometry:
             self.shift = (0, 0)
         else:
             self.window = (window, window)
-            self.padded = (-(-h // window) * window, -(-w // window) * window)
+            self.padded = (ceil_div(h, window) * window, ceil_div(w, window) * window)
             # no shift along an axis that holds a single window (it would only split that window)
             self.shift = tuple(window // 2 if n > window else 0 for n in (h, w))
         self.device = device
@@ -130,7 +132,7 @@ class WindowGeometry:
         valid_w = _to_windows(valid[None, :, :, None], wh, ww)[..., 0]  # (nW, N)
         region_w = _to_windows(region[None, :, :, None], wh, ww)[..., 0]
         keep = (region_w[:, :, None] == region_w[:, None, :]) & valid_w[:, None, :]
-        keep |= torch.eye(wh * ww, dtype=torch.bool, device=self.device)  # a pad query sees itself only
+        keep = keep | identity_mask(wh * ww, self.device)  # a pad query sees itself only
         self._masks[shifted] = keep.unsqueeze(1)
         return self._masks[shifted]
 
@@ -170,8 +172,9 @@ class WindowAttention(nn.Module):
     """qkv -> kernel (with relative position bias when there is a table) -> proj, on (B*nW, N, C) windows."""
 
     def __init__(self, dim: int, num_heads: int, window: Optional[int], attn_cfg: dict, qkv_bias: bool,
-                 with_bias_table: bool, proj_drop: float):
+                 with_bias_table: bool, proj_drop: float, qk_scale: Optional[float] = None):
         super().__init__()
+        self.scale = qk_scale  # the factor on q.k; None: head_dim ** -0.5
         if dim % num_heads:
             raise ValueError(f'SoftFreeSwin: embed dims {dim} must be divisible by num_heads {num_heads}')
         self.num_heads = num_heads
@@ -202,18 +205,18 @@ class WindowAttention(nn.Module):
             else:
                 w = valid.to(x.dtype).unsqueeze(-1)
                 context = (x * w).sum(1) / w.sum(1).clamp_min(1.0)
-        out = self.kernel(q, k, v, hw=hw, scale=None, bias=bias, mask=mask, context=context)
+        out = self.kernel(q, k, v, hw=hw, scale=self.scale, bias=bias, mask=mask, context=context)
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
 
 
 class SwinBlock(nn.Module):
     def __init__(self, dim, num_heads, window, shifted, attn_cfg, mlp_ratio, qkv_bias, drop, drop_path,
-                 with_bias_table, with_cp):
+                 with_bias_table, with_cp, qk_scale=None):
         super().__init__()
         self.shifted = shifted
         self.with_cp = with_cp
         self.norm1 = nn.LayerNorm(dim)
-        self.attn = WindowAttention(dim, num_heads, window, attn_cfg, qkv_bias, with_bias_table, drop)
+        self.attn = WindowAttention(dim, num_heads, window, attn_cfg, qkv_bias, with_bias_table, drop, qk_scale)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
@@ -250,14 +253,14 @@ class SwinBlock(nn.Module):
 
 class SwinStage(nn.Module):
     def __init__(self, in_dim, dim, num_heads, windows, attn_cfgs, mlp_ratio, qkv_bias, drop, drop_paths,
-                 with_bias_tables, with_cp, downsample: bool):
+                 with_bias_tables, with_cp, downsample: bool, qk_scale=None):
         super().__init__()
         self.windows = tuple(windows)  # one per block; None = global window
         self.downsample = PatchMerging(in_dim, dim) if downsample else None
         self.blocks = nn.ModuleList([
             SwinBlock(dim, num_heads, window, shifted=(window is not None and j % 2 == 1), attn_cfg=cfg,
                       mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop=drop, drop_path=drop_paths[j],
-                      with_bias_table=with_bias, with_cp=with_cp)
+                      with_bias_table=with_bias, with_cp=with_cp, qk_scale=qk_scale)
             for j, (window, cfg, with_bias) in enumerate(zip(windows, attn_cfgs, with_bias_tables))])
 
     def forward(self, x):
@@ -284,14 +287,23 @@ class SoftFreeSwin(StagedBackbone):
             preset's, else False.
         window_size: window side of the non-global stages (7).
         out_indices: which stage outputs to return (NCHW, strides 4, 8, 16, 32), each through ``norm{i}``.
-        frozen_stages: -1 none; 0 the patch embedding; k >= 1 also stages 0..k-1 and their output norms.
+        frozen_stages: -1 none; 0 the patch embedding; k >= 1 also stages 0..k-1, the patch merging after each
+            and their output norms (as mmdet's SwinTransformer).
         with_cp: activation checkpointing per block (``use_reentrant=False``).
         init_cfg: ``dict(type='Pretrained', checkpoint=..., prefix=None)`` loads official / timm / mmdet
-            Swin files through :func:`convert_swin`.
+            Swin files through :func:`convert_swin`; ``pretrained=PATH`` is its deprecated alias.
+
+    mmdet's ``SwinTransformer`` arguments are accepted with their meanings, so that ``type='SoftFreeSwin'`` is the
+    only change an mmdet config needs: ``qk_scale`` (the factor on q.k; None = head_dim^-1/2), ``strides``
+    (``(patch_size, 2, 2, 2)``: the only layout), ``convert_weights`` (checkpoints are always converted),
+    ``pretrain_img_size`` (sizes the absolute position embedding, which is off), ``use_abs_pos_embed=False``,
+    ``attn_drop_rate=0``, ``act_cfg=dict(type='GELU')``, ``norm_cfg=dict(type='LN')``; other values of the last
+    five have no meaning here and are refused in one error naming them.
     """
 
     arch_zoo = ARCH_ZOO
     _convert = staticmethod(lambda sd: convert_swin(sd))
+    freeze_next_downsample = True
 
     def __init__(self,
                  arch: Union[str, dict] = 'tiny',
@@ -311,8 +323,29 @@ class SoftFreeSwin(StagedBackbone):
                  out_indices: Sequence[int] = (0, 1, 2, 3),
                  frozen_stages: int = -1,
                  with_cp: bool = False,
-                 init_cfg: Optional[Union[dict, List[dict]]] = None):
-        super().__init__(init_cfg=init_cfg)
+                 init_cfg: Optional[Union[dict, List[dict]]] = None,
+                 pretrained: Optional[str] = None,
+                 qk_scale: Optional[float] = None,
+                 strides: Optional[Sequence[int]] = None,
+                 convert_weights: bool = True,
+                 pretrain_img_size: Union[int, Sequence[int]] = 224,
+                 use_abs_pos_embed: bool = False,
+                 attn_drop_rate: float = 0.0,
+                 act_cfg: dict = dict(type='GELU'),
+                 norm_cfg: dict = dict(type='LN')):
+        super().__init__(init_cfg=init_cfg, pretrained=pretrained)
+        check_foreign_args('SoftFreeSwin', dict(
+            strides=(strides, strides is None or tuple(strides) == (patch_size,) + (2,) * (len(tuple(strides)) - 1),
+                     f'patch embedding stride patch_size={patch_size}, then 2 per stage'),
+            use_abs_pos_embed=(use_abs_pos_embed, not use_abs_pos_embed, 'no absolute position embedding'),
+            attn_drop_rate=(attn_drop_rate, attn_drop_rate == 0, 'no dropout on attention weights: a kernel may '
+                            'never form them'),
+            act_cfg=(act_cfg, is_cfg(act_cfg, 'GELU'), "the MLP's activation is dict(type='GELU')"),
+            norm_cfg=(norm_cfg, is_cfg(norm_cfg, 'LN'), "the norms are dict(type='LN')"),
+            qk_scale=(qk_scale, qk_scale is None or (isinstance(qk_scale, (int, float)) and qk_scale > 0),
+                      'a positive float or None'),
+            convert_weights=(convert_weights, isinstance(convert_weights, bool), 'True or False'),
+        ))
         if isinstance(arch, str):
             if arch not in ARCH_ZOO:
                 raise ValueError(f'SoftFreeSwin: unknown arch {arch!r}; valid archs: {", ".join(ARCH_ZOO)} '
@@ -391,7 +424,8 @@ class SoftFreeSwin(StagedBackbone):
             start = sum(depths[:i])
             self.stages.append(SwinStage(
                 dims[i - 1] if i else dims[0], dims[i], num_heads[i], windows, cfgs[i], mlp_ratio,
-                qkv_bias, drop_rate, dpr[start:start + depths[i]], with_bias, with_cp, downsample=i > 0))
+                qkv_bias, drop_rate, dpr[start:start + depths[i]], with_bias, with_cp, downsample=i > 0,
+                qk_scale=qk_scale))
         if no_bias:
             print_log('SoftFreeSwin: no relative position bias table in ' + ', '.join(no_bias), logger='current')
         for i in out_indices:

@@ -33,12 +33,12 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from mmcv.cnn import build_norm_layer
-from mmengine.model import BaseModule
 from timm.layers import DropPath, Mlp, trunc_normal_
 from torch import nn
 
 from ...attention import build_attention, kernel_class, list_attentions
-from ..layers import expand_attn_cfg, grid_view, token_view
+from ...attention.base import ceil_div
+from ..layers import SoftFreeBackbone, expand_attn_cfg, grid_view, token_view
 
 __all__ = ['SoftFreeXCiT']
 
@@ -238,7 +238,7 @@ class ClassAttentionBlock(nn.Module):
         return x + torch.cat([cls, torch.zeros_like(x[:, 1:])], dim=1)
 
 
-class SoftFreeXCiT(BaseModule):
+class SoftFreeXCiT(SoftFreeBackbone):
     """XCiT backbone whose XCA layers use any attention kernel of ``softfree_mm.attention`` that fits XCA.
 
     Args:
@@ -251,6 +251,8 @@ class SoftFreeXCiT(BaseModule):
         frozen_stages: -1 none; 0 the patch embedding and positions; k >= 1 also blocks 0..k-1.
         norm_cfg: norm of the conv stem, LPI and adapter (default SyncBN, as the official detection code).
         with_cp: activation checkpointing per block.
+        init_cfg: ``dict(type='Pretrained', checkpoint=...)`` loads official / timm XCiT files through
+            :func:`convert_xcit`; ``pretrained=PATH`` is its deprecated alias (as mmdet's and mmseg's backbones).
     """
 
     arch_zoo = {
@@ -261,6 +263,7 @@ class SoftFreeXCiT(BaseModule):
     }
     default_out_indices = {12: (3, 5, 7, 11), 24: (7, 11, 15, 23)}
     OUT_TYPES = ('featmap', 'cls_token')
+    _convert = staticmethod(lambda sd: convert_xcit(sd))
 
     def __init__(self,
                  arch: str = 's12',
@@ -281,8 +284,9 @@ class SoftFreeXCiT(BaseModule):
                  norm_cfg: dict = dict(type='SyncBN', requires_grad=True),
                  frozen_stages: int = -1,
                  with_cp: bool = False,
-                 init_cfg: Optional[dict] = None):
-        super().__init__(init_cfg=init_cfg)
+                 init_cfg: Optional[dict] = None,
+                 pretrained: Optional[str] = None):
+        super().__init__(init_cfg=init_cfg, pretrained=pretrained)
         if arch not in self.arch_zoo:
             raise ValueError(f'{OWNER}: unknown arch {arch!r}; valid archs: {", ".join(self.arch_zoo)}')
         preset = self.arch_zoo[arch]
@@ -368,12 +372,6 @@ class SoftFreeXCiT(BaseModule):
         if self.out_type == 'cls_token':
             trunc_normal_(self.cls_token, std=.02)
 
-    def init_weights(self):
-        from ..layers import init_from_cfg
-        if init_from_cfg(self, convert_xcit) == 'loaded':
-            return
-        super().init_weights()
-
     def _frozen_modules(self):
         if self.frozen_stages < 0:
             return []
@@ -416,7 +414,7 @@ class SoftFreeXCiT(BaseModule):
         ops = (self.fpn1, self.fpn2, self.fpn3, self.fpn4)
         # the upsampled maps of a partial last patch reach past the image: crop to ceil(H / stride) like the other
         # backbones (no-op when H and W are multiples of the patch size)
-        return tuple(op(f)[..., :-(-img_hw[0] // s), :-(-img_hw[1] // s)]
+        return tuple(op(f)[..., :ceil_div(img_hw[0], s), :ceil_div(img_hw[1], s)]
                      for op, f, s in zip(ops, feats, (4, 8, 16, 32)))
 
     # ------------------------------------------------------------------ optimiser helpers
