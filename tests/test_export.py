@@ -20,22 +20,29 @@ import torch
 
 import softfree_mm  # noqa: F401  (registers the backbones)
 from softfree_mm import models
-from softfree_mm.analysis.support import FITS, TINY
+from softfree_mm.analysis import support
+from softfree_mm.analysis.support import FITS
 from softfree_mm.attention import build_attention, kernel_arguments, list_attentions
 
+TINY = dict(support.TINY, SoftFreeSOFT=dict(arch=dict(embed_dims=(16, 32, 32, 32), num_heads=(1, 2, 2, 2),
+                                                     depths=(1, 1, 1, 1))))
 FAMILIES = list(TINY)
+# a kernel that needs the token grid, in each family's set-up for it (XCiT has no grid: poly; SOFT: its own
+# default, the official SOFT kernels in stages 1-3)
+GRID_KERNEL = {family: 'inline' for family in FAMILIES}
+GRID_KERNEL.update(SoftFreeXCiT='poly', SoftFreeSOFT=None)
 SIZE = (35, 45)  # odd on purpose: padding, ceil divisions, shifted and partial windows all happen
 
 
 def build(family, kernel):
-    """The tiny backbone with ``kernel``, in the set-up it fits (None when it fits none)."""
+    """The tiny backbone with ``kernel`` (None: the family's default), in the set-up it fits (None when none)."""
     cls = getattr(models, family)
     attn = dict(type=kernel, mix=True) if kernel == 'synthesizer' else kernel
     for extra in ({}, FITS.get(family, (None, None))[1]):
         if extra is None:
             break
         try:
-            return cls(**dict(TINY[family], attn_cfg=attn, **extra)).eval()
+            return cls(**dict(TINY[family], **extra, **({} if kernel is None else dict(attn_cfg=attn)))).eval()
         except ValueError:
             continue
     return None
@@ -153,8 +160,9 @@ def test_grid_and_landmark_kernels_export_to_onnx(kernel):
 
 # ---------------------------------------------------------------------------------------------- FLOP counters
 def _fc1_flops(family, model, size):
-    """{module name: MACs} of the first MLP layer of every stage, from the token grid computed here (mmengine counts
-    one multiply-add as one FLOP)."""
+    """{module name: MACs} of the first MLP layer of every stage, from the token grid computed here: ceil(H / s) x
+    ceil(W / s) tokens at stride s (plus SOFT's class token in its last stage; mmengine counts one multiply-add as
+    one FLOP)."""
     h, w = size
     out = {}
     if family == 'SoftFreeXCiT':
@@ -162,7 +170,7 @@ def _fc1_flops(family, model, size):
         fc1 = model.blocks[0].mlp.fc1
         return {'blocks.0.mlp.fc1': n * fc1.in_features * fc1.out_features}
     for i, stage in enumerate(model.stages):
-        n = math.ceil(h / 2 ** (i + 2)) * math.ceil(w / 2 ** (i + 2))
+        n = math.ceil(h / 2 ** (i + 2)) * math.ceil(w / 2 ** (i + 2)) + int(getattr(stage, 'with_cls', False))
         fc1 = stage.blocks[0].mlp.fc1
         out[f'stages.{i}.blocks.0.mlp.fc1'] = n * fc1.in_features * fc1.out_features
     return out
@@ -171,10 +179,10 @@ def _fc1_flops(family, model, size):
 @pytest.mark.parametrize('family', FAMILIES)
 def test_mmengine_flop_analyzer_traces_each_family_and_counts_the_mlp_exactly(family):
     """mmengine's FlopAnalyzer (what get_model_complexity_info runs) on the family's grid set-up (a kernel that
-    needs the token grid, e.g. InLine's local residual; XCiT: poly)."""
+    needs the token grid: InLine's local residual, SOFT's landmarks; XCiT: poly)."""
     from mmengine.analysis import FlopAnalyzer
 
-    model = build(family, 'poly' if family == 'SoftFreeXCiT' else 'inline')
+    model = build(family, GRID_KERNEL[family])
     x = torch.randn(1, 3, *SIZE)
     by_module = FlopAnalyzer(model, (x,)).by_module()
     assert by_module[''] > 0

@@ -8,6 +8,7 @@ is a :class:`~softfree_mm.engine.launch.UsageError` naming it (one line, exit st
 line per part.
 """
 import importlib
+import itertools
 from collections import Counter
 from typing import List, Tuple
 
@@ -16,6 +17,7 @@ from mmengine.config import Config, ConfigDict
 
 from .launch import DATALOADERS, EVALUATORS, UsageError, _datasets, check_vis_backends, short_error
 
+_RUNS = itertools.count()
 PROBE_SIZE = (64, 64)  # the backbone forward: small, and a multiple of every stride (32)
 
 
@@ -123,7 +125,8 @@ def dry_run(cfg: Config) -> List[str]:
     from mmengine.logging import MMLogger
     from mmengine.registry import DefaultScope
     # the builders' INFO lines (one per parameter group...) would bury the summary: warnings and errors only
-    MMLogger.get_instance('softfree_mm_dry_run', log_level='WARNING')
+    name = f'softfree_mm_dry_run_{next(_RUNS)}'  # a new instance becomes mmengine's current logger
+    MMLogger.get_instance(name, log_level='WARNING')
     scope = cfg.default_scope
     importlib.import_module(f'{scope}.utils').register_all_modules(init_default_scope=False)
     with DefaultScope.overwrite_default_scope(scope):
