@@ -2,18 +2,15 @@
 
 Guards: a config file that does not exist, a misspelt kernel or kernel argument (also through --cfg-options), a
 misspelt backbone type, a missing data root, a missing checkpoint, and the CPU settings chosen without CUDA.
-The first tests run the tools in-process (their ``main(argv)``) so that no model is built and no training starts.
-The later ones run the real tool in a subprocess on a tiny classifier (written here, demo data written on demand):
-misspelt types anywhere in the config, settings the Runner refuses while it builds its parts inside
-train() / test(), missing image folders, --launcher without its environment, --cfg-options that cannot be
-merged, --show-dir drawing every image, and a clean 2-process teardown.
+All run the real tools in this process (their ``main(argv)``): the first ones stop before any model is built;
+the later ones build and run a tiny classifier (written here, on the session's shared demo data): misspelt types
+anywhere in the config, settings the Runner refuses while it builds its parts inside train() / test(), missing
+image folders, --launcher without its environment, --cfg-options that cannot be merged, --show-dir drawing every
+image. The 2-process runs (torchrun, clean teardown) are in test_tools_dist.py.
 """
 import glob
 import importlib.util
-import os
 import os.path as osp
-import socket
-import subprocess
 import sys
 
 import pytest
@@ -147,18 +144,24 @@ def test_kernel_the_backbone_refuses_is_one_line_naming_backbone_and_kernel(trai
     assert 'XCiT' in line and 'inline' in line
 
 
-# ------------------------------------------------------------------------------------- the real tools, subprocess
+# ------------------------------------------------------------------------------------------- the tools at work
+# The real tools (their main(), in this process: each run in a subprocess would cost an import of the whole mm stack)
+# on a tiny classifier: what fails while the Runner builds and runs, missing image folders, --launcher without its
+# environment, --cfg-options that cannot merge, --show-dir. A 2-process run (torchrun) is in test_tools_dist.py.
 DEMO_CLS = osp.join(ROOT, 'configs', 'demo', 'cls_xcit_s12_poly3_demo.py')
 DIST_ENV = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT', 'SLURM_PROCID', 'SLURM_NTASKS',
-            'SLURM_NODELIST', 'OMPI_COMM_WORLD_RANK', 'OMPI_COMM_WORLD_LOCAL_RANK', 'OMPI_COMM_WORLD_SIZE')
+            'SLURM_NODELIST', 'OMPI_COMM_WORLD_RANK', 'OMPI_COMM_WORLD_LOCAL_RANK', 'OMPI_COMM_WORLD_SIZE',
+            'SOFTFREE_MM_TRACEBACK')
 
 
 @pytest.fixture(scope='module')
 def tiny(tmp_path_factory):
-    """A 1-block classifier on 4 demo images (the demo data is written on demand by the first run) and a
-    checkpoint with no weights (loading it only warns)."""
+    """A 1-block classifier on 4 demo images (the session's shared demo data, written on demand by the first run)
+    and a checkpoint with no weights (loading it only warns)."""
+    sys.path.insert(0, osp.join(ROOT, 'tests'))
+    from _shared_demo import shared_demo_root
     folder = tmp_path_factory.mktemp('tiny_cls')
-    root = str(folder / 'data' / 'demo' / 'imagenet')
+    root = shared_demo_root(tmp_path_factory)
     cfg = folder / 'cls_tiny.py'
     cfg.write_text(f"""_base_ = {DEMO_CLS!r}
 data_root = {root!r}
@@ -173,28 +176,37 @@ train_cfg = dict(max_epochs=1, val_interval=1)
     return dict(cfg=str(cfg), ckpt=str(ckpt), folder=folder)
 
 
-def _run_tool(tool, *args, cwd=None):
-    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV and k != 'SOFTFREE_MM_TRACEBACK'}
-    env.update(OMP_NUM_THREADS='1')
-    return subprocess.run([sys.executable, osp.join(ROOT, 'tools', f'{tool}.py'), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+@pytest.fixture
+def run_tool(train_tool, test_tool, capsys, monkeypatch):
+    """run_tool('train' | 'test', *args) -> (exit status, stdout, stderr) of the tool's main(), outside any
+    launcher's environment."""
+    for k in DIST_ENV:
+        monkeypatch.delenv(k, raising=False)
+    capsys.readouterr()
+
+    def run(tool, *args):
+        rc = {'train': train_tool, 'test': test_tool}[tool].main(list(args))
+        out = capsys.readouterr()
+        return rc, out.out, out.err
+
+    return run
 
 
-def _error(proc):
-    """The one ``error:`` line of a run that exited 2 without a traceback."""
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert 'Traceback' not in proc.stderr, proc.stderr[-3000:]
-    lines = [line for line in proc.stderr.splitlines() if line.startswith('error: ')]
-    assert len(lines) == 1, proc.stderr[-3000:]
+def _error(result):
+    """The one ``error:`` line of a run that exited 2 (an exception escaping main() fails the test by itself)."""
+    rc, _, err = result
+    assert rc == 2, err[-3000:]
+    lines = [line for line in err.splitlines() if line.startswith('error: ')]
+    assert len(lines) == 1, err[-3000:]
     return lines[0]
 
 
-def test_misspelt_types_outside_the_model_are_one_line_with_a_suggestion(tiny):
-    line = _error(_run_tool('train', tiny['cfg'], '--work-dir', str(tiny['folder'] / 'w1'),
-                            '--cfg-options', 'train_dataloader.dataset.type=ImageNett'))
+def test_misspelt_types_outside_the_model_are_one_line_with_a_suggestion(tiny, run_tool):
+    line = _error(run_tool('train', tiny['cfg'], '--work-dir', str(tiny['folder'] / 'w1'),
+                           '--cfg-options', 'train_dataloader.dataset.type=ImageNett'))
     assert "train_dataloader.dataset.type='ImageNett'" in line and 'ImageNet' in line and 'mmpretrain' in line
-    line = _error(_run_tool('test', tiny['cfg'], tiny['ckpt'], '--work-dir', str(tiny['folder'] / 'w1'),
-                            '--cfg-options', 'test_dataloader.dataset.pipeline.0.type=LoadImageFromFil'))
+    line = _error(run_tool('test', tiny['cfg'], tiny['ckpt'], '--work-dir', str(tiny['folder'] / 'w1'),
+                           '--cfg-options', 'test_dataloader.dataset.pipeline.0.type=LoadImageFromFil'))
     assert "test_dataloader.dataset.pipeline[0].type='LoadImageFromFil'" in line and 'LoadImageFromFile' in line
 
 
@@ -212,14 +224,14 @@ def test_type_check_passes_the_configs_and_names_without_a_close_match():
     launch.check_types(cfg)
 
 
-def test_errors_while_the_runner_builds_its_parts_are_one_line(tiny):
+def test_errors_while_the_runner_builds_its_parts_are_one_line(tiny, run_tool):
     # no close registered name, so the pre-build check lets it through; mmengine then fails in build_optim_wrapper
-    line = _error(_run_tool('train', tiny['cfg'], '--work-dir', str(tiny['folder'] / 'w2'),
-                            '--cfg-options', 'optim_wrapper.optimizer.type=NoSuchOptimizer'))
+    line = _error(run_tool('train', tiny['cfg'], '--work-dir', str(tiny['folder'] / 'w2'),
+                           '--cfg-options', 'optim_wrapper.optimizer.type=NoSuchOptimizer'))
     assert line.startswith(f"error: {tiny['cfg']}: TypeError")
     assert "optim_wrapper.optimizer.type='NoSuchOptimizer'" in line
-    line = _error(_run_tool('test', tiny['cfg'], tiny['ckpt'], '--work-dir', str(tiny['folder'] / 'w2'),
-                            '--cfg-options', 'test_evaluator.type=NoSuchMetric'))
+    line = _error(run_tool('test', tiny['cfg'], tiny['ckpt'], '--work-dir', str(tiny['folder'] / 'w2'),
+                           '--cfg-options', 'test_evaluator.type=NoSuchMetric'))
     assert line.startswith(f"error: {tiny['cfg']}: KeyError") and 'NoSuchMetric' in line
 
 
@@ -245,10 +257,10 @@ def test_only_errors_before_the_run_starts_are_config_errors():
         launch.run(FakeRunner(start=True), 'train', 'cfg.py')
 
 
-def test_missing_image_folder_under_an_existing_data_root_is_one_line(tmp_path):
+def test_missing_image_folder_under_an_existing_data_root_is_one_line(tmp_path, run_tool):
     seg_demo = osp.join(ROOT, 'configs', 'demo', 'upernet_swin_t_poly3_demo.py')
-    line = _error(_run_tool('train', seg_demo, '--work-dir', str(tmp_path / 'w'), '--cfg-options',
-                            f'train_dataloader.dataset.data_root={tmp_path}'))
+    line = _error(run_tool('train', seg_demo, '--work-dir', str(tmp_path / 'w'), '--cfg-options',
+                           f'train_dataloader.dataset.data_root={tmp_path}'))
     assert f"train_dataloader.dataset.data_prefix.img_path: {tmp_path / 'images' / 'training'} does not exist" in line
 
 
@@ -266,26 +278,27 @@ def test_data_prefix_check_skips_empty_absolute_and_remote_prefixes(tmp_path):
     launch.check_data(cfg, ('train', ))
 
 
-def test_launcher_without_its_environment_is_one_line_naming_the_variables(tiny):
-    line = _error(_run_tool('train', tiny['cfg'], '--launcher', 'pytorch'))
+def test_launcher_without_its_environment_is_one_line_naming_the_variables(tiny, run_tool):
+    line = _error(run_tool('train', tiny['cfg'], '--launcher', 'pytorch'))
     assert 'RANK' in line and 'WORLD_SIZE' in line and 'tools/dist_train.sh' in line and 'KeyError' not in line
-    line = _error(_run_tool('test', tiny['cfg'], tiny['ckpt'], '--launcher', 'slurm'))
+    line = _error(run_tool('test', tiny['cfg'], tiny['ckpt'], '--launcher', 'slurm'))
     assert 'SLURM_PROCID' in line and 'tools/slurm_test.sh' in line
 
 
-def test_cfg_options_that_cannot_merge_name_the_option_not_the_config(tmp_path):
+def test_cfg_options_that_cannot_merge_name_the_option_not_the_config(run_tool):
     soft = osp.join(ROOT, 'configs', 'cls_swin_t_soft.py')  # attn_cfg is a list, one per stage
-    line = _error(_run_tool('train', soft, '--cfg-options', 'model.backbone.attn_cfg.type=efficient'))
+    line = _error(run_tool('train', soft, '--cfg-options', 'model.backbone.attn_cfg.type=efficient'))
     assert '--cfg-options could not be applied' in line and 'cannot read config' not in line
     assert 'model.backbone.attn_cfg.type' in line and 'is a list' in line and 'model.backbone.attn_cfg.0.type' in line
 
 
-def test_show_dir_draws_every_image_also_without_a_visualization_hook(tiny, test_tool):
-    for n, opts in enumerate(([], ['--cfg-options', 'default_hooks.visualization=None'])):
+def test_show_dir_draws_every_image_also_without_a_visualization_hook(tiny, test_tool, run_tool):
+    for n, opts in enumerate(([], ['default_hooks.visualization=None'])):
         show = tiny['folder'] / f'show{n}'
-        proc = _run_tool('test', tiny['cfg'], tiny['ckpt'], '--work-dir', str(tiny['folder'] / 'w3'),
-                         '--show-dir', str(show), *opts)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        rc, out, err = run_tool('test', tiny['cfg'], tiny['ckpt'], '--work-dir', str(tiny['folder'] / 'w3'),
+                                '--show-dir', str(show), '--cfg-options', f'visualizer.name=vis_show{n}', *opts)
+        assert rc == 0, err[-3000:]
+        assert 'metrics: ' in out
         assert len(glob.glob(str(show / '*.png'))) == 4  # the 4 test images, not 1 in 5000
     from softfree_mm.engine import launch
     for path, kind in ((DET, 'DetVisualizationHook'), (SEG, 'SegVisualizationHook')):
@@ -293,16 +306,3 @@ def test_show_dir_draws_every_image_also_without_a_visualization_hook(tiny, test
         cfg.default_hooks.visualization = None
         test_tool._set_visualization(cfg, str(tiny['folder'] / 'show'))
         assert cfg.default_hooks.visualization.type == kind and cfg.default_hooks.visualization.draw
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason='checks the CPU (gloo) path')
-def test_two_process_test_run_tears_down_cleanly(tiny):
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, PYTHON=sys.executable, PORT=str(port), OMP_NUM_THREADS='1')
-    proc = subprocess.run(['bash', osp.join(ROOT, 'tools', 'dist_test.sh'), tiny['cfg'], tiny['ckpt'], '2',
-                           '--work-dir', str(tiny['folder'] / 'w4'), '--device', 'cpu'],
-                          cwd=str(tiny['folder']), env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert 'terminate called' not in proc.stderr and 'metrics: ' in proc.stdout
