@@ -25,6 +25,10 @@ DEMO_CFG = osp.join(ROOT, 'configs', 'demo', 'cls_swin_t_attnstats_demo.py')
 
 
 def _tool(path):
+    """The tool's module, loaded as running it would: its own folder first on sys.path (tools/tool_warnings.py)."""
+    folder = osp.dirname(osp.join(ROOT, path))
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     name = 'softfree_tool_' + osp.splitext(osp.basename(path))[0]
     spec = importlib.util.spec_from_file_location(name, osp.join(ROOT, path))
     mod = importlib.util.module_from_spec(spec)
