@@ -183,7 +183,8 @@ FIELDS = ('config', 'kernel', 'status', 'metric_name', 'metric', 's_per_iter', '
 def markdown(rows: List[dict]) -> str:
     metric = next((r['metric_name'] for r in rows if r['metric_name']), 'metric')
     kinds = sorted({r['mem_kind'] for r in rows if r['mem_kind']})
-    out = [f'| config | kernel | {metric} | s/iter | peak memory MiB | iterations (last logged) |', '|---|---|---|---|---|---|']
+    out = [f'| config | kernel | {metric} | s/iter | peak memory MiB | iterations (last logged) |',
+           '|---|---|---|---|---|---|']
     for r in rows:
         if r['status'] != 'ok':
             out.append(f"| {r['config']} | {r['kernel']} | failed: {r['error']} | | | |")
