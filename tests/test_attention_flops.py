@@ -89,16 +89,21 @@ def test_soft_cost_is_cubic_in_n_with_a_landmark_ratio_and_linear_with_fixed_lan
     assert ratio.complexity == 'cubic' and fixed.complexity == 'linear'
 
 
-def test_model_flops_add_the_kernels_declarations_to_mmengines_count():
+def test_model_flops_add_the_kernels_declarations_to_mmengines_count(monkeypatch):
     """A tiny Swin: the attention part is every window's declared cost; the rest is mmengine's own count of the
-    model minus what it saw inside the kernel modules (which for SDPA is nothing)."""
+    model minus what it saw inside the kernel modules (which for SDPA is nothing; softmax's explicit CPU path for
+    small biased windows and poly's products it sees)."""
     from mmengine.analysis import FlopAnalyzer
 
     from softfree_mm.analysis.flops import count_flops
+    from softfree_mm.attention import softmax as softmax_module
     from softfree_mm.models import SoftFreeSwin
 
     torch.manual_seed(0)
-    for kernel in ('softmax', 'poly'):
+    limits = {n: getattr(softmax_module, n) for n in ('EXPLICIT_CPU_ELEMENTS', 'TINY_CPU_ELEMENTS')}
+    for kernel, sdpa in (('softmax', True), ('softmax', False), ('poly', False)):
+        for name, value in limits.items():
+            monkeypatch.setattr(softmax_module, name, 0 if sdpa else value)
         model = SoftFreeSwin(arch=dict(embed_dims=16, depths=(2, 2, 1, 1), num_heads=(1, 2, 2, 4)),
                              attn_cfg=kernel).eval()
         res = count_flops(model, (1, 3, 112, 112))
@@ -112,7 +117,7 @@ def test_model_flops_add_the_kernels_declarations_to_mmengines_count():
         fa.uncalled_modules_warnings(False)
         inside = sum(v for n, v in fa.by_module().items() if n.endswith('.kernel'))
         assert res['rest'] == fa.total() - inside
-        assert inside == (expect if kernel == 'poly' else 0)  # mmengine sees poly's products, not SDPA's
+        assert inside == (0 if sdpa else expect)  # mmengine sees explicit products, not SDPA's
 
 
 def _get_flops_main():

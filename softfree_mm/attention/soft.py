@@ -15,6 +15,11 @@ matrices of the call, halved (at most 10 times) until ``max column sum |I - P V|
 the steps. ``conv_size`` adds, as the official blocks do (9 / 5 / 3 in stages 1 / 2 / 3), a depthwise conv on v
 (one kernel per head, shared by the head's channels): a banded term of ``A``, so ``out == attention_matrix(...) @ v``
 still holds. The default (0) is the bare formula; the SOFT set-up configs and ``SoftFreeSOFT`` turn the conv on.
+
+Cost: with a landmark ratio r there are m = N / r^2 landmarks, so K(Q', L) costs N m d (quadratic in N) and the 20
+Newton steps 40 m^3 (cubic in N: they dominate at high resolution); with a fixed ``num_landmarks`` everything is
+linear in N. ``inverse='cholesky'`` (ours, plain SOFT) replaces the iteration by the exact inverse it converges to,
+a Cholesky solve of ``K(L, L) + 0.01 I`` (m^3 / 6).
 """
 import math
 
@@ -27,6 +32,7 @@ from .base import AttentionKernel, cast_back, ceil_div, default_scale, grid_for,
 
 LANDMARK_OPS = ('conv', 'avgpool')
 LANDMARK_CELLS = ('floor', 'ceil')
+INVERSES = ('newton', 'cholesky')
 NEWTON_REG = 0.01  # the official ridge on K(L, L) (plain SOFT)
 
 
@@ -121,6 +127,11 @@ class SoftAttention(AttentionKernel):
             ``num_landmarks``: adaptive average pooling, then a learned 1x1 conv (d -> d) + LayerNorm + GELU.
             ``'avgpool'``: average pooling only, no parameters.
         newton_iters: Newton steps of the inverse (official 20).
+        inverse: ``'newton'`` (default, the official iteration) or ``'cholesky'`` (ours, plain SOFT only): the
+            exact ``inv(K(L, L) + 0.01 I)``, the limit the Newton steps converge to, by a Cholesky factorisation
+            and solves (``m^3 / 6 + m^2 dv`` multiply-adds instead of ``2 * iters * m^3``; K(L, L) + 0.01 I is
+            symmetric positive definite, its eigenvalues at least 0.01), differentiated by torch's own rules.
+            SOFT-Norm's inverse is unregularised (K(L, L) can be singular to working precision): Newton only.
         normalized: SOFT-Norm: ``D^-1/2 inv(K(L, L)) D^-1/2`` with the official Norm iteration (see the module).
         tie_qk: keys tied to queries (the paper: the Gaussian attention matrix is then symmetric); k is ignored.
             With False, the right factor is ``K(L, K')`` from the given k, scaled as q.
@@ -140,7 +151,8 @@ class SoftAttention(AttentionKernel):
     needs_hw = True
 
     def __init__(self, num_heads=None, head_dim=None, landmark_ratio=8, num_landmarks=None, landmark_op='conv',
-                 landmark_cells='floor', newton_iters=20, normalized=False, tie_qk=True, conv_size=0):
+                 landmark_cells='floor', newton_iters=20, normalized=False, tie_qk=True, conv_size=0,
+                 inverse='newton'):
         super().__init__(num_heads, head_dim)
         if landmark_op not in LANDMARK_OPS:
             raise ValueError(f"soft: unknown landmark_op {landmark_op!r}; valid landmark ops: "
@@ -160,6 +172,11 @@ class SoftAttention(AttentionKernel):
         for arg, val in (('normalized', normalized), ('tie_qk', tie_qk)):
             if not isinstance(val, bool):
                 raise TypeError(f'soft: {arg} must be True or False, got {val!r}')
+        if inverse not in INVERSES:
+            raise ValueError(f"soft: unknown inverse {inverse!r}; valid: {', '.join(INVERSES)}")
+        if inverse == 'cholesky' and normalized:
+            raise ValueError("soft: inverse='cholesky' solves the regularised K(L, L) + 0.01 I of plain SOFT; "
+                             "SOFT-Norm (normalized=True) inverts the unregularised K(L, L): use inverse='newton'")
         self.landmark_ratio = landmark_ratio
         self.num_landmarks = num_landmarks
         self.landmark_op = landmark_op
@@ -168,6 +185,7 @@ class SoftAttention(AttentionKernel):
         self.normalized = normalized
         self.tie_qk = tie_qk
         self.conv_size = conv_size
+        self.inverse = inverse
         self.complexity = 'linear' if num_landmarks is not None else 'cubic'
         if landmark_op == 'conv':
             if head_dim is None:
@@ -187,7 +205,8 @@ class SoftAttention(AttentionKernel):
         m = f'num_landmarks={self.num_landmarks}' if self.num_landmarks is not None else \
             f'landmark_ratio={self.landmark_ratio}, landmark_cells={self.landmark_cells!r}'
         return (f'{super().extra_repr()}, {m}, landmark_op={self.landmark_op!r}, newton_iters={self.newton_iters}, '
-                f'normalized={self.normalized}, tie_qk={self.tie_qk}, conv_size={self.conv_size}')
+                f'normalized={self.normalized}, tie_qk={self.tie_qk}, conv_size={self.conv_size}, '
+                f'inverse={self.inverse!r}')
 
     def num_landmark_tokens(self, hw) -> int:
         mh, mw = landmark_grid(hw, self.landmark_ratio, self.num_landmarks, self.landmark_cells)
@@ -195,7 +214,8 @@ class SoftAttention(AttentionKernel):
 
     def flops(self, nq, nk, d, dv, masked=False, hw=None):
         """The landmark conv, the Gaussian kernels K(Q, L), K(L, L) (and K(L, K) untied), the inverse (2 m^3 a
-        Newton step; SOFT-Norm one more for its start test), the three products with v, the conv on v. With a
+        Newton step; SOFT-Norm one more for its start test; Cholesky: m^3 / 6), the three products with v (with
+        Cholesky the middle one is its two triangular solves, m^2 / 2 each per column of v), the conv on v. With a
         landmark ratio m ~ N / ratio^2, so the inverse is cubic in N; with a fixed ``num_landmarks`` all is
         linear in N."""
         grid = grid_for(nq, hw)
@@ -204,7 +224,10 @@ class SoftAttention(AttentionKernel):
         if self.landmark_op == 'conv':
             lm = m * d * d * (1 if self.num_landmarks is not None else self.landmark_ratio ** 2)
         kern = nq * m * d + m * m * d + (0 if self.tie_qk else m * nk * d)
-        inv = 2 * self.newton_iters * m ** 3 + (m ** 3 if self.normalized else 0)
+        if self.inverse == 'cholesky':
+            inv = m ** 3 // 6
+        else:
+            inv = 2 * self.newton_iters * m ** 3 + (m ** 3 if self.normalized else 0)
         conv = self.conv_size ** 2 * nq * dv if self.conv_size else 0
         return lm + kern + inv + (nk + nq) * m * dv + m * m * dv + conv
 
@@ -246,7 +269,8 @@ class SoftAttention(AttentionKernel):
                              f'(H, W) grid, got Nq={q.shape[2]} and Nk={k.shape[2]}; set conv_size=0')
 
     def _factors(self, q, k, hw, scale):
-        """K(Q', L), the (normalised) inverse of K(L, L) and K(L, K'), in fp32 / fp64."""
+        """K(Q', L), ``solve`` (x -> inverse @ x, the (normalised) inverse of K(L, L)) and K(L, K'), in fp32 /
+        fp64."""
         if self.tie_qk and q.shape[2] != k.shape[2]:
             raise ValueError(f'soft: tie_qk=True replaces the keys by the queries, so Nq must equal Nk; got '
                              f'Nq={q.shape[2]}, Nk={k.shape[2]} (set tie_qk=False)')
@@ -259,20 +283,25 @@ class SoftAttention(AttentionKernel):
         k_ql = gaussian_kernel(q, lm)  # (B, h, N, m)
         k_ll = gaussian_kernel(lm, lm)  # (B, h, m, m)
         k_lk = k_ql.transpose(-2, -1) if self.tie_qk else gaussian_kernel(lm, k * root)
+        if self.inverse == 'cholesky':
+            # the limit of the Newton steps, exactly: K(L, L) + 0.01 I = C C^T, x -> C^-T C^-1 x
+            eye = torch.eye(k_ll.shape[-1], dtype=k_ll.dtype, device=k_ll.device)
+            chol = torch.linalg.cholesky(k_ll + NEWTON_REG * eye)
+            return k_ql, (lambda x: torch.cholesky_solve(x.to(chol.dtype), chol).to(x.dtype)), k_lk
         if self.normalized:
             # SOFT-Norm: D = diag of the row sums of K(L, L) (the landmark kernel's degrees), as the official code
             d_inv_sqrt = k_ll.sum(-1, keepdim=True).rsqrt()  # (B, h, m, 1), row sums >= 1 (diagonal is 1)
             inv = d_inv_sqrt * newton_inverse_norm(k_ll, self.newton_iters) * d_inv_sqrt.transpose(-2, -1)
         else:
             inv = newton_inverse(k_ll, self.newton_iters)
-        return k_ql, inv, k_lk
+        return k_ql, (lambda x: inv.to(x.dtype) @ x), k_lk
 
     # ------------------------------------------------------------------ API
     def _matrix(self, q, k, hw, scale, bias, mask):
         self._check_conv(q, k)
         with no_autocast(q):  # Gaussian kernel and Newton iteration in fp32
-            k_ql, inv, k_lk = self._factors(q, k, hw, scale)
-            a = k_ql @ inv @ k_lk
+            k_ql, solve, k_lk = self._factors(q, k, hw, scale)
+            a = k_ql @ solve(k_lk)
             if self.conv_size:  # the conv's banded matrix: the conv applied to the identity's columns
                 n = k.shape[2]
                 eye = torch.eye(n, dtype=a.dtype, device=a.device).expand(1, self.num_heads, n, n)
@@ -283,11 +312,11 @@ class SoftAttention(AttentionKernel):
         self._check_conv(q, k)
         dtype = v.dtype
         with no_autocast(q):  # Gaussian kernel and Newton iteration in fp32
-            k_ql, inv, k_lk = self._factors(q, k, hw, scale)
+            k_ql, solve, k_lk = self._factors(q, k, hw, scale)
             (v,) = upcast(v)
             dt = torch.promote_types(k_ql.dtype, v.dtype)
-            k_ql, inv, k_lk, v = k_ql.to(dt), inv.to(dt), k_lk.to(dt), v.to(dt)
-            out = k_ql @ (inv @ (k_lk @ v))
+            k_ql, k_lk, v = k_ql.to(dt), k_lk.to(dt), v.to(dt)
+            out = k_ql @ solve(k_lk @ v)
             if self.conv_size:
                 out = out + self.conv_v(v, hw)
         return cast_back(out, dtype)  # overflow shows as inf (fp16 loss scaling)
