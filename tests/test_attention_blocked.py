@@ -27,6 +27,7 @@ def _rand(*shape, seed=0, dtype=F64, grad=False):
 def small_tiles(monkeypatch):
     """Tiles of 16 rows x 8 keys: several tiles in both directions, even at these sizes."""
     monkeypatch.setattr(blocked, 'TILE_ELEMENTS', 0)
+    monkeypatch.setattr(blocked, 'TILE_ROWS', 16)
     monkeypatch.setattr(blocked, 'TILE_COLS', 8)
 
 
@@ -118,10 +119,9 @@ def test_no_operation_produces_an_nq_by_nk_tensor_and_only_inputs_are_saved(cfg)
 def test_the_path_choice_keeps_small_windows_whole_and_tiles_global_attention():
     assert not blocked.use_tiles(49, 49) and not blocked.use_tiles(48, 48)  # Swin windows, XCiT channels
     assert blocked.use_tiles(4096, 4096) and blocked.use_tiles(60800, 950)  # global attention, PVT SRA at 800 px
-    rows, cols = blocked.tile_shape(1, 16384, 16384)
-    assert cols == blocked.TILE_COLS and rows * cols <= blocked.TILE_ELEMENTS
-    rows, cols = blocked.tile_shape(64, 4096, 4096)  # many heads: at least 16 rows per tile
-    assert rows == 16
+    assert blocked.tile_shape(16384, 16384) == (blocked.TILE_ROWS, blocked.TILE_COLS)
+    assert blocked.tile_shape(100, 60800) == (100, blocked.TILE_COLS)  # a short side is one tile
+    assert blocked.tile_shape(60800, 300) == (blocked.TILE_ROWS, 300)
 
 
 @pytest.mark.parametrize('name', ['poly', 'relu', 'sigmoid'])
