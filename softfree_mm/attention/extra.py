@@ -69,9 +69,10 @@ class NystromAttention(AttentionKernel):
 
     def flops(self, nq, nk, d, dv, masked=False, hw=None):
         m = min(self.num_landmarks, nq, nk)
+        means = m * nq * d + m * nk * d  # the landmarks: segment means as (m, N) averaging products
         kernels = nq * m * d + m * m * d + m * nk * d  # the three softmax blocks' scores
         pinv = self.pinv_iters * 4 * m ** 3  # four m x m products per step
-        return kernels + pinv + m * nk * dv + m * m * dv + nq * m * dv
+        return means + kernels + pinv + m * nk * dv + m * m * dv + nq * m * dv
 
     def _factors(self, q, k, scale):
         q, k = upcast(q, k)
