@@ -1,7 +1,8 @@
 """What of tools/gpu_check.sh (make gpu-check) and the GPU set-ups runs without a GPU.
 
-Guards: without CUDA the check stops at once with one line and exit status 2, before any set-up; the kernel
-benchmark runs in the half dtypes the check uses; the SOFT detection set-ups keep activation checkpointing, and the
+Guards: without CUDA the check stops at once with one line and exit status 2, before any set-up; the 8-minute
+budget: a step past its cap or the budget is stopped and reported, later steps are skipped, the summary still comes;
+the kernel benchmark runs in the half dtypes the check uses; the SOFT detection set-ups keep activation checkpointing, and the
 saved-bytes figure the README's memory estimate rests on (about 21.5 bytes per token x landmark x head) holds.
 """
 import math
@@ -33,6 +34,35 @@ def test_gpu_check_without_cuda_stops_at_once_with_one_line(tmp_path):
     make = subprocess.run(['make', '-s', '-C', ROOT, 'gpu-check'], env=env, capture_output=True, text=True,
                           timeout=60)
     assert make.returncode != 0 and 'no CUDA GPU on this machine' in make.stderr
+
+
+def test_gpu_check_steps_keep_to_their_caps_and_the_budget(tmp_path):
+    """The check's own step / finish functions (the script sourced, its GPU steps not run): a step that outlives its
+    cap is stopped at the cap, one that would outlive the budget at the budget's end, steps after the budget are
+    skipped, the set-up (cap 0) is never cut, and the summary lists each with the exit status 1."""
+    script = f"""
+source {osp.join(ROOT, 'tools', 'gpu_check.sh')!r}
+GPU_CHECK_BUDGET=4 begin {str(tmp_path / 'out')!r}
+PY=/nonexistent
+step setup 0 true
+step capped 1 sleep 30
+step budget 60 sleep 30
+step after 60 true
+finish
+"""
+    t0 = time.time()
+    proc = subprocess.run(['bash', '-c', script], capture_output=True, text=True, timeout=60)
+    took = time.time() - t0
+    assert proc.returncode == 1, proc.stderr
+    assert took < 15, f'{took:.0f} s: the caps and the budget did not stop the steps'
+    lines = (tmp_path / 'out' / 'summary.txt').read_text().splitlines()
+    by_step = {line.split()[0]: line for line in lines if line and not line.startswith(('---', 'total', 'gpu:'))}
+    assert by_step['setup'].split()[1] == 'PASS'
+    assert by_step['capped'].split()[1] == 'FAIL' and 'stopped after 1s (step cap 1s' in by_step['capped']
+    assert by_step['budget'].split()[1] == 'FAIL' and 'of the 4s budget' in by_step['budget']
+    assert by_step['after'].split()[1] == 'SKIP' and 'no time left of the 4s budget' in by_step['after']
+    assert lines[-1].startswith('total: ') and lines[-1].endswith('FAILED steps above')
+    assert 'gpu-check summary' in proc.stderr
 
 
 def test_benchmark_runs_as_the_gpu_check_calls_it(capsys):
