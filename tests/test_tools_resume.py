@@ -5,8 +5,11 @@ validation metric. One run is killed from outside in the middle of training, one
 (atomic replace, outdated checkpoints deleted only after the new one is written) and the resumed run goes on from it.
 
 The smallest demo config (the classifier, tiny widths) on an iteration-based schedule, so that resuming advances
-the dataloader mid-epoch; its data pipeline and batch augmentations draw random numbers (RandomResizedCrop, Mixup
-/ CutMix), which the checkpoint's random states must reproduce.
+the dataloader mid-epoch; its data pipeline and batch augmentations draw random numbers (RandomResizedCrop with
+numpy, Mixup / CutMix with numpy and torch, the shuffling sampler), which the checkpoint's random states must
+reproduce. The runs that get killed are forked from this process (tools/train.py's main() in the child, which then
+dies by SIGKILL): a fresh interpreter per run would spend most of the test importing the mm stack. Every run uses one
+CPU thread (float sums may depend on the thread count; a forked child must not use the parent's OpenMP pool).
 """
 import glob
 import importlib.util
@@ -14,7 +17,6 @@ import json
 import os
 import os.path as osp
 import signal
-import subprocess
 import sys
 import time
 
@@ -29,35 +31,66 @@ from _shared_demo import shared_demo_root  # noqa: E402
 DEMO_CLS = osp.join(ROOT, 'configs', 'demo', 'cls_xcit_s12_poly3_demo.py')
 ITERS = 6
 
-# a script that runs a tool with every write to a file whose name holds MARK cut short: half the bytes reach the
-# file, then the process gets SIGKILL (a death in the middle of writing a checkpoint, however it is written)
-DIE_IN_SAVE = '''
-import builtins, os, runpy, signal, sys
-mark, tool = sys.argv[1], sys.argv[2]
-real_open = builtins.open
 
-class HalfThenDie:
+
+class _HalfThenDie:
+    """A file whose first write puts half the bytes on disk, then the process gets SIGKILL."""
+
     def __init__(self, f):
         self.f = f
+
     def write(self, data):
         self.f.write(data[:len(data) // 2])
         self.f.flush()
         os.kill(os.getpid(), signal.SIGKILL)
+
     def __enter__(self):
         return self
+
     def __exit__(self, *exc):
         return self.f.__exit__(*exc)
+
     def __getattr__(self, name):
         return getattr(self.f, name)
 
-def dying_open(file, mode='r', *args, **kwargs):
-    f = real_open(file, mode, *args, **kwargs)
-    return HalfThenDie(f) if 'w' in mode and mark in os.fspath(file) else f
 
-builtins.open = dying_open
-sys.argv = [tool] + sys.argv[3:]
-runpy.run_path(tool, run_name='__main__')
-'''
+def _fork_train(setup, work, *extra, die_in=None):
+    """tools/train.py's main() in a forked child; with ``die_in``, the child's writes to a file whose name holds it
+    are cut short half-way by SIGKILL (a death in the middle of writing a checkpoint, however it is written)."""
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 70
+    try:
+        if die_in:
+            import builtins
+            real_open = builtins.open
+
+            def dying_open(file, mode='r', *args, **kwargs):
+                f = real_open(file, mode, *args, **kwargs)
+                return _HalfThenDie(f) if 'w' in mode and die_in in os.fspath(file) else f
+
+            builtins.open = dying_open
+        code = setup['train'].main([setup['cfg'], '--work-dir', work, *extra, '--cfg-options',
+                                    f'visualizer.name=vis_resume_{osp.basename(work)}_{os.getpid()}'])
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _wait(pid, timeout=900):
+    """The child's end: -signal number when a signal killed it, else its exit status."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    raise AssertionError(f'the forked training did not end within {timeout} s')
 
 
 def _load_tool(name):
@@ -75,7 +108,8 @@ def setup(tmp_path_factory):
     cfg = folder / 'cls_tiny_iters.py'
     cfg.write_text(f"""_base_ = {DEMO_CLS!r}
 data_root = {root!r}
-model = dict(backbone=dict(embed_dims=32, depth=2, num_heads=4, cls_attn_layers=1), head=dict(in_channels=32))
+model = dict(backbone=dict(embed_dims=32, depth=2, num_heads=4, cls_attn_layers=1), head=dict(in_channels=32),
+             train_cfg=dict(augments=[dict(type='Mixup', alpha=0.8), dict(type='CutMix', alpha=1.0)]))
 train_dataloader = dict(batch_size=4, sampler=dict(type='InfiniteSampler', shuffle=True),
                         dataset=dict(data_root=data_root, indices=12))
 val_dataloader = dict(batch_size=4, dataset=dict(data_root=data_root, indices=8))
@@ -86,13 +120,13 @@ default_hooks = dict(logger=dict(interval=1), checkpoint=dict(by_epoch=False, in
 log_processor = dict(by_epoch=False, window_size=1)
 randomness = dict(seed=0, deterministic=True)
 """)
-    # the same number of CPU threads in every run: float sums may depend on it
-    env = dict(os.environ, OMP_NUM_THREADS=str(torch.get_num_threads()))
-    for k in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'SOFTFREE_MM_TRACEBACK'):
-        env.pop(k, None)
-    script = folder / 'die_in_save.py'
-    script.write_text(DIE_IN_SAVE)
-    return dict(cfg=str(cfg), folder=folder, env=env, script=str(script), train=_load_tool('train'))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with pytest.MonkeyPatch.context() as mp:
+        for k in ('RANK', 'WORLD_SIZE', 'SOFTFREE_MM_TRACEBACK'):
+            mp.delenv(k, raising=False)
+        yield dict(cfg=str(cfg), folder=folder, train=_load_tool('train'))
+    torch.set_num_threads(threads)
 
 
 def _losses(work):
@@ -120,18 +154,9 @@ def _metrics(work):
 
 
 def _train_in_process(setup, work, *extra):
-    torch.set_num_threads(int(setup['env']['OMP_NUM_THREADS']))
     rc = setup['train'].main([setup['cfg'], '--work-dir', work, *extra, '--cfg-options',
                               f'visualizer.name=vis_resume_{osp.basename(work)}_{len(extra)}'])
     assert rc == 0
-
-
-def _spawn(setup, work, *extra, die_in=None):
-    args = [sys.executable]
-    if die_in:
-        args += [setup['script'], die_in]
-    args += [osp.join(ROOT, 'tools', 'train.py'), setup['cfg'], '--work-dir', work, *extra]
-    return subprocess.Popen(args, env=setup['env'], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def test_killed_runs_resume_and_reproduce_the_uninterrupted_run(setup):
@@ -144,9 +169,7 @@ def test_killed_runs_resume_and_reproduce_the_uninterrupted_run(setup):
 
     work = str(folder / 'killed')
     # 1. dies while it writes the checkpoint of iteration 4 (half the bytes written, then SIGKILL)
-    proc = _spawn(setup, work, die_in='iter_4.pth')
-    out, err = proc.communicate(timeout=900)
-    assert proc.returncode == -signal.SIGKILL, err[-3000:]
+    assert _wait(_fork_train(setup, work, die_in='iter_4.pth')) == -signal.SIGKILL
     assert not osp.exists(osp.join(work, 'iter_4.pth'))  # never appeared under its final name
     assert len(glob.glob(osp.join(work, 'iter_4.pth.tmp-*'))) == 1  # the half-written temporary file
     with open(osp.join(work, 'last_checkpoint')) as f:
@@ -154,17 +177,17 @@ def test_killed_runs_resume_and_reproduce_the_uninterrupted_run(setup):
     assert torch.load(osp.join(work, 'iter_2.pth'), map_location='cpu')['meta']['iter'] == 2  # intact
 
     # 2. resumes from iteration 2, killed from outside as soon as the checkpoint of iteration 4 is in place
-    proc = _spawn(setup, work, '--resume')
+    pid = _fork_train(setup, work, '--resume')
     marker = osp.join(work, 'last_checkpoint')
     deadline = time.time() + 900
-    while time.time() < deadline and proc.poll() is None:
+    while time.time() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        assert not done, f'the resumed run ended (status {status}) before the checkpoint of iteration 4'
         if osp.isfile(marker) and open(marker).read().strip().endswith('iter_4.pth'):
             break
         time.sleep(0.05)
-    assert proc.poll() is None, proc.communicate()[1][-3000:]
-    proc.kill()
-    proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
+    os.kill(pid, signal.SIGKILL)
+    assert _wait(pid, 60) == -signal.SIGKILL
 
     # 3. resumes again and finishes
     _train_in_process(setup, work, '--resume')
