@@ -46,10 +46,10 @@ COCO_DIGIT_PX = (24, 52)
 ADE_SIZE = (128, 160)
 ADE_COUNTS = dict(training=200, validation=50)
 CLS_SIZE = 64
-CLS_COUNTS = dict(train=300, val=30)  # images per class
+CLS_COUNTS = dict(train=160, val=20)  # images per class
 CLS_DIGIT_PX = (24, 52)
 STAMP = '.complete'  # written last (version, seed, file count): a folder without it, or not matching it, is rebuilt
-VERSION = 2  # raised whenever the generator's output changes, so an old set on disk is rebuilt
+VERSION = 3  # raised whenever the generator's output changes, so an old set on disk is rebuilt
 
 
 def load_digit_scans():
