@@ -137,6 +137,9 @@ def test_slurm_scripts_cpus_per_task_cover_every_configs_workers():
         text = open(osp.join(ROOT, 'tools', script)).read()
         cpus = int(re.search(r'CPUS_PER_TASK=\$\{CPUS_PER_TASK:-(\d+)\}', text).group(1))
         assert cpus >= max(workers) + 1, script
+    # multi-scale 1333 px COCO with masks: 2 workers starve a current GPU
+    coco = Config.fromfile(osp.join(ROOT, 'configs', '_base_', 'datasets', 'coco_instance_ms.py'))
+    assert coco.train_dataloader.num_workers >= 4
 
 
 def test_no_cudnn_benchmark_where_validation_runs_whole_images_of_varying_size():
