@@ -90,10 +90,11 @@ class TiledPointwiseAttention(torch.autograd.Function):
         nk, dv = k.shape[2], v.shape[3]
         q3, k3, v3 = q.reshape(b * h, nq, d), k.reshape(b * h, nk, d), v.reshape(b * h, nk, dv)
         kt3 = k3.transpose(1, 2)
-        out = q.new_zeros(b * h, nq, dv)
+        out = q.new_zeros(b, h, nq, dv)  # returned as allocated (not a view): callers may scale it in place
+        out3 = out.view(b * h, nq, dv)
         for i in range(0, nq, rows):
             ri = slice(i, i + rows)
-            q_i, out_i = q3[:, ri], out[:, ri]
+            q_i, out_i = q3[:, ri], out3[:, ri]
             for j in range(0, nk, cols):
                 cj = slice(j, j + cols)
                 s = _scores(q_i, kt3[:, :, cj], alpha, b, h, _part(bias, ri, cj), _part(shift, ri, slice(None)))
@@ -104,7 +105,7 @@ class TiledPointwiseAttention(torch.autograd.Function):
                 out_i.baddbmm_(a, v3[:, cj])
         ctx.save_for_backward(q, k, v, bias, shift, mask)
         ctx.setup = (alpha, kind, power, rows, cols)
-        return out.view(b, h, nq, dv)
+        return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -159,16 +160,18 @@ class TiledPointwiseAttention(torch.autograd.Function):
 
 
 def _scores(q_i, kt_j, alpha, b, h, bias_ij, shift_i):
-    """The (B*h, rows, cols) tile of ``alpha q k^T + bias + shift``."""
-    s = torch.bmm(q_i, kt_j)
-    if alpha != 1.0:
-        s.mul_(alpha)
-    if bias_ij is not None or shift_i is not None:
-        s4 = s.view(b, h, s.shape[1], s.shape[2])
-        if bias_ij is not None:
-            s4.add_(bias_ij)
-        if shift_i is not None:
-            s4.add_(shift_i)
+    """The (B*h, rows, cols) tile of ``alpha q k^T + bias + shift``. The per-row shift and alpha go into the GEMM
+    (``baddbmm``: no extra pass over the tile)."""
+    if shift_i is not None:
+        rows = q_i.shape[1]
+        shift3 = shift_i.expand(b, h, rows, 1).reshape(b * h, rows, 1)  # small: one number per row
+        s = torch.baddbmm(shift3, q_i, kt_j, alpha=alpha)
+    else:
+        s = torch.bmm(q_i, kt_j)
+        if alpha != 1.0:
+            s.mul_(alpha)
+    if bias_ij is not None:
+        s.view(b, h, s.shape[1], s.shape[2]).add_(bias_ij)
     return s
 
 
@@ -200,15 +203,18 @@ def pointwise_attention(q, k, v, kind: str, power: int, scale, coef, bias=None, 
 
     ``scale``: a float > 0 or a tensor broadcastable to (B, h, 1, 1) (folded into q, so it gets its gradient);
     ``coef``: a float or a per-row tensor (B, h, Nq, 1) multiplying the output. Without bias and shift a float
-    scale of the homogeneous activations (x^p, relu) moves into ``coef``, otherwise into q: no pass over the tiles.
+    scale of the homogeneous activations (x^p, relu) moves into ``coef``, otherwise into the score GEMM.
     """
+    alpha = 1.0
     if isinstance(scale, torch.Tensor):
         q = q * scale
     elif bias is None and shift is None and kind in ('pow', 'relu'):
         coef = coef * float(scale) ** (power if kind == 'pow' else 1)  # (a s)^p = a^p s^p, relu(a s) = a relu(s)
-    elif float(scale) != 1.0:
-        q = q * float(scale)  # one pass over q instead of one over every tile, forward and backward
+    else:
+        alpha = float(scale)  # inside the GEMM with sigmoid's shift (a copy of q would cost memory)
     if bias is not None:
         bias = bias.to(q.dtype)
-    out = tiled_pointwise(q, k, v, kind, power, 1.0, bias, shift, mask)
-    return out * coef
+    out = tiled_pointwise(q, k, v, kind, power, alpha, bias, shift, mask)
+    if isinstance(coef, torch.Tensor) and coef.requires_grad:
+        return out * coef
+    return out.mul_(coef)  # in place: the tiled backward does not need its output, and no copy of it is held
