@@ -3,8 +3,8 @@
 A short run of the smallest demo config (the classifier, tiny widths, an iteration-based schedule) through
 tools/train.py records the process's resident memory after every iteration; the least-squares slope over the
 iterations after warm-up must stay under 16 KiB per iteration (16 MiB per 1,000 iterations; a leak of one
-64-image batch of 64 x 64 RGB floats per iteration would be 3 MiB an iteration). The README gives the figure of a
-1,000-iteration run of the demo detector.
+64-image batch of 64 x 64 RGB floats per iteration would be 3 MiB an iteration). The README gives the figures of a
+1,000-iteration run of the demo detector (tiny widths).
 """
 import importlib.util
 import os
