@@ -20,12 +20,11 @@ import torch
 
 import softfree_mm  # noqa: F401  (registers the backbones)
 from softfree_mm import models
-from softfree_mm.analysis import support
 from softfree_mm.analysis.support import FITS
 from softfree_mm.attention import build_attention, kernel_arguments, list_attentions
 
-TINY = dict(support.TINY, SoftFreeSOFT=dict(arch=dict(embed_dims=(16, 32, 32, 32), num_heads=(1, 2, 2, 2),
-                                                     depths=(1, 1, 1, 1))))
+from _backbone_presets import TINY  # noqa: E402  (tests/_backbone_presets.py)
+
 FAMILIES = list(TINY)
 # a kernel that needs the token grid, in each family's set-up for it (XCiT has no grid: poly; SOFT: its own
 # default, the official SOFT kernels in stages 1-3)
@@ -57,6 +56,10 @@ def close(outs, refs, tol=1e-4):
 
 
 # ---------------------------------------------------------------------------------------------- the grid check
+def test_every_registered_backbone_is_covered():
+    assert sorted(FAMILIES) == sorted(models.__all__)
+
+
 def test_grid_check_takes_traced_sizes_and_still_refuses_wrong_ones():
     from softfree_mm.attention.base import check_hw, resolve_hw
 

@@ -6,10 +6,10 @@ file (torch and the OpenMMLab stack are not copied), made from a copy of the rep
 
 * editable: ``mim list`` shows the package; ``mim train softfree_mm CONFIG_NAME --dry-run`` finds the config in the
   repository (through ``softfree_mm/.mim``, which the install links) and runs the repository's tools/train.py;
-* wheel: ``mim list``; ``mim test softfree_mm CONFIG_NAME --checkpoint ...`` evaluates a checkpoint on the demo set
+* wheel: ``mim list``; ``mim test softfree_mm CONFIG_NAME --checkpoint ...`` evaluates a checkpoint on 8 images written here
   with the config and tools/test.py copied into site-packages; ``mim run softfree_mm convert_checkpoint`` converts
   an official-layout file.
-The three tool runs go in parallel.
+The five mim calls go in parallel, and so do the two builds.
 """
 import os
 import os.path as osp
@@ -54,26 +54,43 @@ def _env():
     return {k: v for k, v in os.environ.items() if k not in ('PYTHONPATH', 'PYTHONWARNINGS')}
 
 
-def _pip(python, *args, cwd=None):
-    proc = subprocess.run([python, '-m', 'pip', '--disable-pip-version-check', '--no-input', *args],
-                          capture_output=True, text=True, env=_env(), cwd=cwd)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-
-
 def _mim(python, *args, cwd):
     return [python, '-m', 'mim', *args], dict(cwd=str(cwd), env=_env())
 
 
+def _popen(cmd, **kw):
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _wait(name, proc, timeout=900):
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, f'{name}:\n{out[-3000:]}\n{err[-3000:]}'
+    return out
+
+
+def _pip_args(*args):
+    return ['-m', 'pip', '--disable-pip-version-check', '--no-input', *args]
+
+
 @pytest.fixture(scope='module')
 def installs(tmp_path_factory):
+    """An editable install of one copy of the repository and a wheel built from another copy and installed (the two
+    builds run side by side: each writes its own egg-info and build folders)."""
     base = tmp_path_factory.mktemp('mim')
     repo = _copy_repo(base / 'repo')
-    editable, editable_site = _venv(base / 'editable')
-    _pip(editable, 'install', '--no-deps', '--no-build-isolation', '--no-index', '-e', str(repo))
-    _pip(editable, 'wheel', '--no-deps', '--no-build-isolation', '--no-index', '-w', str(base / 'dist'), str(repo))
+    wheel_src = _copy_repo(base / 'wheel_src')
+    editable, _ = _venv(base / 'editable')
     wheel, wheel_site = _venv(base / 'wheel')
+    build = dict(env=_env())
+    procs = {'pip install -e': _popen([editable, *_pip_args('install', '--no-deps', '--no-build-isolation',
+                                                            '--no-index', '-e', str(repo))], **build),
+             'pip wheel': _popen([wheel, *_pip_args('wheel', '--no-deps', '--no-build-isolation', '--no-index',
+                                                    '-w', str(base / 'dist'), str(wheel_src))], **build)}
+    _wait('pip wheel', procs.pop('pip wheel'))
     (whl,) = (base / 'dist').glob('softfree_mm-*.whl')
-    _pip(wheel, 'install', '--no-deps', '--no-index', str(whl))
+    procs['pip install wheel'] = _popen([wheel, *_pip_args('install', '--no-deps', '--no-index', str(whl))], **build)
+    for name, proc in procs.items():
+        _wait(name, proc)
     work = base / 'work'
     work.mkdir()
     return dict(repo=str(repo), editable=editable, wheel=wheel, wheel_site=wheel_site, work=work)
@@ -90,14 +107,6 @@ def test_installs_place_configs_tools_and_model_index_where_mim_looks(installs):
     assert osp.isfile(osp.join(site, 'softfree_mm', '.mim', 'tools', 'train.py'))
 
 
-@pytest.mark.parametrize('kind', ['editable', 'wheel'])
-def test_mim_list_shows_softfree_mm(installs, kind):
-    cmd, kw = _mim(installs[kind], 'list', cwd=installs['work'])
-    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert any(line.split()[:2] == ['softfree-mm', '0.1.0'] for line in proc.stdout.splitlines()), proc.stdout
-
-
 def _checkpoint(path):
     """A checkpoint of the demo config's model with the TINY overrides (random weights)."""
     import softfree_mm  # noqa: F401
@@ -112,41 +121,66 @@ def _checkpoint(path):
     return model
 
 
-def test_mim_train_test_and_run_use_the_installed_configs_and_tools(installs, tmp_path):
+def _mini_val_set(root):
+    """8 images in the ImageNet layout the config reads (val/<class>/*.JPEG, meta/val.txt): what ``mim test``
+    evaluates on (the demo set would be written first otherwise)."""
+    import cv2
+    import numpy as np
+    rng = np.random.default_rng(0)
+    lines = []
+    for i in range(8):
+        name = f'digit_{i % 4}/{i}.JPEG'
+        os.makedirs(osp.join(root, 'val', osp.dirname(name)), exist_ok=True)
+        cv2.imwrite(osp.join(root, 'val', name), rng.integers(0, 255, (64, 64, 3), dtype=np.uint8))
+        lines.append(f'{name} {i % 4}')
+    os.makedirs(osp.join(root, 'meta'))
+    with open(osp.join(root, 'meta', 'val.txt'), 'w') as f:
+        f.write('\n'.join(lines) + '\n')
+    return root
+
+
+def test_mim_list_train_test_and_run_use_the_installed_configs_and_tools(installs, tmp_path):
+    """The five mim calls run side by side: ``mim list`` in both installs, ``mim train`` (editable), ``mim test`` and
+    ``mim run`` (wheel)."""
     work = installs['work']
     ckpt = str(tmp_path / 'tiny.pth')
     _checkpoint(ckpt)
     official = str(tmp_path / 'official_xcit.pth')  # the official release's names: pos_embeder, a classifier head
     torch.save({'model': {'pos_embeder.token_projection.weight': torch.ones(4, 64, 1, 1), 'head.weight': torch.ones(3)}},
                official)
+    data = _mini_val_set(str(tmp_path / 'mini_imagenet'))
     runs = {
+        'list editable': _mim(installs['editable'], 'list', cwd=work),
+        'list wheel': _mim(installs['wheel'], 'list', cwd=work),
         'train': _mim(installs['editable'], 'train', 'softfree_mm', CONFIG, '--dry-run', '--work-dir',
                       str(tmp_path / 'train'), '--cfg-options', *TINY, cwd=work),
         'test': _mim(installs['wheel'], 'test', 'softfree_mm', CONFIG, '--checkpoint', ckpt, '--work-dir',
-                     str(tmp_path / 'test'), '--cfg-options', *TINY, 'test_dataloader.dataset.indices=8',
+                     str(tmp_path / 'test'), '--cfg-options', *TINY, f'test_dataloader.dataset.data_root={data}',
                      'test_dataloader.batch_size=8', cwd=work),
         'run': _mim(installs['wheel'], 'run', 'softfree_mm', 'convert_checkpoint', 'xcit', official,
                     str(tmp_path / 'converted.pth'), cwd=work),
     }
-    procs = {k: subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
-             for k, (cmd, kw) in runs.items()}
-    out = {k: p.communicate(timeout=900) for k, p in procs.items()}
-    for k, p in procs.items():
-        assert p.returncode == 0, f'mim {k}:\n{out[k][0][-3000:]}\n{out[k][1][-3000:]}'
+    procs = {k: _popen(cmd, **kw) for k, (cmd, kw) in runs.items()}
+    out = {k: _wait(f'mim {k}', p) for k, p in procs.items()}
+
+    for kind in ('editable', 'wheel'):
+        assert any(line.split()[:2] == ['softfree-mm', '0.1.0'] for line in out[f'list {kind}'].splitlines()), \
+            out[f'list {kind}']
 
     repo, site = osp.realpath(installs['repo']), osp.realpath(installs['wheel_site'])
-    train_out = out['train'][0]
+    train_out = out['train']
     assert f'will use {osp.join(repo, "configs", "demo", CONFIG)} instead' in train_out
     assert f'{osp.join(repo, "softfree_mm", ".mim", "tools", "train.py")} ' in train_out
     assert 'config checked, no data read, nothing trained' in train_out
 
-    test_out = out['test'][0]
+    test_out = out['test']
     assert f'will use {osp.join(site, "softfree_mm", ".mim", "configs", "demo", CONFIG)} instead' in test_out
     assert f'{osp.join(site, "softfree_mm", ".mim", "tools", "test.py")} ' in test_out
     metrics = [line for line in test_out.splitlines() if line.startswith('metrics: ')]
     assert metrics and 'accuracy/top1' in metrics[-1]
+    assert not (work / 'data').exists()  # evaluated on the given root, nothing written into the user's folder
 
-    assert osp.join(site, 'softfree_mm', '.mim', 'tools', 'convert_checkpoint.py') in out['run'][0]
+    assert osp.join(site, 'softfree_mm', '.mim', 'tools', 'convert_checkpoint.py') in out['run']
     converted = torch.load(str(tmp_path / 'converted.pth'), map_location='cpu', weights_only=False)
     keys = set(converted.get('state_dict', converted))
     assert 'pos_embed.token_projection.weight' in keys and not any(k.startswith('head') for k in keys)

@@ -25,7 +25,10 @@ from mmengine.config import Config
 from mmengine.registry import DefaultScope
 
 import softfree_mm  # noqa: F401  (registers the backbones)
-from softfree_mm.models import SoftFreeCSWin, SoftFreePVTv2, SoftFreeSOFT, SoftFreeSwin, SoftFreeXCiT
+from softfree_mm import models
+from softfree_mm.models import SoftFreePVTv2, SoftFreeSwin
+
+from _backbone_presets import TINY  # noqa: E402  (tests/_backbone_presets.py: every registered backbone)
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 MMDET_CONFIGS = osp.join(osp.dirname(importlib.import_module('mmdet').__file__), '.mim', 'configs')
@@ -111,17 +114,10 @@ def test_pvtv2_mmdet_embed_dims_and_num_layers_mean_what_they_mean_in_mmdet():
 
 
 # ---------------------------------------------------------------------------------------------- pretrained
-@pytest.mark.parametrize('cls, kwargs', [
-    (SoftFreeSwin, SWIN_TINY),
-    (SoftFreeCSWin, dict(arch=dict(embed_dims=16, depths=(1, 1, 1, 1), num_heads=(2, 2, 4, 4),
-                                   stripe_widths=(1, 2, 4, 7)))),
-    (SoftFreePVTv2, dict(embed_dims=(16, 32, 40, 64), depths=(1, 1, 1, 1))),
-    (SoftFreeXCiT, dict(arch='t12', embed_dims=32, num_heads=4, depth=4, out_indices=(0, 1, 2, 3),
-                        norm_cfg=dict(type='BN'))),
-    (SoftFreeSOFT, dict(arch=dict(embed_dims=(16, 32, 32, 32), num_heads=(1, 2, 2, 2), depths=(1, 1, 1, 1)))),
-])
-def test_pretrained_is_the_deprecated_alias_of_a_pretrained_init_cfg(cls, kwargs, tmp_path):
+@pytest.mark.parametrize('name', sorted(TINY))
+def test_pretrained_is_the_deprecated_alias_of_a_pretrained_init_cfg(name, tmp_path):
     from softfree_mm.models import layers
+    cls, kwargs = getattr(models, name), TINY[name]
     src = cls(**kwargs)
     path = str(tmp_path / 'weights.pth')
     torch.save({'state_dict': src.state_dict()}, path)
@@ -177,6 +173,20 @@ def test_readme_own_config_example_builds_as_written(tmp_path):
     assert type(model.backbone).__name__.startswith('SoftFree')
     assert list(cfg.model.neck.in_channels) == list(model.backbone.out_channels)
     assert all(type(m).__name__ != 'ResNet' for m in model.modules())  # _delete_=True dropped ResNet's arguments
+
+
+def test_readme_explains_the_methods_itself_and_cites_no_project_files():
+    """A user of the package has the README, not the project's method notes (METHODS.md, the seeds 000..003)."""
+    from softfree_mm.attention import list_attentions
+    readme = open(osp.join(ROOT, 'README.md')).read()
+    assert 'METHODS.md' not in readme and 'DESIGN.md' not in readme and 'STACK.md' not in readme
+    assert not re.search(r'seeds? 0\d\d', readme), re.search(r'.*seeds? 0\d\d.*', readme).group(0)
+    start = readme.index('## The four methods, in short')
+    section = readme[start:readme.index('\n## ', start + 1)]
+    for kernel in ('poly', 'soft', 'linear', 'synthesizer', 'inline'):  # each method's kernel, by its registered name
+        assert f'`{kernel}`' in section and kernel in list_attentions(), kernel
+    for paper in ('arXiv 2410.18613', 'arXiv 2110.11945', 'NeurIPS 2024'):
+        assert paper in section
 
 
 # ---------------------------------------------------------------------------------------------- tools
