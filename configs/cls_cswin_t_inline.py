@@ -1,4 +1,4 @@
-# cls / cswin_t: the official InLine-CSWin-T (seed 003): arch 'inline_tiny' (the preset holds the official attention
+# cls / cswin_t: the official InLine-CSWin-T (InLine, NeurIPS 2024): arch 'inline_tiny' (the preset holds the official attention
 # layout).
 # Everything else (recipe, GPUs x images per GPU, schedule) is cls_cswin_t_softmax.py.
 # Reported: no number in the anchors for this combination; compare with the softmax baseline.

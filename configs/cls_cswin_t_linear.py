@@ -1,4 +1,4 @@
-# cls / cswin_t: linear attention, feature map elu+1 (seed 002; linear cost; masks honoured in shifted/padded windows).
+# cls / cswin_t: linear attention, feature map elu+1 (linear attention, Katharopoulos et al. 2020; linear cost; masks honoured in shifted/padded windows).
 # Everything else (recipe, GPUs x images per GPU, schedule) is cls_cswin_t_softmax.py.
 # Reported: no number in the anchors for this combination; compare with the softmax baseline.
 _base_ = './cls_cswin_t_softmax.py'

@@ -1,4 +1,4 @@
-# cls / pvt_s: the official InLine-PVT-S (seed 003): PVT v1 (SoftFreePVT arch 'inline_small': heads 2-4-10-16, no
+# cls / pvt_s: the official InLine-PVT-S (InLine, NeurIPS 2024): PVT v1 (SoftFreePVT arch 'inline_small': heads 2-4-10-16, no
 # spatial reduction) with InLine and its official per-channel residual in every stage -> global average pooling ->
 # linear head (the official model has no final norm).
 # Recipe (the official cfgs/inline_pvt_s.yaml): AdamW lr 5e-4 per 512 images (1e-3 for the total batch 1024 here),

@@ -1,4 +1,4 @@
-# cls / pvt_v2_b2: polynomial attention x^1 scaled by 1/sqrt(N) (seed 000; linear cost).
+# cls / pvt_v2_b2: polynomial attention x^1 scaled by 1/sqrt(N) (arXiv 2410.18613; linear cost).
 # Everything else (recipe, GPUs x images per GPU, schedule) is cls_pvt_v2_b2_softmax.py.
 # Reported: no number in the anchors for this combination; compare with the softmax baseline.
 _base_ = './cls_pvt_v2_b2_softmax.py'

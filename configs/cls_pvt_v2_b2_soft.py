@@ -1,4 +1,4 @@
-# cls / pvt_v2_b2: SOFT set-up: SOFT in stages 1-3 (landmark ratios 8/4/2), softmax in stage 4, no spatial reduction (seed 001).
+# cls / pvt_v2_b2: SOFT set-up: SOFT in stages 1-3 (landmark ratios 8/4/2), softmax in stage 4, no spatial reduction (SOFT, arXiv 2110.11945).
 # Gaussian kernel with tied keys, Nystrom landmarks by a strided conv, 20 Newton steps (fp32), depthwise conv on v of size 9 / 5 / 3 (the official forms).
 # Everything else (recipe, GPUs x images per GPU, schedule) is cls_pvt_v2_b2_softmax.py.
 # Reported: no number in the anchors for this combination; compare with the softmax baseline.

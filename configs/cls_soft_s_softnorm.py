@@ -1,4 +1,4 @@
-# ImageNet-1k classification, SOFT's own backbone SOFT-Small-Norm (seed 001): SoftFreeSOFT arch 'small_norm' -> the
+# ImageNet-1k classification, SOFT's own backbone SOFT-Small-Norm (SOFT, arXiv 2110.11945): SoftFreeSOFT arch 'small_norm' -> the
 # normed class token -> linear head, as the official model.
 # Recipe (the official config/SOFT_Small_norm.yaml): AdamW lr 1e-3, 300 epochs, 10 warm-up epochs, gradient clipping 1,
 # 8 GPUs x 128 images (total batch 1024), 224x224.

@@ -1,4 +1,4 @@
-# cls / swin_t: the official InLine-Swin-T (seed 003): arch 'inline_tiny' (the preset holds the official attention
+# cls / swin_t: the official InLine-Swin-T (InLine, NeurIPS 2024): arch 'inline_tiny' (the preset holds the official attention
 # layout).
 # Everything else (recipe, GPUs x images per GPU, schedule) is cls_swin_t_softmax.py.
 # Reported: InLine Swin-T ImageNet top-1 82.4 (InLine paper; softmax 81.3).

@@ -1,4 +1,4 @@
-# maskrcnn / cswin_t: the official InLine-CSWin-T (seed 003): arch 'inline_tiny' of SoftFreeCSWin, 'IISS', depths
+# maskrcnn / cswin_t: the official InLine-CSWin-T (InLine, NeurIPS 2024): arch 'inline_tiny' of SoftFreeCSWin, 'IISS', depths
 # 2-4-18-1: InLine with the official per-channel residual over the whole grid in stages 1-2, softmax stripes 7 in
 # stage 3, global softmax in stage 4.
 # Everything else (recipe, GPUs x images per GPU, schedule) is maskrcnn_cswin_t_softmax.py.

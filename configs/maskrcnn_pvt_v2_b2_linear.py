@@ -1,4 +1,4 @@
-# maskrcnn / pvt_v2_b2: linear attention, feature map elu+1 (seed 002; linear cost; masks honoured in shifted/padded windows).
+# maskrcnn / pvt_v2_b2: linear attention, feature map elu+1 (linear attention, Katharopoulos et al. 2020; linear cost; masks honoured in shifted/padded windows).
 # Everything else (recipe, GPUs x images per GPU, schedule) is maskrcnn_pvt_v2_b2_softmax.py.
 # Reported: no number in the anchors for this combination; compare with the softmax baseline.
 # Backbone start: no release exists for this kernel: the ImageNet checkpoint of configs/cls_pvt_v2_b2_linear.py

@@ -1,4 +1,4 @@
-# maskrcnn / xcit_s12: polynomial attention x^3 scaled by 1/sqrt(N) (seed 000).
+# maskrcnn / xcit_s12: polynomial attention x^3 scaled by 1/sqrt(N) (polynomial attention, arXiv 2410.18613).
 # Everything else (recipe, GPUs x images per GPU, schedule) is maskrcnn_xcit_s12_softmax.py.
 # Reported: no number in the anchors for this combination; compare with the softmax baseline.
 # Backbone start: no release exists for this kernel: the ImageNet checkpoint of configs/cls_xcit_s12_poly3.py

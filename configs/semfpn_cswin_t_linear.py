@@ -1,4 +1,4 @@
-# semfpn / cswin_t: linear attention, feature map elu+1 (seed 002; linear cost; masks honoured in shifted/padded windows).
+# semfpn / cswin_t: linear attention, feature map elu+1 (linear attention, Katharopoulos et al. 2020; linear cost; masks honoured in shifted/padded windows).
 # Everything else (recipe, GPUs x images per GPU, schedule) is semfpn_cswin_t_softmax.py.
 # Reported: no number in the anchors for this combination; compare with the softmax baseline.
 # Backbone start: no release exists for this kernel: the ImageNet checkpoint of configs/cls_cswin_t_linear.py

@@ -1,4 +1,4 @@
-# semfpn / pvt_s: the official InLine-PVT-S (seed 003): PVT v1 (SoftFreePVT arch 'inline_small': heads 2-4-10-16, no
+# semfpn / pvt_s: the official InLine-PVT-S (InLine, NeurIPS 2024): PVT v1 (SoftFreePVT arch 'inline_small': heads 2-4-10-16, no
 # spatial reduction) with InLine and its official per-channel residual in every stage.
 # Everything else (recipe, GPUs x images per GPU, schedule, neck) is semfpn_pvt_v2_b2_softmax.py.
 # Reported: no number in the anchors for this combination (InLine-PVT-S ImageNet top-1 82.0).

@@ -1,4 +1,4 @@
-# semfpn / soft_s: SOFT's own backbone, SOFT-Small-Norm (seed 001): SoftFreeSOFT arch 'small_norm' (conv stem, SOFT-Norm
+# semfpn / soft_s: SOFT's own backbone, SOFT-Small-Norm (SOFT, arXiv 2110.11945): SoftFreeSOFT arch 'small_norm' (conv stem, SOFT-Norm
 # kernels with landmark ratios 8 / 4 / 2 and convs on v 9 / 5 / 3 in stages 1-3, softmax + class token in stage 4).
 # Recipe: semfpn_pvt_v2_b2_softmax.py (GPUs x images per GPU: 8 GPUs x 2 images, total batch 16, AdamW).
 # Reported: no Semantic FPN number for SOFT.

@@ -1,4 +1,4 @@
-# semfpn / swin_t: SOFT set-up: SOFT with global windows in stages 1-3 (landmark ratios 8/4/2), softmax windows in stage 4 (seed 001).
+# semfpn / swin_t: SOFT set-up: SOFT with global windows in stages 1-3 (landmark ratios 8/4/2), softmax windows in stage 4 (SOFT, arXiv 2110.11945).
 # Gaussian kernel with tied keys, Nystrom landmarks by a strided conv, 20 Newton steps (fp32), depthwise conv on v of size 9 / 5 / 3 (the official forms).
 # Everything else (recipe, GPUs x images per GPU, schedule) is semfpn_swin_t_softmax.py.
 # Reported: no number in the anchors for this combination; compare with the softmax baseline.

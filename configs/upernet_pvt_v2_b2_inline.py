@@ -1,4 +1,4 @@
-# upernet / pvt_v2_b2: InLine set-up: InLine in stages 1-3, softmax in stage 4, no spatial reduction (seed 003).
+# upernet / pvt_v2_b2: InLine set-up: InLine in stages 1-3, softmax in stage 4, no spatial reduction (InLine, NeurIPS 2024).
 # Everything else (recipe, GPUs x images per GPU, schedule) is upernet_pvt_v2_b2_softmax.py.
 # Reported: no number in the anchors for this combination; compare with the softmax baseline.
 # Backbone start: no release exists for this kernel: the ImageNet checkpoint of configs/cls_pvt_v2_b2_inline.py

@@ -1,4 +1,4 @@
-# upernet / swin_t: the official InLine-Swin-T (seed 003): arch 'inline_tiny' of SoftFreeSwin, 'IIIS': InLine with the
+# upernet / swin_t: the official InLine-Swin-T (InLine, NeurIPS 2024): arch 'inline_tiny' of SoftFreeSwin, 'IIIS': InLine with the
 # official per-channel residual in global windows in stages 1-3, softmax windows in stage 4.
 # Everything else (recipe, GPUs x images per GPU, schedule) is upernet_swin_t_softmax.py.
 # Reported: no number in the anchors for this combination; compare with the softmax baseline.

@@ -1,4 +1,4 @@
-# upernet / xcit_s12: linear attention, feature map elu+1 (seed 002; linear cost; masks honoured in shifted/padded windows).
+# upernet / xcit_s12: linear attention, feature map elu+1 (linear attention, Katharopoulos et al. 2020; linear cost; masks honoured in shifted/padded windows).
 # Everything else (recipe, GPUs x images per GPU, schedule) is upernet_xcit_s12_softmax.py.
 # Reported: no number in the anchors for this combination; compare with the softmax baseline.
 # Backbone start: no release exists for this kernel: the ImageNet checkpoint of configs/cls_xcit_s12_linear.py

@@ -1,4 +1,4 @@
-"""InLine's two measures (seed 003): confusions (injectivity) and attention mass in the 3x3 neighbourhood.
+"""InLine's two measures (InLine, NeurIPS 2024): confusions (injectivity) and attention mass in the 3x3 neighbourhood.
 
 Guards: the confusion count equals a brute-force count over query pairs; InLine and softmax confuse no distinct
 queries where relu linear attention, on the same inputs, confuses many (its rows ignore the queries' scale); the

@@ -1,4 +1,4 @@
-"""Attention norms (seed 000): the closed-form score Jacobians against autograd, and the paper's claims.
+"""Attention norms (polynomial attention, arXiv 2410.18613): the closed-form score Jacobians against autograd, and the paper's claims.
 
 Guards: for every kernel with a score map, the test's own map S -> A (plain formulas) reproduces the kernel's
 ``attention_matrix``, and the closed-form per-row Jacobian norms equal autograd's Jacobian of that map (which is
@@ -159,7 +159,7 @@ def test_matrix_norms_are_the_frobenius_norms_over_real_query_rows():
 
 @pytest.mark.parametrize('score_scale', [1.0, 30.0])
 def test_softmax_frobenius_norm_never_exceeds_sqrt_n_nor_its_jacobian_2_sqrt_n(score_scale):
-    """Seed 000: ||softmax(S)||_F <= sqrt(N) and ||J||_F <= 2 sqrt(N), for any scores (here also extreme ones)."""
+    """Polynomial-attention paper: ||softmax(S)||_F <= sqrt(N) and ||J||_F <= 2 sqrt(N), for any scores (here also extreme ones)."""
     kern = build_attention('softmax')
     for n in (4, 16, 64):
         q = torch.randn(3, 2, n, 8) * score_scale
@@ -174,7 +174,7 @@ def test_softmax_frobenius_norm_never_exceeds_sqrt_n_nor_its_jacobian_2_sqrt_n(s
 
 
 def test_poly_with_inverse_sqrt_n_grows_like_sqrt_n():
-    """Seed 000: x^3 / sqrt(N) has ||A||_F ~ sqrt(N E[S^6]) (log-log slope 1/2) and ||J||_F ~ sqrt(N); with a fixed
+    """Polynomial-attention paper: x^3 / sqrt(N) has ||A||_F ~ sqrt(N E[S^6]) (log-log slope 1/2) and ||J||_F ~ sqrt(N); with a fixed
     constant it grows like N."""
     sides = (8, 16, 32)
     rows = norms_vs_n([dict(type='poly', degree=3), dict(type='poly', degree=3, scale=0.1)], sides, heads=2,

@@ -189,6 +189,20 @@ def test_readme_explains_the_methods_itself_and_cites_no_project_files():
         assert paper in section
 
 
+def test_shipped_configs_tools_and_package_cite_papers_not_project_notes():
+    """configs/, tools/ and the package reach users through mim and the wheel: no "seed 0NN" or METHODS.md there."""
+    hits = []
+    for top in ('configs', 'tools', 'softfree_mm'):
+        for dirpath, _, files in os.walk(osp.join(ROOT, top)):
+            for name in files:
+                if name.endswith(('.py', '.sh', '.md', '.yml')):
+                    path = osp.join(dirpath, name)
+                    text = open(path, encoding='utf-8').read()
+                    if re.search(r'seeds? 0\d\d|METHODS\.md|DESIGN\.md|STACK\.md', text, re.I):
+                        hits.append(osp.relpath(path, ROOT))
+    assert not hits, hits
+
+
 # ---------------------------------------------------------------------------------------------- tools
 def _load_tool(name):
     sys.path.insert(0, osp.join(ROOT, 'tools'))

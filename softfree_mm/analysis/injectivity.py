@@ -1,4 +1,4 @@
-"""Confusions (InLine, seed 003): pairs of distinct queries that an attention function maps to the same row.
+"""Confusions (InLine, NeurIPS 2024): pairs of distinct queries that an attention function maps to the same row.
 
 InLine counts, per image, the pairs of queries ``q_i != q_j`` whose attention distributions are equal up to an L2
 distance below 1e-3 (two float vectors are rarely exactly equal). Plain linear attention divides by the row sum, so

@@ -1,4 +1,4 @@
-"""Locality (InLine, seed 003): the attention mass each query puts on its 3x3 neighbourhood in image space.
+"""Locality (InLine, NeurIPS 2024): the attention mass each query puts on its 3x3 neighbourhood in image space.
 
 For query i at grid position (y, x) the measure is ``sum_j A_ij * share_j``, where ``share_j`` is the part of key
 j that lies in the tokens (y + dy, x + dx), |dy|, |dx| <= 1 (a key that is one token: 1 or 0; a spatially reduced

@@ -1,4 +1,4 @@
-"""Frobenius norms of attention matrices and of their Jacobians with respect to the scores (seed 000's measures).
+"""Frobenius norms of attention matrices and of their Jacobians with respect to the scores (the polynomial-attention paper's measures).
 
 Rethinking Softmax (arXiv 2410.18613) argues from two numbers per attention layer: ``||A||_F`` (softmax bounds it
 by sqrt(N), each row having L2 norm <= 1) and the Frobenius norm of the Jacobian of the map ``S -> A`` (softmax:

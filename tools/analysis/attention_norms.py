@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """||A||_F and the Frobenius norm of the Jacobian of A with respect to its scores, against the token count N, at
-initialisation, for every kernel (seed 000's Figure: softmax stays bounded, x^3 / sqrt(N) grows like sqrt(N)).
+initialisation, for every kernel (the polynomial-attention paper's figure: softmax stays bounded, x^3 / sqrt(N) grows like sqrt(N)).
 
     python tools/analysis/attention_norms.py [--kernels softmax poly poly:degree=1 ...] [--sides 4 8 16 32]
         [--heads 4] [--head-dim 32] [--batch 2] [--std 1.0] [--seed 0] [--out work_dirs/analysis/attention_norms]

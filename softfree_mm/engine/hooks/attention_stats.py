@@ -1,4 +1,4 @@
-"""``AttentionStatsHook``: the attention norms of seed 000, per layer and head, recorded during training.
+"""``AttentionStatsHook``: the attention norms of the polynomial-attention paper (arXiv 2410.18613), per layer and head, recorded during training.
 
 Every ``interval`` training iterations the hook watches the forward pass of the current batch (forward pre-hooks on
 the kernels, see :mod:`.capture`) and records, for every attention layer and head, averaged over the batch's
