@@ -28,7 +28,8 @@ import argparse
 import os
 import sys
 
-import tool_warnings  # noqa: F401  (tools/tool_warnings.py: before the OpenMMLab stack is imported)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, also when this file is loaded by path
+import tool_warnings  # noqa: E402,F401  (tools/tool_warnings.py: before the OpenMMLab stack is imported)
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 
