@@ -3,6 +3,8 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# the test files are spread over this many processes (pytest-xdist, whole files per worker); 0 = one process
+TEST_WORKERS ?= 2
 
 .PHONY: setup demo test gpu-check clean
 
@@ -19,7 +21,7 @@ demo: setup
 	$(PY) tools/run_demo.py --work-dir $(DEMO_DIR) $(DEMO_ARGS)
 
 test: setup
-	$(PY) -m pytest tests -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest tests -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
 
 # on a CUDA machine: set-up, CUDA-only tests, kernel benchmark (fp32, bf16), 20 --amp iterations of the demo,
 # a one-screen summary (about 8 minutes from a fresh clone); without CUDA it stops at once with one line

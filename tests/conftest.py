@@ -8,13 +8,29 @@ import os
 
 import pytest
 
+# Under pytest-xdist (``make test`` runs TEST_WORKERS processes) each worker gets its share of the cores, so that the
+# workers' torch threads do not oversubscribe the machine; the tools the tests start inherit the setting.
+_WORKERS = int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1') or 1)
+if _WORKERS > 1:
+    _THREADS = max(1, (os.cpu_count() or 1) // _WORKERS)
+    for _var in ('OMP_NUM_THREADS', 'MKL_NUM_THREADS'):
+        os.environ.setdefault(_var, str(_THREADS))
+    import torch
+
+    torch.set_num_threads(int(os.environ['OMP_NUM_THREADS']))
+
 
 @pytest.fixture(scope='session', autouse=True)
 def demo_data_cache(tmp_path_factory):
     if 'SOFTFREE_DEMO_CACHE' in os.environ:  # set by the caller: keep theirs
         yield os.environ['SOFTFREE_DEMO_CACHE']
         return
-    cache = str(tmp_path_factory.mktemp('demo_data_cache'))
+    if os.environ.get('PYTEST_XDIST_WORKER'):  # one cache for all the session's workers (the generator locks it)
+        cache = tmp_path_factory.getbasetemp().parent / 'demo_data_cache'
+        cache.mkdir(exist_ok=True)
+        cache = str(cache)
+    else:
+        cache = str(tmp_path_factory.mktemp('demo_data_cache'))
     os.environ['SOFTFREE_DEMO_CACHE'] = cache
     yield cache
     os.environ.pop('SOFTFREE_DEMO_CACHE', None)
