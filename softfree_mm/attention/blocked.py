@@ -58,9 +58,12 @@ def _activate(kind: str, power: int, s: torch.Tensor) -> torch.Tensor:
     return s.sigmoid_()
 
 
+SIGMOID_SLOPE = 'a(1-a)'  # stands for sigmoid's slope a (1 - a), applied to dA in place (see _times_slope)
+
+
 def _activate_with_slope(kind: str, power: int, s: torch.Tensor):
     """(g(S), g'(S) / const) with const = p for powers (applied once to the gradients at the end), else 1; None
-    stands for a slope of 1. ``s`` is a scratch tile."""
+    stands for a slope of 1, ``SIGMOID_SLOPE`` for a (1 - a) with ``a`` the weights. ``s`` is a scratch tile."""
     if kind == 'pow':
         if power == 1:
             return s, None
@@ -69,8 +72,7 @@ def _activate_with_slope(kind: str, power: int, s: torch.Tensor):
     if kind == 'relu':
         slope = s > 0
         return s.relu_(), slope
-    a = s.sigmoid_()
-    return a, a * (1.0 - a)
+    return s.sigmoid_(), SIGMOID_SLOPE
 
 
 class TiledPointwiseAttention(torch.autograd.Function):
@@ -137,8 +139,7 @@ class TiledPointwiseAttention(torch.autograd.Function):
                 if not (need_q or need_k or need_bias):
                     continue
                 ds = torch.bmm(do_i, vt3[:, :, cj])  # dA
-                if slope is not None:
-                    ds.mul_(slope)
+                _times_slope(ds, a, slope)
                 if keep is not None:
                     ds = _masked(ds, keep, b, h)
                 if need_q:
@@ -173,6 +174,16 @@ def _scores(q_i, kt_j, alpha, b, h, bias_ij, shift_i):
     if bias_ij is not None:
         s.view(b, h, s.shape[1], s.shape[2]).add_(bias_ij)
     return s
+
+
+def _times_slope(ds, a, slope):
+    """dA -> dS in place: ``ds *= slope``; sigmoid's a (1 - a) as ``x = ds a; x - x a`` (two passes over the tile,
+    no temporaries; the same rounding order as forming 1 - a from the rounded a)."""
+    if slope is SIGMOID_SLOPE:
+        ds.mul_(a)
+        ds.addcmul_(ds, a, value=-1.0)
+    elif slope is not None:
+        ds.mul_(slope)
 
 
 def _masked(t, keep, b, h):
