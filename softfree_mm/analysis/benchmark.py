@@ -462,7 +462,7 @@ def _randomize_norms(model) -> None:
 
 REFERENCES = {'swin_t': "mmdet's SwinTransformer (Swin-T)", 'pvt_v2_b2': "mmdet's PyramidVisionTransformerV2 (b2)",
               'xcit_s12': "timm's xcit_small_12_p16_224 features (blocks 3, 5, 7, 11) through the same "
-                          "stride-fixing adapter as ours (its official nn.ConvTranspose2d form)"}
+                          "stride-fixing adapter as ours"}
 # a size where each reference computes exactly our function (mmdet's Swin attends to pad tokens and shifts a stage
 # that is one window: at 448 every stage grid is a window multiple larger than a window)
 PARITY_SIZE = (448, 448)
@@ -471,9 +471,8 @@ PARITY_SIZE = (448, 448)
 def reference_pair(name: str):
     """(ours, reference) with the same weights, both softmax, both returning the four stride 4-32 maps:
     swin_t vs mmdet's SwinTransformer, pvt_v2_b2 vs mmdet's PyramidVisionTransformerV2, xcit_s12 vs timm's
-    xcit_small_12_p16_224 features (blocks 3, 5, 7, 11) put through a copy of our stride-fixing adapter in its
-    official form, with ``nn.ConvTranspose2d`` layers (the work a detector on timm's XCiT needs too; timm has
-    none)."""
+    xcit_small_12_p16_224 features (blocks 3, 5, 7, 11) put through a copy of our stride-fixing adapter (the work
+    a detector on timm's XCiT needs too; timm has none)."""
     import copy
 
     import softfree_mm  # noqa: F401
@@ -508,26 +507,7 @@ def reference_pair(name: str):
     missing, _ = ours.load_state_dict(convert_xcit(timm_model.state_dict()), strict=False)
     if not all(k.startswith('fpn') for k in missing):
         raise RuntimeError(f'compare: XCiT weights did not all convert: {missing}')
-    adapter = copy.deepcopy([ours.fpn1, ours.fpn2, ours.fpn3, ours.fpn4])
-    return ours, _TimmXCiTFeatures(timm_model, [_plain_deconvs(m) for m in adapter])
-
-
-def _plain_deconvs(module: torch.nn.Module) -> torch.nn.Module:
-    """The official adapter's layers: every ``nn.ConvTranspose2d`` subclass (our ``BlockDeconv``) becomes a plain
-    ``nn.ConvTranspose2d`` with the same weights (a module without such layers comes back as it is)."""
-    deconv = torch.nn.ConvTranspose2d
-
-    def plain(m):
-        p = deconv(m.in_channels, m.out_channels, m.kernel_size, stride=m.stride, padding=m.padding,
-                   output_padding=m.output_padding, groups=m.groups, bias=m.bias is not None, dilation=m.dilation)
-        p.load_state_dict(m.state_dict())
-        return p
-
-    if isinstance(module, deconv) and type(module) is not deconv:
-        return plain(module)
-    for name, child in module.named_children():
-        setattr(module, name, _plain_deconvs(child))
-    return module
+    return ours, _TimmXCiTFeatures(timm_model, copy.deepcopy([ours.fpn1, ours.fpn2, ours.fpn3, ours.fpn4]))
 
 
 class _TimmXCiTFeatures(torch.nn.Module):

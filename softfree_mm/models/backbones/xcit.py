@@ -99,32 +99,6 @@ class ConvPatchEmbed(nn.Module):
         return x.flatten(2).transpose(1, 2), (x.shape[2], x.shape[3])
 
 
-class BlockDeconv(nn.ConvTranspose2d):
-    """``nn.ConvTranspose2d`` (same parameters and state-dict keys) computed as one matrix product where its kernel
-    equals its stride (the adapter's 2x2, stride 2): then every input pixel writes its own k x k output block, so
-    the layer is a per-pixel linear map C_in -> k * k * C_out followed by a reorder of the blocks. Output in
-    channels-last memory. On the CPU this runs the adapter several times faster than the transposed-convolution
-    kernels, forward and backward; other geometries take ``nn.ConvTranspose2d``'s own path."""
-
-    def _blockwise(self) -> bool:
-        return (tuple(self.kernel_size) == tuple(self.stride) and not any(self.padding)
-                and not any(self.output_padding) and tuple(self.dilation) == (1, 1) and self.groups == 1
-                and self.padding_mode == 'zeros')
-
-    def forward(self, x, output_size=None):
-        if output_size is not None or x.dim() != 4 or not self._blockwise():
-            return super().forward(x, output_size)
-        b, c, h, w = x.shape
-        kh, kw = self.kernel_size
-        cout = self.out_channels
-        # weight (C_in, C_out, kh, kw) -> (C_in, kh * kw * C_out): columns ordered (row offset, column offset, channel)
-        wmat = self.weight.permute(0, 2, 3, 1).reshape(c, kh * kw * cout).to(x.dtype)
-        pix = x.permute(0, 2, 3, 1).reshape(b * h * w, c)  # a view when x is channels-last
-        y = pix @ wmat if self.bias is None else torch.addmm(self.bias.to(x.dtype).repeat(kh * kw), pix, wmat)
-        y = y.reshape(b, h, w, kh, kw, cout).permute(0, 1, 3, 2, 4, 5).reshape(b, h * kh, w * kw, cout)
-        return y.permute(0, 3, 1, 2)
-
-
 class LPI(nn.Module):
     """Local patch interaction: depthwise 3x3 -> GELU -> norm -> depthwise 3x3 on the token grid."""
 
@@ -370,13 +344,13 @@ class SoftFreeXCiT(SoftFreeBackbone):
         else:
             d = embed_dims
             if patch_size == 16:
-                self.fpn1 = nn.Sequential(BlockDeconv(d, d, 2, stride=2), build_norm_layer(norm_cfg, d)[1],
-                                          nn.GELU(), BlockDeconv(d, d, 2, stride=2))
-                self.fpn2 = nn.Sequential(BlockDeconv(d, d, 2, stride=2))
+                self.fpn1 = nn.Sequential(nn.ConvTranspose2d(d, d, 2, stride=2), build_norm_layer(norm_cfg, d)[1],
+                                          nn.GELU(), nn.ConvTranspose2d(d, d, 2, stride=2))
+                self.fpn2 = nn.Sequential(nn.ConvTranspose2d(d, d, 2, stride=2))
                 self.fpn3 = nn.Identity()
                 self.fpn4 = nn.MaxPool2d(2, stride=2, ceil_mode=True)
             else:
-                self.fpn1 = nn.Sequential(BlockDeconv(d, d, 2, stride=2))
+                self.fpn1 = nn.Sequential(nn.ConvTranspose2d(d, d, 2, stride=2))
                 self.fpn2 = nn.Identity()
                 self.fpn3 = nn.MaxPool2d(2, stride=2, ceil_mode=True)
                 self.fpn4 = nn.MaxPool2d(4, stride=4, ceil_mode=True)
