@@ -12,7 +12,7 @@ import softfree_mm  # noqa: F401  (registers the backbones)
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
 from softfree_mm.attention import build_attention, kernel_class, list_attentions
-from softfree_mm.models.backbones.xcit import XCA, SoftFreeXCiT, convert_xcit
+from softfree_mm.models.backbones.xcit import XCA, BlockDeconv, SoftFreeXCiT, convert_xcit
 
 KERNELS = list_attentions()
 BN = dict(type='BN')
@@ -144,6 +144,34 @@ def test_patch8_adapter_gives_strides_4_8_16_32():
     with torch.no_grad():
         outs = model(torch.randn(1, 3, 67, 93))
     assert [tuple(o.shape) for o in outs] == expected_shapes(1, 32, 67, 93, patch=8)
+
+
+@pytest.mark.parametrize('kernel, stride, bias, batch, channels_last', [
+    (2, 2, True, 1, False), (2, 2, True, 2, True), (2, 2, False, 2, False), (3, 3, True, 1, False),
+    (3, 2, True, 1, True)])
+def test_block_deconv_equals_conv_transpose_and_returns_contiguous_nchw(kernel, stride, bias, batch, channels_last):
+    """the adapter's matrix-product form of a kernel == stride transposed conv (and the fallback of an overlapping
+    kernel) against torch's ConvTranspose2d with the same weights: outputs, input / weight / bias gradients, and an
+    NCHW-contiguous output, also from a channels-last input (mmcv's CPU RoIAlign reads its input as NCHW)"""
+    torch.manual_seed(0)
+    ours = BlockDeconv(6, 5, kernel, stride=stride, bias=bias)
+    ref = torch.nn.ConvTranspose2d(6, 5, kernel, stride=stride, bias=bias)
+    ref.load_state_dict(ours.state_dict())
+    assert list(ours.state_dict()) == list(ref.state_dict())
+    x = torch.randn(batch, 6, 5, 7)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    xo, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out, want = ours(xo), ref(xr)
+    # the matrix-product form returns NCHW memory; the fallback whatever torch's layer returns
+    assert out.is_contiguous() if kernel == stride else out.stride() == want.stride()
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    g = torch.randn_like(want)
+    (out * g).sum().backward()
+    (want * g).sum().backward()
+    torch.testing.assert_close(xo.grad, xr.grad, rtol=1e-5, atol=1e-5)
+    for po, pr in zip(ours.parameters(), ref.parameters()):
+        torch.testing.assert_close(po.grad, pr.grad, rtol=1e-5, atol=1e-5)
 
 
 # ------------------------------------------------------------------------------------------- padding

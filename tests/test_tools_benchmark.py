@@ -92,6 +92,10 @@ def test_compare_pairs_compute_the_same_function_as_their_references(name):
     assert len(a) == len(b) == 4
     for o, r in zip(a, b):
         torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-4)
+    # the reference runs torch's own layers (XCiT's adapter: plain ConvTranspose2d, not our matrix-product form)
+    deconvs = [m for m in ref.modules() if isinstance(m, torch.nn.ConvTranspose2d)]
+    assert all(type(m) is torch.nn.ConvTranspose2d for m in deconvs)
+    assert (len(deconvs) == 3) == (name == 'xcit_s12')
 
 
 @pytest.mark.parametrize('argv,message', [

@@ -462,7 +462,7 @@ def _randomize_norms(model) -> None:
 
 REFERENCES = {'swin_t': "mmdet's SwinTransformer (Swin-T)", 'pvt_v2_b2': "mmdet's PyramidVisionTransformerV2 (b2)",
               'xcit_s12': "timm's xcit_small_12_p16_224 features (blocks 3, 5, 7, 11) through the same "
-                          "stride-fixing adapter as ours"}
+                          "stride-fixing adapter as ours (official form: nn.ConvTranspose2d layers)"}
 # a size where each reference computes exactly our function (mmdet's Swin attends to pad tokens and shifts a stage
 # that is one window: at 448 every stage grid is a window multiple larger than a window)
 PARITY_SIZE = (448, 448)
@@ -471,8 +471,9 @@ PARITY_SIZE = (448, 448)
 def reference_pair(name: str):
     """(ours, reference) with the same weights, both softmax, both returning the four stride 4-32 maps:
     swin_t vs mmdet's SwinTransformer, pvt_v2_b2 vs mmdet's PyramidVisionTransformerV2, xcit_s12 vs timm's
-    xcit_small_12_p16_224 features (blocks 3, 5, 7, 11) put through a copy of our stride-fixing adapter (the work
-    a detector on timm's XCiT needs too; timm has none)."""
+    xcit_small_12_p16_224 features (blocks 3, 5, 7, 11) put through a copy of our stride-fixing adapter in the
+    official form, with ``nn.ConvTranspose2d`` layers (the work a detector on timm's XCiT needs too; timm has
+    none)."""
     import copy
 
     import softfree_mm  # noqa: F401
@@ -507,7 +508,27 @@ def reference_pair(name: str):
     missing, _ = ours.load_state_dict(convert_xcit(timm_model.state_dict()), strict=False)
     if not all(k.startswith('fpn') for k in missing):
         raise RuntimeError(f'compare: XCiT weights did not all convert: {missing}')
-    return ours, _TimmXCiTFeatures(timm_model, copy.deepcopy([ours.fpn1, ours.fpn2, ours.fpn3, ours.fpn4]))
+    adapter = copy.deepcopy([ours.fpn1, ours.fpn2, ours.fpn3, ours.fpn4])
+    return ours, _TimmXCiTFeatures(timm_model, [official_deconvs(m) for m in adapter])
+
+
+def official_deconvs(module: torch.nn.Module) -> torch.nn.Module:
+    """``module`` with every subclass of ``nn.ConvTranspose2d`` in it (our ``BlockDeconv``) replaced by a plain
+    ``nn.ConvTranspose2d`` holding the same weights: the official adapter's layers."""
+    base = torch.nn.ConvTranspose2d
+
+    def plain(m):
+        new = base(m.in_channels, m.out_channels, m.kernel_size, stride=m.stride, padding=m.padding,
+                   output_padding=m.output_padding, groups=m.groups, bias=m.bias is not None, dilation=m.dilation,
+                   padding_mode=m.padding_mode)
+        new.load_state_dict(m.state_dict())
+        return new.to(m.weight.device, m.weight.dtype)
+
+    if isinstance(module, base) and type(module) is not base:
+        return plain(module)
+    for name, child in module.named_children():
+        setattr(module, name, official_deconvs(child))
+    return module
 
 
 class _TimmXCiTFeatures(torch.nn.Module):

@@ -99,6 +99,38 @@ class ConvPatchEmbed(nn.Module):
         return x.flatten(2).transpose(1, 2), (x.shape[2], x.shape[3])
 
 
+class BlockDeconv(nn.ConvTranspose2d):
+    """``nn.ConvTranspose2d`` (same parameters and state-dict keys) computed as one matrix product on the CPU where
+    its kernel equals its stride (the adapter's 2x2, stride 2): every input pixel then writes its own k x k output
+    block, so the layer is a linear map C_in -> C_out * k * k per pixel (bias added inside the product) followed by
+    one copy that interleaves the blocks. The output is a contiguous NCHW tensor, as the convolution's (mmcv's CPU
+    RoIAlign reads its input as contiguous NCHW). On the CPU the adapter's forward then runs ~1.3x and its
+    forward + backward ~1.6x faster than with oneDNN's transposed convolution; other geometries and devices take
+    ``nn.ConvTranspose2d``'s own path."""
+
+    def _blockwise(self, x) -> bool:
+        return (x.device.type == 'cpu' and x.dim() == 4 and tuple(self.kernel_size) == tuple(self.stride)
+                and not any(self.padding) and not any(self.output_padding) and tuple(self.dilation) == (1, 1)
+                and self.groups == 1 and self.padding_mode == 'zeros')
+
+    def forward(self, x, output_size=None):
+        if output_size is not None or not self._blockwise(x):
+            return super().forward(x, output_size)
+        b, c, h, w = x.shape
+        kh, kw = self.kernel_size
+        cout = self.out_channels
+        # weight (C_in, C_out, kh, kw) -> (C_out * kh * kw, C_in): rows ordered (channel, row offset, column offset)
+        wt = self.weight.permute(1, 2, 3, 0).reshape(cout * kh * kw, c)
+        pix = x.reshape(b, c, h * w)
+        if self.bias is None:
+            y = torch.matmul(wt, pix)
+        else:
+            rows = self.bias.repeat_interleave(kh * kw)[:, None]
+            y = torch.addmm(rows, wt, pix[0])[None] if b == 1 else torch.baddbmm(rows, wt.expand(b, -1, -1), pix)
+        # (B, C_out, kh, kw, H, W) -> (B, C_out, H, kh, W, kw): one copy into NCHW order
+        return y.view(b, cout, kh, kw, h, w).permute(0, 1, 4, 2, 5, 3).reshape(b, cout, h * kh, w * kw)
+
+
 class LPI(nn.Module):
     """Local patch interaction: depthwise 3x3 -> GELU -> norm -> depthwise 3x3 on the token grid."""
 
@@ -344,13 +376,13 @@ class SoftFreeXCiT(SoftFreeBackbone):
         else:
             d = embed_dims
             if patch_size == 16:
-                self.fpn1 = nn.Sequential(nn.ConvTranspose2d(d, d, 2, stride=2), build_norm_layer(norm_cfg, d)[1],
-                                          nn.GELU(), nn.ConvTranspose2d(d, d, 2, stride=2))
-                self.fpn2 = nn.Sequential(nn.ConvTranspose2d(d, d, 2, stride=2))
+                self.fpn1 = nn.Sequential(BlockDeconv(d, d, 2, stride=2), build_norm_layer(norm_cfg, d)[1],
+                                          nn.GELU(), BlockDeconv(d, d, 2, stride=2))
+                self.fpn2 = nn.Sequential(BlockDeconv(d, d, 2, stride=2))
                 self.fpn3 = nn.Identity()
                 self.fpn4 = nn.MaxPool2d(2, stride=2, ceil_mode=True)
             else:
-                self.fpn1 = nn.Sequential(nn.ConvTranspose2d(d, d, 2, stride=2))
+                self.fpn1 = nn.Sequential(BlockDeconv(d, d, 2, stride=2))
                 self.fpn2 = nn.Identity()
                 self.fpn3 = nn.MaxPool2d(2, stride=2, ceil_mode=True)
                 self.fpn4 = nn.MaxPool2d(4, stride=4, ceil_mode=True)
