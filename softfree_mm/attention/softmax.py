@@ -25,7 +25,7 @@ class _MaskedSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, s, mask):
-        a = torch.softmax(s.masked_fill(~mask, torch.finfo(s.dtype).min), dim=-1)
+        a = torch.softmax(torch.where(mask, s, torch.finfo(s.dtype).min), dim=-1)
         a = a.mul_(mask.any(-1, keepdim=True).to(a.dtype))  # a row without any valid key: uniform -> zero
         ctx.save_for_backward(a)
         return a
@@ -33,7 +33,8 @@ class _MaskedSoftmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (a,) = ctx.saved_tensors
-        return a * (grad - (grad * a).sum(-1, keepdim=True)), None
+        # a * (grad - sum(grad * a)) in one fused pass (four passes and two temporaries as plain tensor ops)
+        return torch._softmax_backward_data(grad.to(a.dtype), a, -1, a.dtype), None
 
 
 @ATTENTION.register('softmax')
