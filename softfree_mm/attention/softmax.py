@@ -66,9 +66,13 @@ class SoftmaxAttention(AttentionKernel):
         dtype = v.dtype
         with no_autocast(v):
             q, k, v = upcast(q, k, v)
-            s = q @ k.transpose(-2, -1)
-            s = s * default_scale(scale, q.shape[-1], q) if isinstance(scale, torch.Tensor) else \
-                s.mul_(default_scale(scale, q.shape[-1], q))
+            sc = default_scale(scale, q.shape[-1], q)
+            if isinstance(sc, torch.Tensor):
+                s = (q @ k.transpose(-2, -1)) * sc
+            else:
+                # a float scale goes on q, as the official Swin / PVT code does: the product takes the (N, d) copy it
+                # would make of a strided q anyway, and backward scales an (N, d) gradient, not an (N, N) one
+                s = (q * sc if sc != 1 else q) @ k.transpose(-2, -1)
             if bias is not None:
                 s = s.add_(bias.to(s.dtype))
             a = torch.softmax(s, dim=-1) if mask is None else _MaskedSoftmax.apply(s, mask)

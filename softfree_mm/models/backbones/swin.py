@@ -162,9 +162,13 @@ class PatchMerging(nn.Module):
         self.reduction = nn.Linear(4 * dim, out_dim, bias=False)
 
     def forward(self, x):
-        h, w = x.shape[1:3]
+        b, h, w, c = x.shape
         x = F.pad(x, (0, 0, 0, w % 2, 0, h % 2))
-        x = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], dim=-1)
+        h2, w2 = (h + 1) // 2, (w + 1) // 2
+        # (B, H/2, row offset, W/2, column offset, C) -> (B, H/2, W/2, column offset, row offset, C): the official
+        # order as one copy (torch.cat of four strided slices: the same copy forward, but four full-size zero
+        # tensors in backward)
+        x = x.view(b, h2, 2, w2, 2, c).permute(0, 1, 3, 4, 2, 5).reshape(b, h2, w2, 4 * c)
         return self.reduction(self.norm(x))
 
 
