@@ -149,7 +149,9 @@ class PatchEmbed(nn.Module):
 
     def forward(self, x):
         p = self.patch_size
-        x = F.pad(x, (0, (-x.shape[-1]) % p, 0, (-x.shape[-2]) % p))
+        pad_w, pad_h = (-x.shape[-1]) % p, (-x.shape[-2]) % p
+        if pad_w or pad_h:  # (F.pad with zero padding still copies the image, and the conv would keep that copy)
+            x = F.pad(x, (0, pad_w, 0, pad_h))
         return self.norm(self.proj(x).permute(0, 2, 3, 1))  # (B, H, W, C)
 
 
