@@ -32,8 +32,8 @@ import sys
 import time
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-CLS_CFG = 'configs/demo/cls_xcit_s12_poly3_demo.py'
-DET_CFG = 'configs/demo/maskrcnn_xcit_s12_poly3_demo.py'
+CLS_CFG = 'configs/demo/cls_xcit_t12_poly3_demo.py'
+DET_CFG = 'configs/demo/maskrcnn_xcit_t12_poly3_demo.py'
 
 
 def parse_args(argv=None):
@@ -93,8 +93,10 @@ class Demo:
             raise SystemExit(proc.returncode)
 
     def pictures(self, cfg_path, options, ckpt, count, out_dir):
-        """Draw the first ``count`` val images' predictions with mmdet's DetInferencer (its DetLocalVisualizer),
-        at the config's visualization score_thr. Returns (picture files, score threshold)."""
+        """Draw the first ``count`` val images' predictions with mmdet's DetInferencer (its DetLocalVisualizer):
+        those scoring at least the config's visualization score_thr and, where that hides all of an image's
+        predictions, its best-scoring one(s) (the picture then says the threshold it used). Returns (picture files,
+        score threshold, predictions drawn per picture, threshold used per picture)."""
         t = time.time()
         sys.path.insert(0, ROOT)
         import softfree_mm  # noqa: F401  (registers the backbones, repairs checkpoint loading)
@@ -114,11 +116,19 @@ class Demo:
             names = [im['file_name'] for im in json.load(f)['images'][:count]]
         images = [osp.join(ds.data_root, ds.data_prefix['img'], n) for n in names]
         print(f'\n[demo] pictures: DetInferencer(model={cfg_path!r}, weights={ckpt!r}, device=\'cpu\')'
-              f'({len(images)} val images, out_dir={out_dir!r}, pred_score_thr={thr})', flush=True)
+              f'({len(images)} val images, out_dir={out_dir!r}, pred_score_thr={thr}, at least each image\'s best)',
+              flush=True)
         inferencer = DetInferencer(model=cfg, weights=ckpt, device='cpu', show_progress=False)
-        inferencer(images, out_dir=out_dir, pred_score_thr=thr, no_save_pred=True)
+        preds = inferencer(images, return_datasamples=True, no_save_vis=True, no_save_pred=True)['predictions']
+        drawn, used = [], []
+        for image, pred in zip(images, preds):
+            scores = pred.pred_instances.scores
+            t_img = min(thr, float(scores.max())) if len(scores) else thr
+            inferencer.visualize([image], [pred], pred_score_thr=t_img, img_out_dir=out_dir)
+            drawn.append(int((scores >= t_img).sum()))
+            used.append(round(t_img, 3))
         self.times['pictures'] = time.time() - t
-        return [osp.join(out_dir, 'vis', n) for n in names], thr
+        return [osp.join(out_dir, 'vis', n) for n in names], thr, drawn, used
 
 
 def main(argv=None):
@@ -138,16 +148,16 @@ def main(argv=None):
                             *_options(args.test_options)])
     with open(osp.join(det_dir, 'test_metrics.json')) as f:
         metrics = json.load(f)
-    files, thr = [], None
+    files, thr, drawn, used = [], None, [], []
     if args.pictures:
-        files, thr = demo.pictures(args.det_config, args.test_options, det_ckpt, args.pictures, pic_dir)
+        files, thr, drawn, used = demo.pictures(args.det_config, args.test_options, det_ckpt, args.pictures, pic_dir)
     total = time.time() - t0
 
     import torch
     m = {k: metrics.get(f'coco/{k}') for k in ('bbox_mAP', 'bbox_mAP_50', 'segm_mAP', 'segm_mAP_50')}
     summary = dict(pretrain_top1=_last_accuracy(cls_dir), pretrain_checkpoint=cls_ckpt, detector_checkpoint=det_ckpt,
                    metrics=m, times={k: round(v, 1) for k, v in demo.times.items()}, total=round(total, 1),
-                   pictures=files, score_thr=thr, torch_threads=torch.get_num_threads())
+                   pictures=files, score_thr=thr, pictures_drawn=drawn, pictures_score_thr=used, torch_threads=torch.get_num_threads())
     with open(osp.join(work, 'summary.json'), 'w') as f:
         json.dump(summary, f, indent=1)
     t = demo.times
@@ -161,7 +171,10 @@ def main(argv=None):
         ('data', 'data/demo', t['data']),
     ]
     if files:
-        rows.append((f'pictures: {len(files)} val images, score >= {thr}', osp.dirname(files[0]), t['pictures']))
+        below = sum(u < thr for u in used)
+        what = f'{sum(drawn)} predictions drawn' + (f' ({below} pictures: their best only, below {thr})' if below else '')
+        rows.append((f'pictures: {len(files)} val images, score >= {thr}', f'{what}, {osp.dirname(files[0])}',
+                     t['pictures']))
     lines = ['', '=' * 110, f'make demo: {_model_name(args.det_config)}']
     lines += [f'  {a:<42} {b:<52} {_fmt(c):>12}' for a, b, c in rows]
     threads = f'{summary["torch_threads"]} torch threads'

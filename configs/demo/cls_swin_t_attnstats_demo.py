@@ -17,3 +17,29 @@ model = dict(
     neck=dict(_delete_=True, type='GlobalAveragePooling'),
     head=dict(in_channels=768))
 custom_hooks = [dict(type='AttentionStatsHook', interval=10)]
+
+# 64 px inputs (the 32 px digit crops scaled up: Swin-T's 7x7 windows then see an 16x16 first-stage grid) and one
+# epoch (157 iterations of 32), its own schedule
+img_size = 64
+train_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='RandomResizedCrop', scale=img_size, crop_ratio_range=(0.7, 1.0), backend='pillow',
+         interpolation='bicubic'),
+    dict(type='PackInputs')
+]
+test_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='ResizeEdge', scale=img_size, edge='short', backend='pillow', interpolation='bicubic'),
+    dict(type='CenterCrop', crop_size=img_size),
+    dict(type='PackInputs')
+]
+train_dataloader = dict(dataset=dict(pipeline=train_pipeline))
+val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
+test_dataloader = val_dataloader
+max_epochs = 1
+train_cfg = dict(max_epochs=max_epochs, val_interval=max_epochs)
+param_scheduler = [
+    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=20),
+    dict(type='CosineAnnealingLR', eta_min=1e-5, by_epoch=True, begin=0, end=max_epochs, convert_to_iter_based=True)
+]
+default_hooks = dict(checkpoint=dict(interval=max_epochs))

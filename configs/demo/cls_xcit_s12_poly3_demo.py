@@ -9,7 +9,7 @@
 # 1 process (CPU) x 32 images.
 _base_ = '../cls_xcit_s12_poly3.py'
 data_root = 'data/demo/imagenet'
-img_size = 64
+img_size = 32
 model = dict(
     backbone=dict(drop_path_rate=0.0),
     head=dict(num_classes=10, topk=(1, )),
@@ -34,7 +34,7 @@ val_dataloader = dict(batch_size=50, num_workers=0, persistent_workers=False,
 test_dataloader = val_dataloader
 val_evaluator = dict(topk=(1, ))
 test_evaluator = val_evaluator
-max_epochs = 1
+max_epochs = 2
 train_cfg = dict(max_epochs=max_epochs, val_interval=max_epochs)
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=20),  # 20 warm-up iterations
