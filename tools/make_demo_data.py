@@ -41,7 +41,7 @@ CLASSES = tuple(f'digit_{d}' for d in range(10))
 # pretrained on the crops meets digits of the size it learnt in the detection images.
 COCO_SIZES = ((128, 160), (160, 160), (160, 128))
 COCO_COUNTS = dict(train2017=800, val2017=100)
-COCO_DIGITS = (2, 5)
+COCO_DIGITS = (4, 8)
 COCO_DIGIT_PX = (24, 52)
 ADE_SIZE = (128, 160)
 ADE_COUNTS = dict(training=200, validation=50)

@@ -6,18 +6,24 @@
 Each step is an ordinary command of this repository, printed before it runs (run them by hand to do the same):
 
   1. data        python tools/make_demo_data.py
-  2. pretrain    python tools/train.py configs/demo/cls_xcit_s12_poly3_demo.py --work-dir W/pretrain
-                 (mmpretrain: the XCiT-S12/16 poly3 backbone as a 10-way digit classifier, top-1 on held-out crops)
-  3. detector    python tools/train.py configs/demo/maskrcnn_xcit_s12_poly3_demo.py --work-dir W/maskrcnn
+  2. pretrain    python tools/train.py configs/demo/cls_xcit_t12_poly3_demo.py --work-dir W/pretrain
+                 (mmpretrain: the XCiT-T12/16 poly3 backbone as a 10-way digit classifier, top-1 on held-out crops)
+  3. detector    python tools/train.py configs/demo/maskrcnn_xcit_t12_poly3_demo.py --work-dir W/maskrcnn
                      --cfg-options model.backbone.init_cfg.checkpoint=<step 2's checkpoint>
                  (mmdet: Mask R-CNN whose backbone starts from the classifier through
                  init_cfg=dict(type='Pretrained', checkpoint=..., prefix='backbone.'))
-  4. evaluation  python tools/test.py configs/demo/maskrcnn_xcit_s12_poly3_demo.py <step 3's checkpoint>
+  4. evaluation  python tools/test.py configs/demo/maskrcnn_xcit_t12_poly3_demo.py <step 3's checkpoint>
                      --work-dir W/maskrcnn
                  (COCO bbox and segm AP of the demo val set with pycocotools)
   5. pictures    mmdet's DetInferencer (its DetLocalVisualizer) draws the predictions on the first N val images:
                  boxes, masks, class and score, at the config's visualization score_thr (the one
-                 `tools/test.py ... --show-dir DIR` draws with), into W/pictures/vis/
+                 `tools/test.py ... --show-dir DIR` draws with) and, in a picture where that hides every
+                 prediction, its best one (the summary counts them), into W/pictures/vis/
+
+The configs are the main job's (configs/maskrcnn_xcit_s12_poly3.py: Mask R-CNN, XCiT/16 with poly3 in every layer,
+its adapter, FPN and heads) at XCiT-T12 width, the width two CPU cores can train in the demo's minutes;
+`--cls-config configs/demo/cls_xcit_s12_poly3_demo.py --det-config configs/demo/maskrcnn_xcit_s12_poly3_demo.py`
+runs the full S12 width (about twice the time).
 
 The last lines printed are a summary: pretraining top-1, bbox / segm mAP and AP50, the time of each step, the
 picture folder. A step that fails stops the demo with its exit status.
