@@ -49,7 +49,7 @@ ADE_COUNTS = dict(training=200, validation=50)
 # sizes). A classifier learns these in a few hundred steps; 64 px crops with a digit anywhere in them (the previous
 # layout) stayed at chance for as long as the demo can train (a plain 4-layer CNN too: 14% after 300 steps of 32)
 CLS_SIZE = 32
-CLS_COUNTS = dict(train=500, val=50)  # images per class
+CLS_COUNTS = dict(train=450, val=50)  # images per class
 CLS_DIGIT_PX = (24, 32)
 STAMP = '.complete'  # written last (version, seed, file count): a folder without it, or not matching it, is rebuilt
 VERSION = 4  # raised whenever the generator's output changes, so an old set on disk is rebuilt

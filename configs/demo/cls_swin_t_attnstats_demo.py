@@ -19,7 +19,7 @@ model = dict(
 custom_hooks = [dict(type='AttentionStatsHook', interval=10)]
 
 # 64 px inputs (the 32 px digit crops scaled up: Swin-T's 7x7 windows then see an 16x16 first-stage grid) and one
-# epoch (157 iterations of 32), its own schedule
+# epoch (141 iterations of 32), its own schedule
 img_size = 64
 train_pipeline = [
     dict(type='LoadImageFromFile'),

@@ -1,11 +1,11 @@
 # The pretraining step of the demo (`make demo` runs it at T12 width: cls_xcit_t12_poly3_demo.py):
 # configs/cls_xcit_s12_poly3.py's classifier (XCiT-S12/16, poly3 in every XCA layer, class-attention layers, linear
-# head) learns the ten digits of the embedded ImageNet-style set (tools/make_demo_data.py: 5,000 train and 500 val
+# head) learns the ten digits of the embedded ImageNet-style set (tools/make_demo_data.py: 4,500 train and 500 val
 # crops of 32 px, one digit of 24-32 px each). Its checkpoint starts the demo Mask R-CNN's backbone
 # (configs/demo/maskrcnn_xcit_s12_poly3_demo.py, init_cfg Pretrained with prefix 'backbone.').
 # Changed from the real config: data root and image scale (32 px: a 2 x 2 token grid; no RandAugment / random
 # erasing / flips: digits are not mirror-symmetric and two epochs leave no room for heavy augmentation), a 10-way
-# head without Mixup / CutMix, no drop path, the schedule (2 epochs = 314 iterations, warm-up + cosine, AdamW lr 1e-3,
+# head without Mixup / CutMix, no drop path, the schedule (2 epochs = 282 iterations, warm-up + cosine, AdamW lr 1e-3,
 # batch 32: what fits `make demo`'s 10 minutes on 2 CPU cores at T12 width).
 # 1 process (CPU) x 32 images.
 _base_ = '../cls_xcit_s12_poly3.py'

@@ -1,4 +1,4 @@
-# The detector step of `make demo`: configs/maskrcnn_xcit_s12_poly3.py's Mask R-CNN (XCiT-S12/16, poly3 in every XCA
+# The detector step of the demo (`make demo` runs it at T12 width: maskrcnn_xcit_t12_poly3_demo.py): configs/maskrcnn_xcit_s12_poly3.py's Mask R-CNN (XCiT-S12/16, poly3 in every XCA
 # layer, its FPN, RPN and RoI heads unchanged) fine-tuned on the embedded digits (tools/make_demo_data.py: 800 train
 # and 100 val images of 128-160 px, 4-7 digits of 24-52 px each) from the demo classifier's checkpoint, the ordinary
 # way: model.backbone.init_cfg = dict(type='Pretrained', checkpoint=..., prefix='backbone.').
@@ -14,7 +14,7 @@ data_root = 'data/demo/coco/'
 metainfo = dict(classes=tuple(f'digit_{d}' for d in range(10)))
 # the pretraining step's checkpoint (`make demo` passes the one it has just written)
 pretrained = 'work_dirs/demo/pretrain/epoch_1.pth'
-num_iters = 120
+num_iters = 100
 model = dict(
     backbone=dict(init_cfg=dict(type='Pretrained', checkpoint=pretrained, prefix='backbone.')),
     rpn_head=dict(anchor_generator=dict(scales=[4])),
