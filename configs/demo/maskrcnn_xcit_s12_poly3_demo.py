@@ -1,5 +1,6 @@
-# The detector step of the demo (`make demo` runs it at T12 width: maskrcnn_xcit_t12_poly3_demo.py): configs/maskrcnn_xcit_s12_poly3.py's Mask R-CNN (XCiT-S12/16, poly3 in every XCA
-# layer, its FPN, RPN and RoI heads unchanged) fine-tuned on the embedded digits (tools/make_demo_data.py: 800 train
+# The detector step of the demo (`make demo` runs it at T12 width: maskrcnn_xcit_t12_poly3_demo.py):
+# configs/maskrcnn_xcit_s12_poly3.py's Mask R-CNN (XCiT-S12/16, poly3 in every XCA layer, its FPN, RPN and RoI heads
+# unchanged) fine-tuned on the embedded digits (tools/make_demo_data.py: 800 train
 # and 100 val images of 128-160 px, 4-7 digits of 24-52 px each) from the demo classifier's checkpoint, the ordinary
 # way: model.backbone.init_cfg = dict(type='Pretrained', checkpoint=..., prefix='backbone.').
 # Changed from the real config: data root + the 10 digit classes, image scale (the images' own 128-160 px, no flips
