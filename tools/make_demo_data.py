@@ -52,7 +52,7 @@ CLS_SIZE = 32
 CLS_COUNTS = dict(train=450, val=50)  # images per class
 CLS_DIGIT_PX = (24, 32)
 STAMP = '.complete'  # written last (version, seed, file count): a folder without it, or not matching it, is rebuilt
-VERSION = 4  # raised whenever the generator's output changes, so an old set on disk is rebuilt
+VERSION = 5  # raised whenever the generator's output changes, so an old set on disk is rebuilt
 
 
 def load_digit_scans():
