@@ -52,6 +52,7 @@ def detector():
     # many proposals and detections: the NMS calls have work to do
     cfg.model.test_cfg.rpn.max_per_img = 300
     cfg.model.test_cfg.rcnn.score_thr = 0.0
+    cfg.model.test_cfg.rcnn.max_per_img = 100  # mmdet's default (the demo keeps 20): masks on every FPN level
     return _build(cfg)
 
 

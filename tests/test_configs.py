@@ -321,10 +321,10 @@ def test_classification_configs_train_from_scratch_and_take_a_pretrained_overrid
 def test_demo_configs_train_their_backbones_from_scratch_on_purpose_or_from_the_demo_classifier():
     for path in DEMO:
         cfg = Config.fromfile(path)
-        if osp.basename(path) == 'maskrcnn_xcit_s12_poly3_demo.py':
+        if osp.basename(path) in ('maskrcnn_xcit_s12_poly3_demo.py', 'maskrcnn_xcit_t12_poly3_demo.py'):
             # `make demo`: the detector starts from the demo classifier's checkpoint, the ordinary way
             init = cfg.model.backbone.init_cfg.to_dict()
-            assert init == dict(type='Pretrained', checkpoint='work_dirs/demo/pretrain/epoch_1.pth',
+            assert init == dict(type='Pretrained', checkpoint='work_dirs/demo/pretrain/epoch_2.pth',
                                 prefix='backbone.'), init
         elif cfg.default_scope != 'mmpretrain':
             assert cfg.model.backbone.init_cfg.to_dict() == dict(type='Scratch'), path

@@ -37,6 +37,8 @@ import subprocess
 import sys
 import time
 
+import numpy as np
+
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CLS_CFG = 'configs/demo/cls_xcit_t12_poly3_demo.py'
 DET_CFG = 'configs/demo/maskrcnn_xcit_t12_poly3_demo.py'
@@ -129,10 +131,12 @@ class Demo:
         drawn, used = [], []
         for image, pred in zip(images, preds):
             scores = pred.pred_instances.scores
-            t_img = min(thr, float(scores.max())) if len(scores) else thr
+            # mmdet's visualiser draws scores strictly above pred_score_thr: just below the best one keeps it
+            best = float(scores.max()) if len(scores) else thr
+            t_img = thr if best > thr else float(np.nextafter(np.float32(best), np.float32(-1)))
             inferencer.visualize([image], [pred], pred_score_thr=t_img, img_out_dir=out_dir)
-            drawn.append(int((scores >= t_img).sum()))
-            used.append(round(t_img, 3))
+            drawn.append(int((scores > t_img).sum()))
+            used.append(t_img)
         self.times['pictures'] = time.time() - t
         return [osp.join(out_dir, 'vis', n) for n in names], thr, drawn, used
 

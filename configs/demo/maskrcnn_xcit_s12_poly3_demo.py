@@ -14,7 +14,7 @@ _base_ = '../maskrcnn_xcit_s12_poly3.py'
 data_root = 'data/demo/coco/'
 metainfo = dict(classes=tuple(f'digit_{d}' for d in range(10)))
 # the pretraining step's checkpoint (`make demo` passes the one it has just written)
-pretrained = 'work_dirs/demo/pretrain/epoch_1.pth'
+pretrained = 'work_dirs/demo/pretrain/epoch_2.pth'
 num_iters = 100
 model = dict(
     backbone=dict(init_cfg=dict(type='Pretrained', checkpoint=pretrained, prefix='backbone.')),
