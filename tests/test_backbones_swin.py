@@ -240,6 +240,61 @@ def test_mmdet_unfold_order_conversion_inverts_mmdets_own_swin_converter():
     assert torch.equal(ours['stages.1.downsample.norm.weight'], norm)
 
 
+def _plain_attend(blk, x, geo):
+    """The window attention written the plain way: zero pad the normed tokens, roll, cut windows, qkv on every
+    slot, kernel, proj on every slot, un-window, roll back, crop; InLine's context as the mean over real tokens."""
+    b, h, w, c = x.shape
+    (hp, wp), (wh, ww) = geo.padded, geo.window
+    sh, sw = geo.shift if blk.shifted else (0, 0)
+    real = torch.zeros(1, hp, wp, 1, dtype=x.dtype)
+    real[:, :h, :w] = 1
+    xp = F.pad(x, (0, 0, 0, wp - w, 0, hp - h))
+    if sh or sw:
+        xp, real = (torch.roll(t, shifts=(-sh, -sw), dims=(1, 2)) for t in (xp, real))
+
+    def windows(t):
+        return t.reshape(t.shape[0], hp // wh, wh, wp // ww, ww, -1).transpose(2, 3).reshape(-1, wh * ww,
+                                                                                            t.shape[-1])
+    xw, rw = windows(xp), windows(real).repeat(b, 1, 1)
+    context = (xw * rw).sum(1) / rw.sum(1).clamp_min(1) if blk.attn.kernel.takes_context else None
+    mask = geo.mask(blk.shifted)
+    if mask is not None:
+        mask = mask.repeat(b, 1, 1, 1)
+    y = blk.attn.proj(blk.attn(blk.attn.qkv(xw), mask=mask, hw=(wh, ww), context=context))
+    y = y.view(b, hp // wh, wp // ww, wh, ww, c).transpose(2, 3).reshape(b, hp, wp, c)
+    if sh or sw:
+        y = torch.roll(y, shifts=(sh, sw), dims=(1, 2))
+    return y[:, :h, :w]
+
+
+# one kernel with a bias and a mask, one that takes the mean of each window's real tokens as context and convolves
+# v over the window, one factorised kernel; batch 2 (windows are batch-major)
+@pytest.mark.parametrize('kernel', ['softmax', dict(type='inline', local_residual='channel'), 'poly'])
+def test_gathered_windows_equal_plain_pad_roll_partition_in_outputs_and_every_gradient(kernel, monkeypatch):
+    from softfree_mm.models.backbones import swin
+    torch.manual_seed(0)
+    a = SoftFreeSwin(arch=dict(TINY), attn_cfg=kernel, drop_path_rate=0.0).train()
+    randomize_(a, std=0.2)
+    b = SoftFreeSwin(arch=dict(TINY), attn_cfg=kernel, drop_path_rate=0.0).train()
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 3, 45, 83)  # grids 12x21, 6x11, 3x6, 2x3: padded and shifted, then one-window stages
+    outs_a = a(x)
+    monkeypatch.setattr(swin.SwinBlock, '_attend', _plain_attend)
+    outs_b = b(x)
+    g = [torch.randn_like(o) for o in outs_a]
+    sum((o * gi).sum() for o, gi in zip(outs_a, g)).backward()
+    sum((o * gi).sum() for o, gi in zip(outs_b, g)).backward()
+    for oa, ob in zip(outs_a, outs_b):
+        torch.testing.assert_close(oa, ob, atol=2e-5, rtol=1e-4)
+    gb = dict(b.named_parameters())
+    for n, p in a.named_parameters():
+        if p.grad is None:
+            assert gb[n].grad is None, n
+            continue
+        scale = float(gb[n].grad.abs().max())  # float sums in another order: differences relative to the largest
+        assert float((p.grad - gb[n].grad).abs().max()) <= 1e-5 * scale + 1e-6, n
+
+
 # ------------------------------------------------------------------------------------------- options
 def test_checkpointing_changes_neither_outputs_nor_grads():
     torch.manual_seed(0)
@@ -386,3 +441,31 @@ def test_position_tied_kernel_fits_fixed_windows_but_is_refused_in_global_window
     with pytest.raises(ValueError, match=r"SoftFreeSwin: attention kernel 'synthesizer' cannot be used in stage 0 "
                                          r"\(global window\).*varies with the input size.*softmax"):
         SoftFreeSwin(arch=dict(TINY), attn_cfg='synthesizer', global_window=True)
+
+
+@pytest.mark.parametrize('hw,window,shift', [((10, 16), 7, (3, 3)), ((5, 8), 7, (0, 3)), ((14, 7), 7, (0, 0)),
+                                             ((9, 9), 9, (0, 0))])
+def test_window_layout_gathers_as_pad_roll_partition_and_back_with_exact_gradients(hw, window, shift):
+    from softfree_mm.models.layers import WindowLayout
+    b, c, (h, w) = 2, 3, hw
+    hp, wp = -(-h // window) * window, -(-w // window) * window
+    lay = WindowLayout(b, hw, (hp, wp), (window, window), shift, 'cpu')
+    x = torch.randn(b, h, w, c, dtype=torch.double, requires_grad=True)
+    fill = torch.randn(c, dtype=torch.double, requires_grad=True)
+    # written out: pad with the fill row, roll, cut windows
+    xp = fill.expand(b, hp, wp, c).clone()
+    xp[:, :h, :w] = x
+    xp = torch.roll(xp, shifts=(-shift[0], -shift[1]), dims=(1, 2))
+    ref = xp.reshape(b, hp // window, window, wp // window, window, c).transpose(2, 3).reshape(-1, window ** 2, c)
+    win = lay.to_windows(x, fill=fill)
+    assert torch.equal(win, ref)
+    back = lay.from_windows(win * 2)
+    assert torch.equal(back, 2 * x)
+    real = torch.zeros(b, hp, wp, 1, dtype=torch.double)
+    real[:, :h, :w] = 1
+    real = torch.roll(real, shifts=(-shift[0], -shift[1]), dims=(1, 2))
+    real = real.reshape(b, hp // window, window, wp // window, window, 1).transpose(2, 3).reshape(-1, window ** 2, 1)
+    torch.testing.assert_close(lay.window_means(x), (ref * real).sum(1) / real.sum(1).clamp_min(1))
+    assert torch.autograd.gradcheck(lambda t, f: lay.to_windows(t, fill=f), (x, fill))
+    assert torch.autograd.gradcheck(lambda t: lay.from_windows(t), (ref.detach().requires_grad_(),))
+    assert torch.autograd.gradcheck(lambda t: lay.window_means(t), (x,))

@@ -98,6 +98,25 @@ def test_compare_pairs_compute_the_same_function_as_their_references(name):
     assert (len(deconvs) == 3) == (name == 'xcit_s12')
 
 
+def test_compare_ratio_is_the_median_of_per_repeat_ratios_with_their_range(monkeypatch):
+    """Scripted times (the timer is the only thing replaced): a slow phase that hits both sides of one repeat
+    must not move the ratio, which it would if each side's median were divided."""
+    # per pass (fwd, fwdbwd): repeat r times the two back to back, ours first on even repeats
+    script = {0: (1.0, 1.1), 1: (3.0, 3.3), 2: (1.0, 1.2), 3: (3.0, 3.0), 4: (1.0, 1.1)}  # r: (ours, ref)
+    monkeypatch.setattr(bm, 'peak_memory', lambda fn, device: 1)
+    seq = []
+    for r in range(5):
+        o, f = script[r]
+        seq += [o, f] if r % 2 == 0 else [f, o]
+    it = iter(seq * 2)
+    monkeypatch.setattr(bm, 'timed', lambda fn, device, clock='wall': next(it))
+    row, = bm.compare(['swin_t'], size=(64, 96), repeats=5)
+    assert row['fwd_ms_ours'] == pytest.approx(1000.0) and row['fwd_ms_ref'] == pytest.approx(1200.0)
+    assert row['fwd_speed_ratio'] == pytest.approx(1.1)  # median of 1.1, 1.1, 1.2, 1.0, 1.1; 1200/1000 would be 1.2
+    assert row['fwd_ratio_range'] == '1.00..1.20'
+    assert row['max_abs_diff'] < 1e-4
+
+
 @pytest.mark.parametrize('argv,message', [
     (['kernels', '--kernels', 'nope'], "unknown attention type 'nope'"),
     (['kernels', '--kernels', 'poly:degre=2'], "unknown argument(s) ['degre']"),

@@ -20,13 +20,16 @@ TINY_CPU_ELEMENTS = 1 << 12
 
 
 class _MaskedSoftmax(torch.autograd.Function):
-    """softmax over the last dim with masked entries at weight 0 exactly and rows that keep nothing at 0. Keeps
-    only the weights for backward (not the mask: a masked weight is 0, so is its gradient)."""
+    """softmax over the last dim of scores whose masked entries already hold the dtype's lowest value, with masked
+    entries at weight 0 exactly and rows that keep nothing at 0. Keeps only the weights for backward (not the
+    mask: a masked weight is 0, so is its gradient)."""
 
     @staticmethod
     def forward(ctx, s, mask):
-        a = torch.softmax(torch.where(mask, s, torch.finfo(s.dtype).min), dim=-1)
-        a = a.mul_(mask.any(-1, keepdim=True).to(a.dtype))  # a row without any valid key: uniform -> zero
+        a = torch.softmax(s, dim=-1)  # a masked entry: exp(lowest - row max) underflows to exactly 0
+        rows = mask.any(-1, keepdim=True)
+        if not bool(rows.all()):  # a row without any valid key: uniform -> zero
+            a = a.mul_(rows.to(a.dtype))
         ctx.save_for_backward(a)
         return a
 
@@ -75,7 +78,14 @@ class SoftmaxAttention(AttentionKernel):
                 s = (q * sc if sc != 1 else q) @ k.transpose(-2, -1)
             if bias is not None:
                 s = s.add_(bias.to(s.dtype))
-            a = torch.softmax(s, dim=-1) if mask is None else _MaskedSoftmax.apply(s, mask)
+            if mask is None:
+                a = torch.softmax(s, dim=-1)
+            else:
+                # the mask as an additive 0 / lowest-value tensor, added in place: a broadcast bool where() over
+                # the heads costs about three times as much
+                s = s.add_(torch.zeros(mask.shape, dtype=s.dtype, device=s.device).masked_fill_(
+                    ~mask, torch.finfo(s.dtype).min))
+                a = _MaskedSoftmax.apply(s, mask)
             out = a @ v
         return cast_back(out, dtype)
 

@@ -39,8 +39,8 @@ from torch import nn
 
 from ...attention import build_attention
 from ...attention.base import ceil_div
-from ..layers import (StagedBackbone, check_foreign_args, expand_per_block, identity_mask, is_cfg, require_kernel_fit,
-                      _from_windows, _to_windows)
+from ..layers import (StagedBackbone, WindowLayout, check_foreign_args, expand_per_block, identity_mask, is_cfg,
+                      require_kernel_fit, _to_windows)
 
 __all__ = ['SoftFreeSwin']
 
@@ -94,18 +94,12 @@ class WindowGeometry:
     def needs_pad(self) -> bool:
         return self.padded != self.hw
 
-    def valid(self, shifted: bool) -> Optional[torch.Tensor]:
-        """(nW, N) bool: the real (not padded) tokens of each window, or None when nothing is padded."""
-        if not self.needs_pad:
-            return None
-        key = ('valid', shifted and any(self.shift))
+    def layout(self, shifted: bool, batch: int) -> WindowLayout:
+        """The token <-> window-slot indices of this geometry (shifted or not) for ``batch`` images."""
+        key = ('layout', shifted and any(self.shift), batch)
         if key not in self._masks:
-            (hp, wp), (wh, ww), (sh, sw) = self.padded, self.window, self.shift
-            valid = torch.zeros(hp, wp, dtype=torch.bool, device=self.device)
-            valid[:self.hw[0], :self.hw[1]] = True
-            if key[1]:
-                valid = torch.roll(valid, shifts=(-sh, -sw), dims=(0, 1))
-            self._masks[key] = _to_windows(valid[None, :, :, None], wh, ww)[..., 0]
+            self._masks[key] = WindowLayout(batch, self.hw, self.padded, self.window,
+                                            self.shift if key[1] else (0, 0), self.device)
         return self._masks[key]
 
     def mask(self, shifted: bool) -> Optional[torch.Tensor]:
@@ -196,23 +190,18 @@ class WindowAttention(nn.Module):
         else:
             self.relative_position_bias_table = None
 
-    def forward(self, x, mask=None, hw=None, valid=None):
-        """x (B*nW, N, C) windows; mask (B*nW, 1, N, N) keep-mask or None; valid (B*nW, N) real tokens or None."""
-        b, n, c = x.shape
-        q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    def forward(self, qkv, mask=None, hw=None, context=None):
+        """qkv (B*nW, N, 3C): windows of the qkv projection; mask (B*nW, 1, N, N) keep-mask or None; context
+        (B*nW, C) or None. Returns the heads' outputs (B*nW, N, C) *before* the output projection, which the block
+        applies to the real tokens only, after un-windowing (a per-token layer: the same values, no work on pads)."""
+        b, n, c3 = qkv.shape
+        q, k, v = qkv.view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         bias = None
         if self.relative_position_bias_table is not None:
             bias = self.relative_position_bias_table[self.relative_position_index.view(-1)]
             bias = bias.view(n, n, self.num_heads).permute(2, 0, 1).unsqueeze(0)
-        context = None
-        if self.kernel.takes_context:  # the official InLine residual: mean of the window's (real) input tokens
-            if valid is None:
-                context = x.mean(1)
-            else:
-                w = valid.to(x.dtype).unsqueeze(-1)
-                context = (x * w).sum(1) / w.sum(1).clamp_min(1.0)
         out = self.kernel(q, k, v, hw=hw, scale=self.scale, bias=bias, mask=mask, context=context)
-        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
+        return out.transpose(1, 2).reshape(b, n, c3 // 3)
 
 
 class SwinBlock(nn.Module):
@@ -228,24 +217,18 @@ class SwinBlock(nn.Module):
         self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
 
     def _attend(self, x, geo: WindowGeometry):
-        b, h, w, c = x.shape
-        (hp, wp), (wh, ww) = geo.padded, geo.window
-        sh, sw = geo.shift if self.shifted else (0, 0)
-        x = F.pad(x, (0, 0, 0, wp - w, 0, hp - h))
-        if sh or sw:
-            x = torch.roll(x, shifts=(-sh, -sw), dims=(1, 2))
+        """x (B, H, W, C) normed tokens. The qkv projection runs on the real tokens; its windows (pad slots
+        holding qkv(0) = the qkv bias, as if zero tokens had been padded) are gathered in one step, and the
+        output projection runs after the real tokens are gathered back."""
+        attn = self.attn
+        layout = geo.layout(self.shifted, x.shape[0])
         mask = geo.mask(self.shifted)
-        if mask is not None:
-            n_win = mask.shape[0]
-            mask = mask.unsqueeze(0).expand(b, -1, -1, -1, -1).reshape(b * n_win, *mask.shape[1:])
-        valid = geo.valid(self.shifted) if self.attn.kernel.takes_context else None
-        if valid is not None:
-            valid = valid.unsqueeze(0).expand(b, -1, -1).reshape(-1, valid.shape[-1])
-        y = self.attn(_to_windows(x, wh, ww), mask=mask, hw=(wh, ww), valid=valid)
-        y = _from_windows(y, wh, ww, hp, wp)
-        if sh or sw:
-            y = torch.roll(y, shifts=(sh, sw), dims=(1, 2))
-        return y[:, :h, :w].contiguous()
+        if mask is not None and x.shape[0] > 1:
+            mask = mask.repeat(x.shape[0], 1, 1, 1)  # (B*nW, 1, N, N): windows are batch-major
+        context = layout.window_means(x) if attn.kernel.takes_context else None
+        qkv = layout.to_windows(attn.qkv(x), fill=attn.qkv.bias)
+        y = layout.from_windows(attn(qkv, mask=mask, hw=geo.window, context=context))
+        return attn.proj_drop(attn.proj(y))
 
     def _forward(self, x, geo):
         x = x + self.drop_path(self._attend(self.norm1(x), geo))
