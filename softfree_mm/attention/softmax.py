@@ -28,7 +28,9 @@ class _MaskedSoftmax(torch.autograd.Function):
     def forward(ctx, s, mask):
         a = torch.softmax(s, dim=-1)  # a masked entry: exp(lowest - row max) underflows to exactly 0
         rows = mask.any(-1, keepdim=True)
-        if not bool(rows.all()):  # a row without any valid key: uniform -> zero
+        # a row without any valid key: uniform -> zero (the check skips a pass; tracers cannot branch on data)
+        if torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting() or \
+                not bool(rows.all()):
             a = a.mul_(rows.to(a.dtype))
         ctx.save_for_backward(a)
         return a

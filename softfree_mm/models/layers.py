@@ -1,5 +1,6 @@
 """What two or more backbones share: the backbone base class (``pretrained``, Pretrained loading), attention-config
 expansion, kernel fit checks, token-grid helpers, checks of OpenMMLab argument names."""
+import functools
 import warnings
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -140,6 +141,34 @@ def _from_windows(x: torch.Tensor, wh: int, ww: int, h: int, w: int) -> torch.Te
     return x.reshape(-1, h, w, c)
 
 
+def gelu_inference(x: torch.Tensor, act: nn.Module) -> torch.Tensor:
+    """``act(x)``; for an ``nn.GELU`` when nothing will take a gradient through ``x`` (inference), in place: an
+    out-of-place GELU on the CPU allocates (and page-faults) a fresh hidden-size buffer on every call, which costs
+    about three times the activation itself. ``x`` must be a temporary nobody else reads."""
+    if type(act) is nn.GELU and not (torch.is_grad_enabled() and x.requires_grad) and not act._forward_hooks \
+            and not act._forward_pre_hooks and not torch.jit.is_tracing() and not torch.jit.is_scripting():
+        return torch.ops.aten.gelu_(x, approximate=act.approximate)
+    return act(x)
+
+
+class Mlp(nn.Module):
+    """timm's ``Mlp`` (fc1 -> act -> drop -> fc2 -> drop, the same parameter names and arguments used here), with
+    the activation in place at inference (:func:`gelu_inference`)."""
+
+    def __init__(self, in_features: int, hidden_features: Optional[int] = None, out_features: Optional[int] = None,
+                 act_layer: Callable[[], nn.Module] = nn.GELU, drop: float = 0.0):
+        super().__init__()
+        hidden_features = hidden_features or in_features
+        self.fc1 = nn.Linear(in_features, hidden_features)
+        self.act = act_layer()
+        self.drop1 = nn.Dropout(drop)
+        self.fc2 = nn.Linear(hidden_features, out_features or in_features)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x):
+        return self.drop2(self.fc2(self.drop1(gelu_inference(self.fc1(x), self.act))))
+
+
 class _RowGather(torch.autograd.Function):
     """``out = x[index]`` with the rows ``fill_rows`` of ``out`` set to ``fill`` (zeros when None), for an ``index``
     that reads every row of ``x`` outside ``zero_rows`` exactly once into a row of ``out`` outside ``fill_rows``.
@@ -150,7 +179,8 @@ class _RowGather(torch.autograd.Function):
     def forward(ctx, x, fill, index, fill_rows, back_index, zero_rows):
         out = x.index_select(0, index)
         if fill_rows is not None and fill_rows.numel():
-            out[fill_rows] = 0 if fill is None else fill.to(out.dtype)
+            rows = (fill_rows.shape[0], out.shape[1])  # (explicitly expanded: the ONNX exporter needs the shape)
+            out[fill_rows] = out.new_zeros(rows) if fill is None else fill.to(out.dtype).expand(rows)
         ctx.save_for_backward(fill_rows, back_index, zero_rows)
         ctx.fill_dtype = None if fill is None else fill.dtype
         return out
@@ -174,26 +204,29 @@ class WindowLayout:
     inverse roll + crop) as one gather of rows each way instead of three copies. Pad positions get a fill row."""
 
     def __init__(self, batch: int, hw, padded, window, shift, device):
+        # built from the sizes alone, with no data-dependent shapes (no nonzero / boolean indexing), so that
+        # torch.export and the ONNX exporter trace it
         (h, w), (hp, wp), (wh, ww), (sh, sw) = hw, padded, window, shift
-        pos = torch.arange(hp * wp, device=device).view(1, hp, wp, 1)
+        slots, tokens, n = hp * wp, h * w, wh * ww
+        ar = functools.partial(torch.arange, device=device)
+        pos = ar(slots).view(1, hp, wp, 1)
         if sh or sw:
             pos = torch.roll(pos, shifts=(-sh, -sw), dims=(1, 2))
         pos = _to_windows(pos, wh, ww).reshape(-1)  # padded-grid position held by each window slot
+        slot_of = torch.empty_like(pos).index_copy_(0, pos, ar(slots))  # window slot of each padded position
         r, c = pos // wp, pos % wp
         real = (r < h) & (c < w)
-        slots, tokens = hp * wp, h * w
         src = torch.where(real, r * w + c, torch.zeros_like(r))  # token read by each slot (pad slots: any)
-        inv = torch.empty(tokens, dtype=torch.long, device=device)
-        inv[src[real]] = real.nonzero().flatten()  # slot of each token
-        pad = (~real).nonzero().flatten()
-        off_t = torch.arange(batch, device=device)[:, None] * tokens
-        off_s = torch.arange(batch, device=device)[:, None] * slots
+        inv = slot_of[(ar(h)[:, None] * wp + ar(w)[None, :]).flatten()]  # slot of each token
+        pad_pos = torch.cat([(ar(h)[:, None] * wp + ar(w, wp)[None, :]).flatten(), ar(h * wp, slots)])
+        pad = slot_of[pad_pos]  # the slots of the padding, (slots - tokens,)
+        off_t, off_s = ar(batch)[:, None] * tokens, ar(batch)[:, None] * slots
         self.index = (src[None] + off_t).flatten()
         self.inverse = (inv[None] + off_s).flatten()
-        self.pad = (pad[None] + off_s).flatten() if pad.numel() else None
-        self.window_of_token = self.inverse // (wh * ww)  # (B*H*W,) window (B*nW order) of each token
-        self.tokens_per_window = torch.bincount(self.window_of_token, minlength=batch * slots // (wh * ww))
-        self.shape = (batch * slots // (wh * ww), wh * ww)
+        self.pad = (pad[None] + off_s).flatten() if slots > tokens else None
+        self.window_of_token = self.inverse // n  # (B*H*W,) window (B*nW order) of each token
+        self.tokens_per_window = real.view(-1, n).sum(1).repeat(batch)
+        self.shape = (batch * slots // n, n)
         self.grid = (batch, h, w)
         self.identity = (hp, wp) == (h, w) == (wh, ww)  # one window, nothing padded: windows are a view
 

@@ -37,11 +37,11 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
-from timm.layers import DropPath, Mlp
+from timm.layers import DropPath
 from torch import nn
 
 from ...attention import build_attention
-from ..layers import (StagedBackbone, _from_windows, _to_windows, expand_attn_cfg, identity_mask, per_stage,
+from ..layers import (Mlp, StagedBackbone, _from_windows, _to_windows, expand_attn_cfg, identity_mask, per_stage,
                       require_kernel_fit)
 
 __all__ = ['SoftFreeCSWin']

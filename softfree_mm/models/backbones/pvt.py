@@ -29,11 +29,11 @@ from typing import Dict, Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
-from timm.layers import DropPath, Mlp, trunc_normal_
+from timm.layers import DropPath, trunc_normal_
 from torch import nn
 
 from ...attention import build_attention, kernel_class, list_attentions
-from ..layers import (SoftFreeBackbone, check_foreign_args, expand_attn_cfg, grid_view, is_cfg,
+from ..layers import (Mlp, SoftFreeBackbone, check_foreign_args, expand_attn_cfg, gelu_inference, grid_view, is_cfg,
                       require_kernel_fit, token_view)
 
 __all__ = ['SoftFreePVT', 'SoftFreePVTv2']
@@ -112,7 +112,7 @@ class DWConvMlp(nn.Module):
         x = self.relu(self.fc1(x))
         b, n, c = x.shape
         x = token_view(self.dwconv(grid_view(x, hw)))
-        return self.fc2(self.act(x))
+        return self.fc2(gelu_inference(x, self.act))  # x: a view of the conv's fresh output
 
 
 class PVTBlock(nn.Module):

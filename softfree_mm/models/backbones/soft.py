@@ -34,11 +34,11 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from mmcv.cnn import build_norm_layer
-from timm.layers import DropPath, Mlp, trunc_normal_
+from timm.layers import DropPath, trunc_normal_
 from torch import nn
 
 from ...attention import AttentionKernel, build_attention, kernel_class, list_attentions
-from ..layers import SoftFreeBackbone, expand_attn_cfg, require_kernel_fit
+from ..layers import Mlp, SoftFreeBackbone, expand_attn_cfg, require_kernel_fit
 
 __all__ = ['SoftFreeSOFT']
 

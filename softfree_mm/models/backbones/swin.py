@@ -34,12 +34,12 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from mmengine.logging import print_log
-from timm.layers import DropPath, Mlp
+from timm.layers import DropPath
 from torch import nn
 
 from ...attention import build_attention
 from ...attention.base import ceil_div
-from ..layers import (StagedBackbone, WindowLayout, check_foreign_args, expand_per_block, identity_mask, is_cfg,
+from ..layers import (Mlp, StagedBackbone, WindowLayout, check_foreign_args, expand_per_block, identity_mask, is_cfg,
                       require_kernel_fit, _to_windows)
 
 __all__ = ['SoftFreeSwin']

@@ -33,12 +33,12 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from mmcv.cnn import build_norm_layer
-from timm.layers import DropPath, Mlp, trunc_normal_
+from timm.layers import DropPath, trunc_normal_
 from torch import nn
 
 from ...attention import build_attention, kernel_class, list_attentions
 from ...attention.base import ceil_div
-from ..layers import SoftFreeBackbone, expand_attn_cfg, grid_view, token_view
+from ..layers import Mlp, SoftFreeBackbone, expand_attn_cfg, gelu_inference, grid_view, token_view
 
 __all__ = ['SoftFreeXCiT']
 
@@ -142,7 +142,7 @@ class LPI(nn.Module):
         self.conv2 = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
 
     def forward(self, x, hw):
-        x = self.conv2(self.bn(self.act(self.conv1(grid_view(x, hw)))))
+        x = self.conv2(self.bn(gelu_inference(self.conv1(grid_view(x, hw)), self.act)))
         return token_view(x)
 
 
