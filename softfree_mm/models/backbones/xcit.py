@@ -220,11 +220,16 @@ class XCABlock(nn.Module):
         self.gamma3 = nn.Parameter(eta * torch.ones(dim))
         self.gamma2 = nn.Parameter(eta * torch.ones(dim))
 
+    def _residual(self, x, gamma, y):
+        """x + drop_path(gamma * y); without drop path one fused pass (addcmul), no gamma * y temporary."""
+        if isinstance(self.drop_path, nn.Identity) or not self.training:
+            return torch.addcmul(x, gamma, y)
+        return x + self.drop_path(gamma * y)
+
     def forward(self, x, hw: Tuple[int, int]):
-        x = x + self.drop_path(self.gamma1 * self.attn(self.norm1(x)))
-        x = x + self.drop_path(self.gamma3 * self.local_mp(self.norm3(x), hw))
-        x = x + self.drop_path(self.gamma2 * self.mlp(self.norm2(x)))
-        return x
+        x = self._residual(x, self.gamma1, self.attn(self.norm1(x)))
+        x = self._residual(x, self.gamma3, self.local_mp(self.norm3(x), hw))
+        return self._residual(x, self.gamma2, self.mlp(self.norm2(x)))
 
 
 class ClassAttention(nn.Module):
