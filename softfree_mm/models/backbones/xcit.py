@@ -38,7 +38,7 @@ from torch import nn
 
 from ...attention import build_attention, kernel_class, list_attentions
 from ...attention.base import ceil_div
-from ..layers import Mlp, SoftFreeBackbone, expand_attn_cfg, gelu_inference, grid_view, token_view
+from ..layers import Mlp, SoftFreeBackbone, expand_attn_cfg, gelu_inference, grid_view, nchw, token_view
 
 __all__ = ['SoftFreeXCiT']
 
@@ -434,12 +434,14 @@ class SoftFreeXCiT(SoftFreeBackbone):
     def forward(self, x):
         b, img_hw = x.shape[0], x.shape[-2:]
         x, hw = self.patch_embed(x)
-        x = x + self.pos_embed(b, hw[0], hw[1]).flatten(2).transpose(1, 2)
+        # tokens contiguous (the patch embedding's NCHW output seen as tokens is not): every LayerNorm would copy
+        # its input, three per block, and the LPI's grid view would not be a view
+        x = (x + self.pos_embed(b, hw[0], hw[1]).flatten(2).transpose(1, 2)).contiguous()
         feats = []
         for i, blk in enumerate(self.blocks):
             x = self._run_block(blk, x, hw)
             if self.out_type == 'featmap' and i in self.out_indices:
-                feats.append(x.transpose(1, 2).reshape(b, self.embed_dims, hw[0], hw[1]))
+                feats.append(nchw(x, hw))  # contiguous NCHW, as mmcv's CPU RoIAlign reads it
             if self.out_type == 'featmap' and i == self.out_indices[-1]:
                 break  # later blocks feed no output
         if self.out_type == 'cls_token':
