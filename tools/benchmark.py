@@ -5,7 +5,7 @@
         [--heads 1] [--head-dim 64] [--batch 1] [--dtype fp32|bf16|fp16] [--repeats 3] [--plot PATH] [--csv PATH]
     python tools/benchmark.py backbone --backbones swin_t pvt_v2_b2 --kernels softmax poly linear
         --sizes 224x224 512x768 [--batch 1] [--dtype fp32] [--no-flops] [--csv PATH]
-    python tools/benchmark.py compare --backbones swin_t pvt_v2_b2 xcit_s12 --size 512x768 [--repeats 5]
+    python tools/benchmark.py compare --backbones swin_t pvt_v2_b2 xcit_s12 --size 512x768 [--repeats 11]
     python tools/benchmark.py flops --backbones swin_t pvt_v2_b2 xcit_s12 cswin_t --kernels softmax poly
         --sizes 224x224 800x1216
 
@@ -17,8 +17,9 @@ kernels: one attention call per kernel and N (B x heads x N x head_dim): forward
 backbone: backbone x kernel x image size, each point in a fresh subprocess (forward, forward + backward,
   images/s, peak memory, parameters, GFLOPs at that size).
 compare: our softmax backbones against mmdet's SwinTransformer / PyramidVisionTransformerV2 and timm's
-  xcit_small_12_p16 with the same weights (outputs checked), alternating in one process; speed ratio =
-  reference time / ours (>= 1: ours at least as fast), memory ratio = ours / reference (<= 1: no more).
+  xcit_small_12_p16 with the same weights (outputs checked), alternating in one process; speed ratio = the
+  median over repeats of reference time / ours within each repeat (>= 1: ours at least as fast), with the range
+  of those per-repeat ratios; memory ratio = ours / reference (<= 1: no more).
 flops: GFLOPs (attention included) and parameters of backbone x kernel x size, no timing.
 
 Kernel specs: a name, or name:arg=value,... (poly:degree=1, soft:num_landmarks=64). Bad input: one line, exit 2.
