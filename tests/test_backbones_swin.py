@@ -469,3 +469,18 @@ def test_window_layout_gathers_as_pad_roll_partition_and_back_with_exact_gradien
     assert torch.autograd.gradcheck(lambda t, f: lay.to_windows(t, fill=f), (x, fill))
     assert torch.autograd.gradcheck(lambda t: lay.from_windows(t), (ref.detach().requires_grad_(),))
     assert torch.autograd.gradcheck(lambda t: lay.window_means(t), (x,))
+
+
+def test_window_geometry_is_kept_across_passes_but_not_from_inference_mode():
+    from softfree_mm.models.backbones import swin
+    model = SoftFreeSwin(arch=dict(TINY), drop_path_rate=0.0).train()
+    x = torch.randn(1, 3, 45, 83)
+    swin._GEOMETRIES.clear()
+    with torch.inference_mode():
+        model(x)
+    assert not swin._GEOMETRIES  # inference tensors could not be saved for backward later
+    sum(o.sum() for o in model(x)).backward()  # works after an inference-mode pass
+    kept = dict(swin._GEOMETRIES)
+    assert kept and all(isinstance(g, swin.WindowGeometry) for g in kept.values())
+    model(x)
+    assert all(swin._GEOMETRIES[k] is g for k, g in kept.items())  # the same objects: built once per grid

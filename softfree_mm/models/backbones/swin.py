@@ -28,6 +28,7 @@ Presets: ``tiny``, ``small``, ``base``, ``large`` (softmax Swin) and the officia
 blocks with the official per-channel residual in global windows (the official window 56 at 224 input), softmax
 blocks in 7x7 windows. Explicit ``attn_cfg`` / ``global_window`` override a preset's.
 """
+from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -129,6 +130,25 @@ class WindowGeometry:
         keep = keep | identity_mask(wh * ww, self.device)  # a pad query sees itself only
         self._masks[shifted] = keep.unsqueeze(1)
         return self._masks[shifted]
+
+
+_GEOMETRIES: 'OrderedDict[tuple, WindowGeometry]' = OrderedDict()
+
+
+def _geometry(hw, window, device) -> WindowGeometry:
+    """The stage's WindowGeometry, kept across forward passes (its masks and gather indices are built once per
+    grid size: on a GPU at batch 1 their dozens of small kernel launches per pass cost more than the attention).
+    Tracers (torch.export, torch.compile, the ONNX exporter) get a fresh one, so that nothing is baked in, and so
+    does inference mode (its tensors could not be saved for a later backward)."""
+    if torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting() or \
+            torch.is_inference_mode_enabled():
+        return WindowGeometry(hw, window, device)
+    key = (hw, window, str(device))
+    geo = _GEOMETRIES.pop(key, None) or WindowGeometry(hw, window, device)
+    _GEOMETRIES[key] = geo  # most recent last
+    while len(_GEOMETRIES) > 64:  # multi-scale training sees many sizes; keep the recent ones
+        _GEOMETRIES.popitem(last=False)
+    return geo
 
 
 # ---------------------------------------------------------------------------------------------- layers
@@ -255,7 +275,7 @@ class SwinStage(nn.Module):
     def forward(self, x):
         if self.downsample is not None:
             x = self.downsample(x)
-        geos = {w: WindowGeometry(tuple(x.shape[1:3]), w, x.device) for w in set(self.windows)}
+        geos = {w: _geometry(tuple(x.shape[1:3]), w, x.device) for w in set(self.windows)}
         for blk, window in zip(self.blocks, self.windows):
             x = blk(x, geos[window])
         return x
