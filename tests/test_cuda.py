@@ -137,3 +137,44 @@ def test_rng_states_round_trip_through_a_checkpoint_loaded_onto_the_gpu(tmp_path
     torch.manual_seed(99)
     reliability.restore_rng(reliability._rng_from_checkpoint(loaded))
     assert torch.equal(torch.rand(4), expected[0]) and torch.equal(torch.rand(4, device='cuda').cpu(), expected[1])
+
+
+def _attention_cases():
+    g = torch.Generator().manual_seed(0)
+
+    def r(*s):
+        return torch.randn(*s, generator=g, dtype=torch.float64)
+
+    # PVT's reduced keys (fp32 training: the explicit products), XCiT's channel attention (tiny matrix, head_dim
+    # beyond the fused kernels': explicit), Swin's windows with bias and mask (SDPA)
+    mask = (torch.rand(6, 1, 49, 49, generator=g) > 0.3) | torch.eye(49, dtype=torch.bool)
+    return [dict(q=r(1, 2, 4000, 64), k=r(1, 2, 250, 64), v=r(1, 2, 250, 64)),
+            dict(q=r(1, 8, 48, 3800), k=r(1, 8, 48, 3800), v=r(1, 8, 48, 3800), scale=r(8, 1, 1).abs() + 0.5),
+            dict(q=r(6, 3, 49, 32), k=r(6, 3, 49, 32), v=r(6, 3, 49, 32), bias=r(1, 3, 49, 49), mask=mask)]
+
+
+@pytest.mark.parametrize('case', [0, 1, 2])
+@pytest.mark.parametrize('recompute', [False, True])
+def test_softmax_paths_on_cuda_match_float64_in_outputs_and_gradients(case, recompute):
+    """Each CUDA route of the softmax kernel, fp32 training, against the float64 formula on the CPU."""
+    from softfree_mm.attention import build_attention
+
+    inp = _attention_cases()[case]
+    ref_in = {k: v.requires_grad_(v.is_floating_point()) for k, v in inp.items()}
+    s = ref_in['q'] @ ref_in['k'].transpose(-2, -1)
+    s = s * (ref_in['scale'] if 'scale' in ref_in else ref_in['q'].shape[-1] ** -0.5)
+    if 'bias' in ref_in:
+        s = s + ref_in['bias']
+    if 'mask' in ref_in:
+        s = s.masked_fill(~ref_in['mask'], float('-inf'))
+    ref = torch.softmax(s, -1) @ ref_in['v']
+    cu = {k: v.detach().cuda().to(torch.float32 if v.is_floating_point() else v.dtype).requires_grad_(
+        v.is_floating_point()) for k, v in inp.items()}
+    out = build_attention(dict(type='softmax', recompute=recompute))(**cu)
+    g = torch.randn(ref.shape, dtype=torch.float64)
+    leaves = [k for k in cu if cu[k].requires_grad]
+    got = torch.autograd.grad((out * g.cuda().float()).sum(), [cu[k] for k in leaves])
+    want = torch.autograd.grad((ref * g).sum(), [ref_in[k] for k in leaves])
+    torch.testing.assert_close(out.double().cpu(), ref.detach(), rtol=1e-4, atol=2e-5)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.double().cpu(), b, rtol=1e-4, atol=5e-5)

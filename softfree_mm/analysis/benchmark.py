@@ -95,16 +95,20 @@ def peak_memory(fn: Callable, device) -> int:
     return int(peak)
 
 
-def saved_bytes(fn: Callable) -> int:
-    """Bytes of the distinct tensors autograd saves for backward during ``fn``."""
+def saved_bytes(fn: Callable, storages: bool = False, exclude: Sequence[torch.Tensor] = ()) -> int:
+    """Bytes of the distinct tensors autograd saves for backward during ``fn``. ``storages=True``: the bytes those
+    saved tensors keep allocated until backward, i.e. each distinct storage counted whole (a saved view keeps its
+    whole base), leaving out the storages of ``exclude`` (a model's parameters and buffers, allocated anyway)."""
     total, seen = 0, set()
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
 
     def pack(t):
         nonlocal total
-        key = (t.untyped_storage().data_ptr(), t.dtype, tuple(t.shape))
-        if key not in seen:
+        st = t.untyped_storage()
+        key = st.data_ptr() if storages else (st.data_ptr(), t.dtype, tuple(t.shape))
+        if key not in seen and not (storages and (key in skip or key == 0)):
             seen.add(key)
-            total += t.numel() * t.element_size()
+            total += st.nbytes() if storages else t.numel() * t.element_size()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -616,6 +620,10 @@ def compare(names: Sequence[str], size: Tuple[int, int] = (512, 768), batch: int
             mo, mr = peak_memory(fo[p], device), peak_memory(fr[p], device)
             row[f'{p}_peak_MiB_ours'], row[f'{p}_peak_MiB_ref'] = mo / 2 ** 20, mr / 2 ** 20
             row[f'{p}_memory_ratio'] = mo / max(mr, 1)  # <= 1: ours holds no more
+        # what autograd keeps for backward after the forward (activations only: the storages of the saved tensors,
+        # not the weights), read from the tensors themselves rather than from the allocator
+        ko, kr = (kept_for_backward(m, x) for m in (ours, ref))
+        row['kept_MiB_ours'], row['kept_MiB_ref'], row['kept_ratio'] = ko / 2 ** 20, kr / 2 ** 20, ko / max(kr, 1)
         rows.append(row)
         if log:
             log(row)
@@ -624,7 +632,20 @@ def compare(names: Sequence[str], size: Tuple[int, int] = (512, 768), batch: int
 
 COMPARE_COLUMNS = ('backbone', 'size', 'max_abs_diff', 'fwd_ms_ours', 'fwd_ms_ref', 'fwd_speed_ratio',
                    'fwd_ratio_range', 'fwdbwd_ms_ours', 'fwdbwd_ms_ref', 'fwdbwd_speed_ratio', 'fwdbwd_ratio_range',
-                   'fwd_peak_MiB_ours', 'fwd_peak_MiB_ref', 'fwd_memory_ratio', 'fwdbwd_peak_MiB_ours', 'fwdbwd_peak_MiB_ref', 'fwdbwd_memory_ratio')
+                   'fwd_peak_MiB_ours', 'fwd_peak_MiB_ref', 'fwd_memory_ratio', 'fwdbwd_peak_MiB_ours',
+                   'fwdbwd_peak_MiB_ref', 'fwdbwd_memory_ratio', 'kept_MiB_ours', 'kept_MiB_ref', 'kept_ratio')
+
+
+def kept_for_backward(model: torch.nn.Module, x: torch.Tensor) -> int:
+    """Bytes of activations that a training forward of ``model`` on ``x`` leaves for backward (the distinct
+    storages of the tensors autograd saves, the model's parameters and buffers left out)."""
+    was = model.training
+    model.train()
+    try:
+        return saved_bytes(lambda: model(x), storages=True,
+                           exclude=list(model.parameters()) + list(model.buffers()))
+    finally:
+        model.train(was)
 
 
 if __name__ == '__main__':  # python -m softfree_mm.analysis.benchmark point '{json}' (one backbone point)

@@ -1,22 +1,35 @@
 """Softmax attention through scaled_dot_product_attention (the reference every other kernel is compared to).
 
-On the CPU, small matrices with a bias or a mask (Swin's 7x7 windows) and tiny ones (XCiT's channel attention)
-are computed explicitly: PyTorch's CPU SDPA has no fused kernel for them under autograd and falls back to its math
-path, which adds a float mask built from bias and mask and a safe-softmax pass; the explicit path (in place where
-autograd allows) is faster and holds the same matrix for backward. Elsewhere (no mask, large matrices, CUDA)
-SDPA's fused kernels run.
+Where each call runs:
+
+* explicit products (``softmax(q k^T * scale + bias) @ v`` as plain ops, in place where autograd allows) for tiny
+  matrices whose head_dim is large (XCiT's d_h x d_h channel attention: its "head_dim" is the token count,
+  beyond the fused kernels' head sizes; this is timm's own computation, so autograd keeps the same tensors), and
+  on the CPU also for small matrices with a bias or a mask (Swin's 7x7 windows: PyTorch's CPU SDPA has no fused
+  kernel for them under autograd and falls back to a slower math path that holds the same matrix);
+* explicit products on CUDA for fp32 training with few keys and many queries (PVT's spatially reduced keys),
+  where the memory-efficient kernel's backward is ~5x slower;
+* SDPA's fused kernels elsewhere.
+
+``recompute=True``: keep only q, k, v (and the bias or tensor scale) for backward and compute the call again
+there (activation checkpointing of the attention call alone, any path, any device). It drops what the call would
+keep besides its inputs: the softmax matrix on the explicit path; on SDPA's path its output and its float bias +
+mask, materialised for every window and head (padded to 16 columns: about 1.5x the softmax matrix that mmdet's
+Swin keeps). The price is one more forward of the call in backward. Off by default.
 """
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from . import ATTENTION
 from .base import AttentionKernel, cast_back, default_scale, no_autocast, scores, upcast, work_dtype
 
-# (Nq x Nk) matrices up to this size take the explicit CPU path when they carry a bias or a mask, and up to the
-# tiny size always (XCiT's d_h x d_h channel attention: its "head_dim" is the token count, beyond the fused
-# kernel's, so SDPA falls back to its math path there too)
+# (Nq x Nk) matrices up to this size take the explicit path on the CPU when they carry a bias or a mask, and up to
+# the tiny size always on the CPU, and on CUDA when head_dim exceeds the fused kernels' head sizes (XCiT's d_h x d_h
+# channel attention: SDPA falls back to its math path on the CPU, to a generic kernel on CUDA)
 EXPLICIT_CPU_ELEMENTS = 1 << 16
 TINY_CPU_ELEMENTS = 1 << 12
+FUSED_MAX_HEAD_DIM = 256
 
 
 class _MaskedSoftmax(torch.autograd.Function):
@@ -29,8 +42,8 @@ class _MaskedSoftmax(torch.autograd.Function):
         a = torch.softmax(s, dim=-1)  # a masked entry: exp(lowest - row max) underflows to exactly 0
         rows = mask.any(-1, keepdim=True)
         # a row without any valid key: uniform -> zero (the check skips a pass; tracers cannot branch on data)
-        if torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting() or \
-                not bool(rows.all()):
+        # (the check reads a value back from the device: on the GPU the product is cheaper than that wait)
+        if a.device.type != 'cpu' or _tracing() or not bool(rows.all()):
             a = a.mul_(rows.to(a.dtype))
         ctx.save_for_backward(a)
         return a
@@ -40,6 +53,37 @@ class _MaskedSoftmax(torch.autograd.Function):
         (a,) = ctx.saved_tensors
         # a * (grad - sum(grad * a)) in one fused pass (four passes and two temporaries as plain tensor ops)
         return torch._softmax_backward_data(grad.to(a.dtype), a, -1, a.dtype), None
+
+
+def _tracing() -> bool:
+    return torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting()
+
+
+class _Recomputed(torch.autograd.Function):
+    """``fn(*inputs)`` keeping only the inputs for backward, where ``fn`` runs again under the autocast state of
+    the forward and its graph is differentiated (torch.utils.checkpoint for one call, without its per-call
+    bookkeeping). ``fn`` must be deterministic (no dropout)."""
+
+    @staticmethod
+    def forward(ctx, fn, *inputs):
+        ctx.fn = fn
+        dev = next(t.device.type for t in inputs if t is not None)
+        ctx.autocast = (dev, torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev))
+        ctx.save_for_backward(*inputs)
+        with torch.no_grad():
+            return fn(*inputs)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        inputs = [None if t is None else t.detach().requires_grad_(needs)
+                  for t, needs in zip(ctx.saved_tensors, ctx.needs_input_grad[1:])]
+        dev, enabled, dtype = ctx.autocast
+        with torch.enable_grad(), torch.autocast(dev, dtype=dtype, enabled=enabled):
+            out = ctx.fn(*inputs)
+        wanted = [t for t in inputs if t is not None and t.requires_grad]
+        grads = iter(torch.autograd.grad(out, wanted, grad, allow_unused=True) if wanted else ())
+        return (None,) + tuple(next(grads) if t is not None and t.requires_grad else None for t in inputs)
 
 
 def _few_keys_fp32_training(q, k, v) -> bool:
@@ -57,8 +101,14 @@ class SoftmaxAttention(AttentionKernel):
     supports_mask = True
     complexity = 'quadratic'
 
-    def __init__(self, num_heads=None, head_dim=None):
+    def __init__(self, num_heads=None, head_dim=None, recompute=False):
         super().__init__(num_heads, head_dim)
+        if not isinstance(recompute, bool):
+            raise ValueError(f'softmax: recompute must be True or False, got {recompute!r}')
+        self.recompute = recompute
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f', recompute={self.recompute!r}'
 
     def flops(self, nq, nk, d, dv, masked=False, hw=None):
         return nq * nk * (d + dv)  # S = q k^T, A @ v (SDPA's fused kernel does the same products)
@@ -72,7 +122,7 @@ class SoftmaxAttention(AttentionKernel):
             # a row with no allowed key would be NaN: give it zero weights instead
             return torch.softmax(s, dim=-1).nan_to_num(0.0)
 
-    def _explicit_cpu(self, q, k, v, scale, bias, mask):
+    def _explicit(self, q, k, v, scale, bias, mask):
         """softmax(S) @ v without SDPA, in the working dtype (masked keys weigh exactly 0; a row that keeps no key
         is a zero row)."""
         dtype = v.dtype
@@ -98,16 +148,32 @@ class SoftmaxAttention(AttentionKernel):
             out = a @ v
         return cast_back(out, dtype)
 
-    def _forward(self, q, k, v, hw, scale, bias, mask):
+    def _explicit_route(self, q, k, v, bias, mask) -> bool:
+        """True: explicit products; False: SDPA (see the module docstring)."""
         size = q.shape[2] * k.shape[2]
-        if q.device.type == 'cpu' and (size <= TINY_CPU_ELEMENTS or (
-                (bias is not None or mask is not None) and size <= EXPLICIT_CPU_ELEMENTS)):
-            return self._explicit_cpu(q, k, v, scale, bias, mask)
-        if q.device.type == 'cuda' and _few_keys_fp32_training(q, k, v):
-            # fp32 has no flash kernel, and the memory-efficient kernel's backward over many queries and few keys
-            # (PVT's spatially reduced keys) runs ~5x slower than the explicit products (measured on an H200:
-            # PVTv2-b2 forward + backward at 800x1216, 99.7 ms against mmdet's 50.2 ms)
-            return self._explicit_cpu(q, k, v, scale, bias, mask)
+        if size <= TINY_CPU_ELEMENTS and (q.device.type == 'cpu' or q.shape[-1] > FUSED_MAX_HEAD_DIM):
+            return True
+        if q.device.type == 'cpu':
+            return (bias is not None or mask is not None) and size <= EXPLICIT_CPU_ELEMENTS
+        # fp32 has no flash kernel, and the memory-efficient kernel's backward over many queries and few keys
+        # (PVT's spatially reduced keys) runs ~5x slower than the explicit products (measured on an H200:
+        # PVTv2-b2 forward + backward at 800x1216, 99.7 ms against mmdet's 50.2 ms)
+        return q.device.type == 'cuda' and _few_keys_fp32_training(q, k, v)
+
+    def _recomputes(self, q, k, v, bias, scale) -> bool:
+        return self.recompute and torch.is_grad_enabled() and not _tracing() and any(
+            isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, bias, scale))
+
+    def _forward(self, q, k, v, hw, scale, bias, mask):
+        run = self._explicit if self._explicit_route(q, k, v, bias, mask) else self._fused
+        if self._recomputes(q, k, v, bias, scale):
+            sc = scale if isinstance(scale, torch.Tensor) else None
+            return _Recomputed.apply(
+                lambda q_, k_, v_, b_, s_: run(q_, k_, v_, scale if s_ is None else s_, b_, mask), q, k, v, bias, sc)
+        return run(q, k, v, scale, bias, mask)
+
+    def _fused(self, q, k, v, scale, bias, mask):
+        """SDPA (a bias and a mask become one float mask)."""
         s = default_scale(scale, q.shape[-1], q)
         attn_mask = None
         if bias is not None:

@@ -5,9 +5,11 @@ import warnings
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
+import torch.nn.functional as F
 from mmengine.model import BaseModule
 from timm.layers import trunc_normal_
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from ..attention import AttentionKernel, kernel_class, list_attentions, normalize_cfg
 
@@ -120,12 +122,6 @@ def identity_mask(n: int, device) -> torch.Tensor:
     return i[:, None] == i[None, :]
 
 
-def nchw(x: torch.Tensor, hw) -> torch.Tensor:
-    """(B, N, C) tokens -> (B, C, H, W)."""
-    b, n, c = x.shape
-    return x.transpose(1, 2).reshape(b, c, hw[0], hw[1]).contiguous()
-
-
 # ---------------------------------------------------------------------- window / stage helpers (Swin, CSwin)
 def _to_windows(x: torch.Tensor, wh: int, ww: int) -> torch.Tensor:
     """(B, H, W, C) with H % wh == W % ww == 0 -> (B * nW, wh * ww, C), windows in row-major order."""
@@ -151,9 +147,64 @@ def gelu_inference(x: torch.Tensor, act: nn.Module) -> torch.Tensor:
     return act(x)
 
 
+class _GeluLinear(torch.autograd.Function):
+    """``linear(gelu(h), weight, bias)`` keeping only ``h`` for backward (autograd would keep ``h`` for the GELU and
+    ``gelu(h)`` for the linear layer: two hidden-size tensors, the largest activations of a transformer block). The
+    backward pass evaluates ``gelu(h)`` again for the weight gradient: one elementwise pass over the hidden
+    activations. Under autocast the forward's casts are repeated (the product in the forward's dtype, gradients
+    returned in the inputs' dtypes)."""
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, approximate):
+        y = F.linear(F.gelu(h, approximate=approximate), weight, bias)
+        ctx.save_for_backward(h, weight)
+        ctx.approximate = approximate
+        ctx.dtype = y.dtype
+        ctx.has_bias = bias is not None
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        h, weight = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        g = grad.to(ctx.dtype).reshape(-1, grad.shape[-1])
+        gh = gw = gb = None
+        # one hidden-size buffer serves as gelu(h), then dL/d gelu(h), then dL/dh (autograd's own backward would
+        # allocate two, and a fresh large buffer costs page faults on the CPU)
+        a = F.gelu(h, approximate=ctx.approximate) if need_w else torch.empty_like(h)
+        if need_w:
+            gw = (g.t() @ a.reshape(-1, a.shape[-1]).to(ctx.dtype)).to(weight.dtype)
+        if need_b and ctx.has_bias:
+            gb = g.sum(0).to(ctx.bias_dtype)
+        if need_h:
+            w = weight.to(ctx.dtype)
+            if a.dtype == ctx.dtype and a.is_contiguous():
+                ga = torch.mm(g, w, out=a.view(-1, a.shape[-1])).view(h.shape)
+            else:
+                ga = (g @ w).view(h.shape).to(h.dtype)
+            gh = torch.ops.aten.gelu_backward.grad_input(ga, h, approximate=ctx.approximate, grad_input=ga)
+        return gh, gw, gb, None
+
+
+def gelu_linear(h: torch.Tensor, act: nn.Module, fc: nn.Module) -> torch.Tensor:
+    """``fc(act(h))`` for a hidden activation ``h`` nobody else reads. Training with a plain ``nn.GELU`` and
+    ``nn.Linear`` (no hooks on either) keeps only ``h`` for backward (:class:`_GeluLinear`); inference runs the GELU
+    in place (:func:`gelu_inference`)."""
+    if (type(act) is nn.GELU and type(fc) is nn.Linear and torch.is_grad_enabled()
+            and (h.requires_grad or fc.weight.requires_grad) and h.shape[-1] == fc.in_features
+            and not (act._forward_hooks or act._forward_pre_hooks or fc._forward_hooks or fc._forward_pre_hooks)
+            and not (torch.jit.is_tracing() or torch.jit.is_scripting() or torch.compiler.is_compiling()
+                     or torch.compiler.is_exporting())):
+        return _GeluLinear.apply(h, fc.weight, fc.bias, act.approximate)
+    return fc(gelu_inference(h, act))
+
+
 class Mlp(nn.Module):
     """timm's ``Mlp`` (fc1 -> act -> drop -> fc2 -> drop, the same parameter names and arguments used here), with
-    the activation in place at inference (:func:`gelu_inference`)."""
+    the activation in place at inference (:func:`gelu_inference`), and in training without dropout only the
+    hidden pre-activation kept for backward (:func:`gelu_linear`)."""
 
     def __init__(self, in_features: int, hidden_features: Optional[int] = None, out_features: Optional[int] = None,
                  act_layer: Callable[[], nn.Module] = nn.GELU, drop: float = 0.0):
@@ -166,7 +217,10 @@ class Mlp(nn.Module):
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x):
-        return self.drop2(self.fc2(self.drop1(gelu_inference(self.fc1(x), self.act))))
+        h = self.fc1(x)
+        if self.drop1.p == 0 or not self.training:
+            return self.drop2(gelu_linear(h, self.act, self.fc2))
+        return self.drop2(self.fc2(self.drop1(gelu_inference(h, self.act))))
 
 
 class _RowGather(torch.autograd.Function):

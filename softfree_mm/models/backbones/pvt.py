@@ -33,7 +33,7 @@ from timm.layers import DropPath, trunc_normal_
 from torch import nn
 
 from ...attention import build_attention, kernel_class, list_attentions
-from ..layers import (Mlp, SoftFreeBackbone, check_foreign_args, expand_attn_cfg, gelu_inference, grid_view, is_cfg,
+from ..layers import (Mlp, SoftFreeBackbone, check_foreign_args, expand_attn_cfg, gelu_linear, grid_view, is_cfg,
                       require_kernel_fit, token_view)
 
 __all__ = ['SoftFreePVT', 'SoftFreePVTv2']
@@ -112,7 +112,7 @@ class DWConvMlp(nn.Module):
         x = self.relu(self.fc1(x))
         b, n, c = x.shape
         x = token_view(self.dwconv(grid_view(x, hw)))
-        return self.fc2(gelu_inference(x, self.act))  # x: a view of the conv's fresh output
+        return gelu_linear(x, self.act, self.fc2)  # x: a view of the conv's fresh output
 
 
 class PVTBlock(nn.Module):

@@ -38,7 +38,7 @@ from torch import nn
 
 from ...attention import build_attention, kernel_class, list_attentions
 from ...attention.base import ceil_div
-from ..layers import Mlp, SoftFreeBackbone, expand_attn_cfg, gelu_inference, grid_view, nchw, token_view
+from ..layers import Mlp, SoftFreeBackbone, expand_attn_cfg, gelu_inference, grid_view, token_view
 
 __all__ = ['SoftFreeXCiT']
 
@@ -103,10 +103,10 @@ class BlockDeconv(nn.ConvTranspose2d):
     """``nn.ConvTranspose2d`` (same parameters and state-dict keys) computed as one matrix product on the CPU where
     its kernel equals its stride (the adapter's 2x2, stride 2): every input pixel then writes its own k x k output
     block, so the layer is a linear map C_in -> C_out * k * k per pixel (bias added inside the product) followed by
-    one copy that interleaves the blocks. The output is a contiguous NCHW tensor, as the convolution's (mmcv's CPU
-    RoIAlign reads its input as contiguous NCHW). On the CPU the adapter's forward then runs ~1.3x and its
-    forward + backward ~1.6x faster than with oneDNN's transposed convolution; other geometries and devices take
-    ``nn.ConvTranspose2d``'s own path."""
+    one copy that interleaves the blocks. An NCHW or a channels-last input is read as it is, without a copy. The
+    output is a contiguous NCHW tensor, as the convolution's (mmcv's CPU RoIAlign reads its input as contiguous
+    NCHW). On the CPU the adapter's forward then runs ~1.3x and its forward + backward ~1.6x faster than with
+    oneDNN's transposed convolution; other geometries and devices take ``nn.ConvTranspose2d``'s own path."""
 
     def _blockwise(self, x) -> bool:
         return (x.device.type == 'cpu' and x.dim() == 4 and tuple(self.kernel_size) == tuple(self.stride)
@@ -119,11 +119,19 @@ class BlockDeconv(nn.ConvTranspose2d):
         b, c, h, w = x.shape
         kh, kw = self.kernel_size
         cout = self.out_channels
+        if not x.is_contiguous() and x.permute(0, 2, 3, 1).is_contiguous():
+            # channels-last input (the blocks' tokens seen as a grid): its pixels are already the rows of a
+            # (B*H*W, C_in) matrix, so no copy of the input is made (nor kept for backward)
+            wt = self.weight.reshape(c, cout * kh * kw)  # columns ordered (channel, row offset, column offset)
+            pix = x.permute(0, 2, 3, 1).reshape(b * h * w, c)
+            y = pix @ wt if self.bias is None else torch.addmm(self.bias.repeat_interleave(kh * kw), pix, wt)
+            # (B, H, W, C_out, kh, kw) -> (B, C_out, H, kh, W, kw): one copy into NCHW order
+            return y.view(b, h, w, cout, kh, kw).permute(0, 3, 1, 4, 2, 5).reshape(b, cout, h * kh, w * kw)
         # weight (C_in, C_out, kh, kw) -> (C_out * kh * kw, C_in): rows ordered (channel, row offset, column offset)
         wt = self.weight.permute(1, 2, 3, 0).reshape(cout * kh * kw, c)
         pix = x.reshape(b, c, h * w)
         if self.bias is None:
-            y = torch.matmul(wt, pix)
+            y = wt @ pix[0] if b == 1 else torch.bmm(wt.expand(b, -1, -1), pix)  # (matmul would copy pix)
         else:
             rows = self.bias.repeat_interleave(kh * kw)[:, None]
             y = torch.addmm(rows, wt, pix[0])[None] if b == 1 else torch.baddbmm(rows, wt.expand(b, -1, -1), pix)
@@ -441,7 +449,9 @@ class SoftFreeXCiT(SoftFreeBackbone):
         for i, blk in enumerate(self.blocks):
             x = self._run_block(blk, x, hw)
             if self.out_type == 'featmap' and i in self.out_indices:
-                feats.append(nchw(x, hw))  # contiguous NCHW, as mmcv's CPU RoIAlign reads it
+                # a channels-last view of the tokens (no copy): the adapter's first layers read it as it is, so
+                # autograd keeps the tokens the next block keeps anyway; the outputs are made NCHW below
+                feats.append(grid_view(x, hw))
             if self.out_type == 'featmap' and i == self.out_indices[-1]:
                 break  # later blocks feed no output
         if self.out_type == 'cls_token':
@@ -452,8 +462,9 @@ class SoftFreeXCiT(SoftFreeBackbone):
             return (self.norm(x)[:, 0],)
         ops = (self.fpn1, self.fpn2, self.fpn3, self.fpn4)
         # the upsampled maps of a partial last patch reach past the image: crop to ceil(H / stride) like the other
-        # backbones (no-op when H and W are multiples of the patch size)
-        return tuple(op(f)[..., :ceil_div(img_hw[0], s), :ceil_div(img_hw[1], s)]
+        # backbones (no-op when H and W are multiples of the patch size); every output is a contiguous NCHW map, as
+        # mmcv's CPU RoIAlign reads it (a no-op for maps that already are)
+        return tuple(op(f)[..., :ceil_div(img_hw[0], s), :ceil_div(img_hw[1], s)].contiguous()
                      for op, f, s in zip(ops, feats, (4, 8, 16, 32)))
 
     # ------------------------------------------------------------------ optimiser helpers
