@@ -145,11 +145,14 @@ def _attention_cases():
     def r(*s):
         return torch.randn(*s, generator=g, dtype=torch.float64)
 
+    def unit(*s):  # XCiT's q and k are L2-normalised over the tokens
+        return torch.nn.functional.normalize(r(*s), dim=-1)
+
     # PVT's reduced keys (fp32 training: the explicit products), XCiT's channel attention (tiny matrix, head_dim
     # beyond the fused kernels': explicit), Swin's windows with bias and mask (SDPA)
     mask = (torch.rand(6, 1, 49, 49, generator=g) > 0.3) | torch.eye(49, dtype=torch.bool)
     return [dict(q=r(1, 2, 4000, 64), k=r(1, 2, 250, 64), v=r(1, 2, 250, 64)),
-            dict(q=r(1, 8, 48, 3800), k=r(1, 8, 48, 3800), v=r(1, 8, 48, 3800), scale=r(8, 1, 1).abs() + 0.5),
+            dict(q=unit(1, 8, 48, 3800), k=unit(1, 8, 48, 3800), v=r(1, 8, 48, 3800), scale=r(8, 1, 1).abs() + 0.5),
             dict(q=r(6, 3, 49, 32), k=r(6, 3, 49, 32), v=r(6, 3, 49, 32), bias=r(1, 3, 49, 49), mask=mask)]
 
 

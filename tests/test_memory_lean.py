@@ -190,3 +190,17 @@ def test_softmax_backbones_keep_less_for_backward_than_their_references(name, li
     x = torch.randn(1, 3, 224, 320)
     ratio = kept_for_backward(ours, x) / kept_for_backward(ref, x)
     assert ratio <= limit, f'{name}: ours keeps {ratio:.3f}x the reference'
+
+
+@pytest.mark.parametrize('frozen', ['fc2', 'fc1_and_input'])
+def test_gelu_linear_with_frozen_weights_gives_the_remaining_gradients(frozen):
+    torch.manual_seed(0)
+    mlp = Mlp(8, 32).double()
+    x = torch.randn(3, 8, dtype=torch.float64, requires_grad=frozen == 'fc2')
+    for p in (mlp.fc2 if frozen == 'fc2' else mlp.fc1).parameters():
+        p.requires_grad_(False)
+    leaves = [t for t in [x] + list(mlp.parameters()) if t.requires_grad]
+    out, ref = mlp(x), mlp.fc2(mlp.act(mlp.fc1(x)))
+    g = torch.randn_like(ref)
+    for a, b in zip(torch.autograd.grad((out * g).sum(), leaves), torch.autograd.grad((ref * g).sum(), leaves)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
