@@ -204,3 +204,20 @@ def test_gelu_linear_with_frozen_weights_gives_the_remaining_gradients(frozen):
     g = torch.randn_like(ref)
     for a, b in zip(torch.autograd.grad((out * g).sum(), leaves), torch.autograd.grad((ref * g).sum(), leaves)):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_gelu_linear_supports_double_backward_like_the_plain_layers():
+    """backward(create_graph=True) (gradient penalties, Hessian-vector products) gives the plain layers' second
+    derivatives."""
+    torch.manual_seed(0)
+    act, fc = nn.GELU(), nn.Linear(6, 4).double()
+    h = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda t, w, b: layers._GeluLinear.apply(t, w, b, 'none'),
+                                        (h, fc.weight.detach().requires_grad_(), fc.bias.detach().requires_grad_()))
+    leaves = [h] + list(fc.parameters())
+    penalties = []
+    for out in (gelu_linear(h, act, fc), fc(act(h))):
+        grads = torch.autograd.grad(out.square().sum(), leaves, create_graph=True)
+        penalties.append(torch.autograd.grad(sum(g.square().sum() for g in grads), leaves))
+    for a, b in zip(*penalties):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)

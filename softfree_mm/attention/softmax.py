@@ -15,7 +15,7 @@ Where each call runs:
 there (activation checkpointing of the attention call alone, any path, any device). It drops what the call would
 keep besides its inputs: the softmax matrix on the explicit path; on SDPA's path its output and its float bias +
 mask, materialised for every window and head (padded to 16 columns: about 1.5x the softmax matrix that mmdet's
-Swin keeps). The price is one more forward of the call in backward. Off by default.
+Swin keeps). The price is one more forward of the call in backward; no double backward through it. Off by default.
 """
 import torch
 import torch.nn.functional as F

@@ -9,7 +9,6 @@ import torch.nn.functional as F
 from mmengine.model import BaseModule
 from timm.layers import trunc_normal_
 from torch import nn
-from torch.autograd.function import once_differentiable
 
 from ..attention import AttentionKernel, kernel_class, list_attentions, normalize_cfg
 
@@ -165,12 +164,21 @@ class _GeluLinear(torch.autograd.Function):
         return y
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad):
         h, weight = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         g = grad.to(ctx.dtype).reshape(-1, grad.shape[-1])
         gh = gw = gb = None
+        if torch.is_grad_enabled():  # backward(create_graph=True): differentiable ops, no buffer written twice
+            a = F.gelu(h, approximate=ctx.approximate).to(ctx.dtype)
+            if need_w:
+                gw = (g.t() @ a.reshape(-1, a.shape[-1])).to(weight.dtype)
+            if need_b and ctx.has_bias:
+                gb = g.sum(0).to(ctx.bias_dtype)
+            if need_h:
+                ga = (g @ weight.to(ctx.dtype)).view(*h.shape[:-1], weight.shape[1]).to(h.dtype)
+                gh = torch.ops.aten.gelu_backward(ga, h, approximate=ctx.approximate)
+            return gh, gw, gb, None
         # one hidden-size buffer serves as gelu(h), then dL/d gelu(h), then dL/dh (autograd's own backward would
         # allocate two, and a fresh large buffer costs page faults on the CPU)
         a = F.gelu(h, approximate=ctx.approximate) if need_w else torch.empty_like(h)
