@@ -92,6 +92,12 @@ def test_mlp_takes_the_plain_layers_where_hooks_dropout_or_inference_need_them()
     out = mlp(x)
     handle.remove()
     assert seen == [(2, 32)] and type(out.grad_fn).__name__ != '_GeluLinearBackward'  # the hook saw gelu(h)
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, a, o: seen.append(type(m).__name__))
+    try:
+        mlp(x)
+    finally:
+        handle.remove()
+    assert seen[1:] == ['Linear', 'GELU', 'Linear', 'Dropout', 'Mlp']  # a global hook sees every layer
     dropped = Mlp(8, 32, drop=0.5).train()
     torch.manual_seed(1)
     a = dropped(x)

@@ -196,13 +196,20 @@ class _GeluLinear(torch.autograd.Function):
         return gh, gw, gb, None
 
 
+def _global_module_hooks() -> bool:
+    """True when forward hooks are registered for every module (``nn.modules.module.register_module_forward_hook``)."""
+    m = nn.modules.module
+    return bool(getattr(m, '_global_forward_hooks', None) or getattr(m, '_global_forward_pre_hooks', None))
+
+
 def gelu_linear(h: torch.Tensor, act: nn.Module, fc: nn.Module) -> torch.Tensor:
     """``fc(act(h))`` for a hidden activation ``h`` nobody else reads. Training with a plain ``nn.GELU`` and
-    ``nn.Linear`` (no hooks on either) keeps only ``h`` for backward (:class:`_GeluLinear`); inference runs the GELU
+    ``nn.Linear`` (no forward hooks on either, nor on every module) keeps only ``h`` for backward (:class:`_GeluLinear`); inference runs the GELU
     in place (:func:`gelu_inference`)."""
     if (type(act) is nn.GELU and type(fc) is nn.Linear and torch.is_grad_enabled()
             and (h.requires_grad or fc.weight.requires_grad) and h.shape[-1] == fc.in_features
-            and not (act._forward_hooks or act._forward_pre_hooks or fc._forward_hooks or fc._forward_pre_hooks)
+            and not (act._forward_hooks or act._forward_pre_hooks or fc._forward_hooks or fc._forward_pre_hooks
+                     or _global_module_hooks())
             and not (torch.jit.is_tracing() or torch.jit.is_scripting() or torch.compiler.is_compiling()
                      or torch.compiler.is_exporting())):
         return _GeluLinear.apply(h, fc.weight, fc.bias, act.approximate)
