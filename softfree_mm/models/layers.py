@@ -169,30 +169,23 @@ class _GeluLinear(torch.autograd.Function):
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         g = grad.to(ctx.dtype).reshape(-1, grad.shape[-1])
         gh = gw = gb = None
-        if torch.is_grad_enabled():  # backward(create_graph=True): differentiable ops, no buffer written twice
-            a = F.gelu(h, approximate=ctx.approximate).to(ctx.dtype)
-            if need_w:
-                gw = (g.t() @ a.reshape(-1, a.shape[-1])).to(weight.dtype)
-            if need_b and ctx.has_bias:
-                gb = g.sum(0).to(ctx.bias_dtype)
-            if need_h:
-                ga = (g @ weight.to(ctx.dtype)).view(*h.shape[:-1], weight.shape[1]).to(h.dtype)
-                gh = torch.ops.aten.gelu_backward(ga, h, approximate=ctx.approximate)
-            return gh, gw, gb, None
         # one hidden-size buffer serves as gelu(h), then dL/d gelu(h), then dL/dh (autograd's own backward would
-        # allocate two, and a fresh large buffer costs page faults on the CPU)
-        a = F.gelu(h, approximate=ctx.approximate) if need_w else torch.empty_like(h)
+        # allocate two, and a fresh large buffer costs page faults on the CPU); not when the backward builds a graph
+        # (backward(create_graph=True): differentiable ops, no buffer written twice)
+        lean = not torch.is_grad_enabled()
+        a = F.gelu(h, approximate=ctx.approximate) if need_w else torch.empty_like(h) if lean else None
         if need_w:
             gw = (g.t() @ a.reshape(-1, a.shape[-1]).to(ctx.dtype)).to(weight.dtype)
         if need_b and ctx.has_bias:
             gb = g.sum(0).to(ctx.bias_dtype)
         if need_h:
             w = weight.to(ctx.dtype)
-            if a.dtype == ctx.dtype and a.is_contiguous():
+            if lean and a.dtype == ctx.dtype and a.is_contiguous():
                 ga = torch.mm(g, w, out=a.view(-1, a.shape[-1])).view(h.shape)
+                gh = torch.ops.aten.gelu_backward.grad_input(ga, h, approximate=ctx.approximate, grad_input=ga)
             else:
                 ga = (g @ w).view(h.shape).to(h.dtype)
-            gh = torch.ops.aten.gelu_backward.grad_input(ga, h, approximate=ctx.approximate, grad_input=ga)
+                gh = torch.ops.aten.gelu_backward(ga, h, approximate=ctx.approximate)
         return gh, gw, gb, None
 
 
