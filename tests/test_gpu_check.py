@@ -96,6 +96,24 @@ def test_setup_refuses_a_bad_mmcv_cuda_value_and_its_op_check_runs_the_ops(tmp_p
     assert '--no-cache-dir "mmcv==2.1.0"' in text  # a cached CPU build never comes back for MMCV_CUDA=1
 
 
+def test_setup_refuses_to_start_on_a_disk_without_room(tmp_path):
+    """tools/setup_env.sh measures the free disk of the venv's filesystem before writing anything: too little is one
+    line naming the free MiB, the path, what the set-up needs and how to get round it; exit 2, no venv created."""
+    env = dict(os.environ, SOFTFREE_VENV=str(tmp_path / 'a' / 'venv'), SOFTFREE_NEED_MIB=str(2 ** 40))
+    proc = subprocess.run(['bash', osp.join(ROOT, 'tools', 'setup_env.sh')], env=env, capture_output=True, text=True,
+                          timeout=60)
+    free = os.statvfs(tmp_path)
+    free_mib = free.f_bavail * free.f_frsize // 2 ** 20
+    assert proc.returncode == 2, proc.stderr
+    msg = proc.stderr.strip()
+    assert msg.startswith('[setup_env] error: ') and '\n' not in msg, msg
+    said = int(msg.split('error: ')[1].split(' MiB free')[0])
+    assert abs(said - free_mib) <= max(64, free_mib // 100), (said, free_mib)
+    assert f'on the disk of {tmp_path / "a" / "venv"};' in msg and f'needs about {2 ** 40} MiB' in msg
+    assert 'SOFTFREE_VENV' in msg and 'SOFTFREE_NEED_MIB=0' in msg
+    assert not (tmp_path / 'a').exists()
+
+
 @pytest.mark.parametrize('backbone', ['swin_t', 'cswin_t', 'pvt_v2_b2', 'soft_s_softnorm'])
 def test_soft_detection_setups_checkpoint_their_blocks(backbone):
     from softfree_mm.engine import launch

@@ -34,6 +34,27 @@ log() { echo "[setup_env] $*" >&2; }
 die() { echo "[setup_env] error: $*" >&2; exit 2; }
 [ "$MMCV_CUDA" = 0 ] || [ "$MMCV_CUDA" = 1 ] || die "MMCV_CUDA must be 0 or 1, got '$MMCV_CUDA'"
 
+# free disk before anything is written: a set-up that runs out half-way leaves a broken venv and pip's bare OSError.
+# Measured on a fresh venv: torch 2.14.1's CUDA build with its nvidia libraries and triton 5.2 GiB, the rest 1.0 GiB.
+free_mib() {  # MiB free on the filesystem that holds $1 (its nearest existing parent)
+  local d=$1
+  while [ ! -e "$d" ]; do d=$(dirname "$d"); done
+  df -Pk "$d" | awk 'NR == 2 {print int($4 / 1024)}'
+}
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import torch' >/dev/null 2>&1; then
+  need_mib=${SOFTFREE_NEED_MIB:-512}; what="updates to an existing environment"
+elif [ -n "$TORCH_INDEX_URL" ] || ! "$PYTHON" -c 'import torch' >/dev/null 2>&1; then
+  need_mib=${SOFTFREE_NEED_MIB:-6656}; what="torch $TORCH_VERSION (5.2 GiB with its CUDA libraries), mm packages, mmcv"
+else
+  need_mib=${SOFTFREE_NEED_MIB:-1536}; what="mm packages and mmcv (torch is reused)"
+fi
+for where in "$VENV" "${TMPDIR:-/tmp}"; do
+  have_mib=$(free_mib "$where")
+  [ "$have_mib" -ge "$need_mib" ] || die "$have_mib MiB free on the disk of $where; the set-up ($what) needs about \
+$need_mib MiB: free some space, or point SOFTFREE_VENV / TMPDIR at a larger disk (SOFTFREE_NEED_MIB=0 skips this check)"
+  [ "$where" != "$VENV" ] || need_mib=512  # pip's temporary files (an mmcv build from source) go to TMPDIR
+done
+
 if [ ! -x "$VENV/bin/python" ]; then
   if "$PYTHON" -c 'import torch' >/dev/null 2>&1; then
     log "reusing the torch of $PYTHON ($("$PYTHON" -c 'import torch; print(torch.__version__)'))"
