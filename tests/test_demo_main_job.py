@@ -1,5 +1,6 @@
-"""The README's main job, shortened: `make demo`'s driver (tools/run_demo.py) runs every step with the real demo
-configs at full XCiT-S12/16 width (`make demo` itself runs them at XCiT-T12 width), poly3 in every layer: demo data -> mmpretrain classifier pretraining -> Mask
+"""The README's main job, shortened: `make demo`'s driver (tools/run_demo.py) runs every step with its own default
+configs (XCiT-T12/16 width, poly3 in every layer; the S12 demo configs they derive from are trained by
+test_demo_train.py, test_demo_determinism.py and test_tools_dist.py): demo data -> mmpretrain classifier pretraining -> Mask
 R-CNN whose backbone starts from that checkpoint (init_cfg Pretrained, prefix 'backbone.') -> COCO evaluation with
 pycocotools -> predictions drawn by mmdet's DetInferencer -> the summary. Only the amounts differ from `make demo`
 (a few dozen images, one epoch / two iterations, eight val images, two pictures).
@@ -27,8 +28,6 @@ def test_shortened_main_job_pretrains_fine_tunes_evaluates_draws_and_summarises(
     work = str(tmp_path / 'demo')
     env = dict(os.environ, PYTHONWARNINGS='ignore')
     cmd = [sys.executable, 'tools/run_demo.py', '--work-dir', work, '--pictures', '2',
-           '--cls-config', 'configs/demo/cls_xcit_s12_poly3_demo.py',
-           '--det-config', 'configs/demo/maskrcnn_xcit_s12_poly3_demo.py',
            '--cls-options', 'train_dataloader.dataset.indices=32', 'val_dataloader.dataset.indices=20',
            'train_cfg.max_epochs=1',
            '--det-options', 'train_cfg.max_iters=2', 'default_hooks.logger.interval=1',
@@ -36,9 +35,9 @@ def test_shortened_main_job_pretrains_fine_tunes_evaluates_draws_and_summarises(
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
-    for step in ('tools/make_demo_data.py', 'tools/train.py configs/demo/cls_xcit_s12_poly3_demo.py',
-                 'tools/train.py configs/demo/maskrcnn_xcit_s12_poly3_demo.py',
-                 'tools/test.py configs/demo/maskrcnn_xcit_s12_poly3_demo.py', 'DetInferencer('):
+    for step in ('tools/make_demo_data.py', 'tools/train.py configs/demo/cls_xcit_t12_poly3_demo.py',
+                 'tools/train.py configs/demo/maskrcnn_xcit_t12_poly3_demo.py',
+                 'tools/test.py configs/demo/maskrcnn_xcit_t12_poly3_demo.py', 'DetInferencer('):
         assert step in out, step
 
     with open(osp.join(work, 'summary.json')) as f:
@@ -66,7 +65,7 @@ def test_shortened_main_job_pretrains_fine_tunes_evaluates_draws_and_summarises(
         first = [im['file_name'] for im in json.load(f)['images'][:2]]
     assert [osp.basename(p) for p in summary['pictures']] == first
     from mmengine.config import Config
-    det_cfg = Config.fromfile(osp.join(ROOT, 'configs/demo/maskrcnn_xcit_s12_poly3_demo.py'))
+    det_cfg = Config.fromfile(osp.join(ROOT, 'configs/demo/maskrcnn_xcit_t12_poly3_demo.py'))
     thr = det_cfg.default_hooks.visualization.score_thr
     assert summary['score_thr'] == thr
     assert all(n >= 1 for n in summary['pictures_drawn']), summary['pictures_drawn']
