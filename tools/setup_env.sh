@@ -49,7 +49,8 @@ else
   need_mib=${SOFTFREE_NEED_MIB:-1536}; what="mm packages and mmcv (torch is reused)"
 fi
 for where in "$VENV" "${TMPDIR:-/tmp}"; do
-  have_mib=$(free_mib "$where")
+  have_mib=$(free_mib "$where" 2>/dev/null || true)
+  case "$have_mib" in ''|*[!0-9]*) continue ;; esac  # no df reading: nothing to check against
   [ "$have_mib" -ge "$need_mib" ] || die "$have_mib MiB free on the disk of $where; the set-up ($what) needs about \
 $need_mib MiB: free some space, or point SOFTFREE_VENV / TMPDIR at a larger disk (SOFTFREE_NEED_MIB=0 skips this check)"
   [ "$where" != "$VENV" ] || need_mib=512  # pip's temporary files (an mmcv build from source) go to TMPDIR
