@@ -21,7 +21,7 @@ demo: setup
 	$(PY) tools/run_demo.py --work-dir $(DEMO_DIR) $(DEMO_ARGS)
 
 test: setup
-	$(PY) -m pytest tests -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest tests -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 
 # on a CUDA machine: set-up, CUDA-only tests, kernel benchmark (fp32, bf16), 20 --amp iterations of the demo,
 # a one-screen summary (about 8 minutes from a fresh clone); without CUDA it stops at once with one line

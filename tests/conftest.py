@@ -34,3 +34,17 @@ def demo_data_cache(tmp_path_factory):
     os.environ['SOFTFREE_DEMO_CACHE'] = cache
     yield cache
     os.environ.pop('SOFTFREE_DEMO_CACHE', None)
+
+
+# The longest test files first (measured with --durations=0 on the 2-core CI machine: each takes 30-150 s, mostly
+# tool subprocesses). pytest-xdist hands out whole files in collection order, one at a time as a worker frees up
+# (the Makefile passes --no-loadscope-reorder; xdist's own reorder, by number of tests, would put these one-test
+# files last and leave one worker idle while the other runs the main job). Longest first keeps both busy to the end.
+_LONGEST_FIRST = ('test_demo_main_job.py', 'test_demo_train.py', 'test_configs.py', 'test_demo_determinism.py',
+                  'test_mim.py', 'test_export.py', 'test_demo_data.py', 'test_tools_dist.py',
+                  'test_attention_properties.py', 'test_tools_bad_inputs.py', 'test_openmmlab_fit.py')
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
