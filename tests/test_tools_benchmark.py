@@ -117,6 +117,27 @@ def test_compare_ratio_is_the_median_of_per_repeat_ratios_with_their_range(monke
     assert row['max_abs_diff'] < 1e-4
 
 
+def test_kernel_time_ratio_is_the_median_of_per_repeat_ratios_with_their_range(monkeypatch):
+    """kernels mode, scripted times (the timer is the only thing replaced): the ratio to softmax is the median over
+    the repeats of the two kernels' times in the same repeat, so a slow phase spanning one repeat does not move it;
+    dividing each kernel's median would."""
+    # repeat r: (softmax, relu) for fwd, each kernel timed once per pass; the order alternates every repeat
+    script = [(1.0, 1.1), (3.0, 3.3), (1.0, 1.6), (3.0, 3.0), (1.0, 1.1)]
+    monkeypatch.setattr(bm, 'peak_memory', lambda fn, device: 1)
+    seq = []
+    for r, (soft, relu) in enumerate(script):
+        seq += [soft, relu] if r % 2 == 0 else [relu, soft]
+    it = iter(seq)
+    monkeypatch.setattr(bm, 'timed', lambda fn, device, clock='wall': next(it))
+    rows = bm.run_kernels(['softmax', 'relu'], [64], head_dim=8, repeats=5, passes=('fwd', ), memory=False)
+    soft, relu = rows
+    assert soft['time_ratio'] == 1.0 and soft['time_ratio_range'] == '1.00..1.00'
+    assert relu['ms'] == pytest.approx(1600.0) and soft['ms'] == pytest.approx(1000.0)
+    assert relu['time_ratio'] == pytest.approx(1.1)  # median of 1.1, 1.1, 1.6, 1.0, 1.1; 1600 / 1000 would be 1.6
+    assert relu['time_ratio_range'] == '1.00..1.60'
+    assert all(not k.startswith('_') for r in rows for k in r)
+
+
 @pytest.mark.parametrize('argv,message', [
     (['kernels', '--kernels', 'nope'], "unknown attention type 'nope'"),
     (['kernels', '--kernels', 'poly:degre=2'], "unknown argument(s) ['degre']"),

@@ -136,7 +136,8 @@ def main(argv=None):
 
     def progress(row):
         print('  ' + ', '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}' for k, v in row.items()
-                               if k not in ('device', 'threads', 'dtype', 'heads', 'head_dim', 'batch')),
+                               if k not in ('device', 'threads', 'dtype', 'heads', 'head_dim', 'batch')
+                               and not k.startswith('_')),
               file=sys.stderr, flush=True)
 
     if args.mode == 'kernels':

@@ -179,7 +179,9 @@ def run_kernels(kernels: Sequence, tokens: Sequence[int], heads: int = 1, head_d
 
     At each N every kernel is warmed up, then timed ``repeats`` times with the kernels alternating (the order
     rotates every repeat); memory is measured once (it is deterministic). Ratios are against ``reference`` at the
-    same N and pass when it is among ``kernels``.
+    same N and pass when it is among ``kernels``: ``time_ratio`` is the median over the repeats of the kernel's time
+    over the reference's time in the same repeat (a slow phase of the machine that spans a repeat moves both), and
+    ``time_ratio_range`` the lowest and highest of those per-repeat ratios.
     """
     rows = []
     for n in tokens:
@@ -214,7 +216,8 @@ def run_kernels(kernels: Sequence, tokens: Sequence[int], heads: int = 1, head_d
                 sec = statistics.median(times[(i, p)])
                 row = dict(kernel=kernel_label(cfg), N=n, heads=heads, head_dim=head_dim, batch=batch,
                            dtype=str(dtype).replace('torch.', ''), device=str(device), threads=torch.get_num_threads(),
-                           clock=clock, **{'pass': p}, ms=sec * 1e3, GFLOPs=2 * macs / 1e9 * (1 if p == 'fwd' else 3))
+                           clock=clock, **{'pass': p}, ms=sec * 1e3, GFLOPs=2 * macs / 1e9 * (1 if p == 'fwd' else 3),
+                           _times=times[(i, p)])
                 row['GFLOP_per_s'] = row['GFLOPs'] / sec
                 if memory:
                     row['peak_MiB'] = peak_memory(lambda: fns[p](kern), device) / 2 ** 20
@@ -225,6 +228,8 @@ def run_kernels(kernels: Sequence, tokens: Sequence[int], heads: int = 1, head_d
                     log(row)
         del kerns, q, k, v, leaves
     _add_ratios(rows, reference)
+    for r in rows:
+        del r['_times']
     return rows
 
 
@@ -234,7 +239,9 @@ def _add_ratios(rows: List[Dict], reference) -> None:
         base = ref.get((r['N'], r['pass']))
         if base is None:
             continue
-        r['time_ratio'] = r['ms'] / base['ms']
+        per_repeat = [t / b for t, b in zip(r['_times'], base['_times'])]
+        r['time_ratio'] = statistics.median(per_repeat)
+        r['time_ratio_range'] = f'{min(per_repeat):.2f}..{max(per_repeat):.2f}'
         if 'peak_MiB' in r and base.get('peak_MiB'):
             r['memory_ratio'] = r['peak_MiB'] / base['peak_MiB']
 
@@ -281,7 +288,7 @@ def markdown(rows: List[Dict], columns: Sequence[str]) -> str:
     return '\n'.join(lines)
 
 
-KERNEL_COLUMNS = ('kernel', 'N', 'pass', 'ms', 'time_ratio', 'peak_MiB', 'memory_ratio', 'saved_MiB',
+KERNEL_COLUMNS = ('kernel', 'N', 'pass', 'ms', 'time_ratio', 'time_ratio_range', 'peak_MiB', 'memory_ratio', 'saved_MiB',
                   'GFLOP_per_s')
 
 
