@@ -112,6 +112,14 @@ def test_setup_refuses_to_start_on_a_disk_without_room(tmp_path):
     assert f'on the disk of {tmp_path / "a" / "venv"};' in msg and f'needs about {2 ** 40} MiB' in msg
     assert 'SOFTFREE_VENV' in msg and 'SOFTFREE_NEED_MIB=0' in msg
     assert not (tmp_path / 'a').exists()
+    for bad in ('6.5G', '-1', ''):
+        env['SOFTFREE_NEED_MIB'] = bad
+        proc = subprocess.run(['bash', osp.join(ROOT, 'tools', 'setup_env.sh')], env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 2 and proc.stderr.strip() == (
+            "[setup_env] error: SOFTFREE_NEED_MIB must be a whole number of MiB (0 skips the disk check), "
+            f"got '{bad}'"), proc.stderr
+        assert not (tmp_path / 'a').exists()
 
 
 @pytest.mark.parametrize('backbone', ['swin_t', 'cswin_t', 'pvt_v2_b2', 'soft_s_softnorm'])

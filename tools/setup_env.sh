@@ -33,6 +33,9 @@ fi
 log() { echo "[setup_env] $*" >&2; }
 die() { echo "[setup_env] error: $*" >&2; exit 2; }
 [ "$MMCV_CUDA" = 0 ] || [ "$MMCV_CUDA" = 1 ] || die "MMCV_CUDA must be 0 or 1, got '$MMCV_CUDA'"
+case "${SOFTFREE_NEED_MIB-0}" in
+  ''|*[!0-9]*) die "SOFTFREE_NEED_MIB must be a whole number of MiB (0 skips the disk check), got '$SOFTFREE_NEED_MIB'" ;;
+esac
 
 # free disk before anything is written: a set-up that runs out half-way leaves a broken venv and pip's bare OSError.
 # Measured on a fresh venv: torch 2.14.1's CUDA build with its nvidia libraries and triton 5.2 GiB, the rest 1.0 GiB.
