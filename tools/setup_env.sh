@@ -13,6 +13,9 @@
 #     explicit TORCH_CUDA_ARCH_LIST (default: this node's GPUs), MAX_JOBS capped by CPUs and memory, no cached wheel
 #     reused, and a check that runs nms and roi_align on the GPU);
 #   - mmengine, mmdet, mmsegmentation, mmpretrain, timm and the rest (requirements/), then this package (-e).
+# Every pip call takes requirements/constraints.txt ($SOFTFREE_CONSTRAINTS), which keeps setuptools < 82.
+#   bash tools/setup_env.sh --check-mmcv-source  runs the mmcv source install to its metadata step (pip --dry-run) in
+#   a scratch venv with the same pip calls, then exits: seconds, no compile (the test suite runs it).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -23,16 +26,49 @@ TORCH_VERSION=${TORCH_VERSION:-2.14.1}
 TORCHVISION_VERSION=${TORCHVISION_VERSION:-0.29.1}
 TORCH_INDEX_URL=${TORCH_INDEX_URL:-}
 MMCV_CUDA=${MMCV_CUDA:-0}
+CONSTRAINTS=${SOFTFREE_CONSTRAINTS:-$ROOT/requirements/constraints.txt}
+CHECK_MMCV_SOURCE=0
+case "${1-}" in
+  '') ;;
+  --check-mmcv-source) CHECK_MMCV_SOURCE=1 ;;
+  *) echo "[setup_env] error: unknown argument '$1' (valid: --check-mmcv-source)" >&2; exit 2 ;;
+esac
+[ -f "$CONSTRAINTS" ] || { echo "[setup_env] error: SOFTFREE_CONSTRAINTS: no such file '$CONSTRAINTS'" >&2; exit 2; }
 STAMP="$VENV/.softfree_mm_setup_done"
-HASH=$({ cat setup.py requirements/*.txt tools/setup_env.sh
+HASH=$({ cat setup.py requirements/*.txt tools/setup_env.sh "$CONSTRAINTS"
          echo "$TORCH_VERSION $TORCHVISION_VERSION $TORCH_INDEX_URL $MMCV_CUDA"; } | sha256sum | cut -c1-16)
 
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$HASH" ]; then
+if [ "$CHECK_MMCV_SOURCE" = 0 ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$HASH" ]; then
   exit 0
 fi
 log() { echo "[setup_env] $*" >&2; }
 die() { echo "[setup_env] error: $*" >&2; exit 2; }
 [ "$MMCV_CUDA" = 0 ] || [ "$MMCV_CUDA" = 1 ] || die "MMCV_CUDA must be 0 or 1, got '$MMCV_CUDA'"
+CONSTRAINTS=$(cd "$(dirname "$CONSTRAINTS")" && pwd)/$(basename "$CONSTRAINTS")
+export PIP_CONSTRAINT="$CONSTRAINTS"  # also for build environments pip makes on its own
+pip_in() { "$1" -m pip install --disable-pip-version-check -c "$CONSTRAINTS" "${@:2}"; }  # pip_in PYTHON ARGS...
+# mmcv from source, the one command both the set-up and --check-mmcv-source run (the check adds --dry-run)
+MMCV_SOURCE=(--no-build-isolation --no-binary mmcv --no-cache-dir "mmcv==2.1.0")
+if [ "$CHECK_MMCV_SOURCE" = 1 ]; then
+  scratch=$(mktemp -d)
+  trap 'rm -rf "$scratch"' EXIT
+  "$PYTHON" -m venv "$scratch/venv"
+  SPY="$scratch/venv/bin/python"
+  pip_in "$SPY" -q -r requirements/build.txt
+  # what the torch step would add (resolved, not downloaded), setuptools put in as it would be: torch requires
+  # setuptools>=77.0.3, and only the constraints keep that below 82
+  pip_in "$SPY" -q --dry-run --ignore-installed --report "$scratch/torch.json" \
+    "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
+  st=$("$SPY" -c 'import json, sys
+r = json.load(open(sys.argv[1]))
+print(next((i["metadata"]["version"] for i in r["install"] if i["metadata"]["name"].lower() == "setuptools"), ""))' \
+       "$scratch/torch.json")
+  [ -z "$st" ] || "$SPY" -m pip install -q --disable-pip-version-check --no-deps "setuptools==$st"
+  echo "[setup_env] setuptools $("$SPY" -c 'import setuptools; print(setuptools.__version__)') at the mmcv step" >&2
+  pip_in "$SPY" -q --dry-run --no-deps "${MMCV_SOURCE[@]}"
+  echo "[setup_env] mmcv 2.1.0 source: metadata prepared" >&2
+  exit 0
+fi
 case "${SOFTFREE_NEED_MIB-0}" in
   ''|*[!0-9]*) die "SOFTFREE_NEED_MIB must be a whole number of MiB (0 skips the disk check), got '$SOFTFREE_NEED_MIB'" ;;
 esac
@@ -68,7 +104,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   fi
 fi
 PY="$VENV/bin/python"
-PIP=("$PY" -m pip install --disable-pip-version-check)
+PIP=(pip_in "$PY")
 
 "${PIP[@]}" -q -r requirements/build.txt
 if [ -n "$TORCH_INDEX_URL" ]; then
@@ -157,7 +193,7 @@ print(";".join(f"{a}.{b}" for a, b in caps))' 2>/dev/null || true)
   log "MAX_JOBS=$jobs ($cpus CPUs, $mem_gib GiB available)"
   "$PY" -m pip uninstall -y -q mmcv >/dev/null 2>&1 || true  # an installed mmcv without the ops asked for
   env "${build_env[@]}" CXX="$wrap/c++" MMCV_WITH_OPS=1 MAX_JOBS="$jobs" \
-    "${PIP[@]}" --no-build-isolation --no-binary mmcv --no-cache-dir "mmcv==2.1.0"
+    "${PIP[@]}" "${MMCV_SOURCE[@]}"
 }
 
 if ! "$PY" -c "$MMCV_OK" >/dev/null 2>&1; then
