@@ -49,6 +49,62 @@ export PIP_CONSTRAINT="$CONSTRAINTS"  # also for build environments pip makes on
 pip_in() { "$1" -m pip install --disable-pip-version-check -c "$CONSTRAINTS" "${@:2}"; }  # pip_in PYTHON ARGS...
 # mmcv from source, the one command both the set-up and --check-mmcv-source run (the check adds --dry-run)
 MMCV_SOURCE=(--no-build-isolation --no-binary mmcv --no-cache-dir "mmcv==2.1.0")
+build_mmcv() {  # build_mmcv [PIP ARGS...]: mmcv from source into $PY's environment (the check adds --dry-run)
+  local wrap real tool
+  wrap=$(mktemp -d)
+  # torch >= 2.14 headers need C++20; mmcv's setup.py pins -std=c++14/17 for g++ and nvcc
+  for tool in c++ nvcc; do
+    real=$(command -v "$tool" || true)
+    [ "$tool" = nvcc ] && [ -n "${CUDA_HOME:-}" ] && [ -x "$CUDA_HOME/bin/nvcc" ] && real="$CUDA_HOME/bin/nvcc"
+    [ -n "$real" ] || continue
+    cat > "$wrap/$tool" <<WRAPPER
+#!/usr/bin/env bash
+args=()
+for a in "\$@"; do
+  case "\$a" in -std=c++14|-std=c++17) args+=(-std=c++20) ;; *) args+=("\$a") ;; esac
+done
+exec "$real" "\${args[@]}"
+WRAPPER
+    chmod +x "$wrap/$tool"
+  done
+  local cpus mem_gib per_job build_env=()
+  cpus=$(nproc)
+  mem_gib=$(awk '/MemAvailable/ {print int($2 / 1048576)}' /proc/meminfo 2>/dev/null || echo 8)
+  if [ "$MMCV_CUDA" = 1 ]; then
+    [ -x "$wrap/nvcc" ] || die "MMCV_CUDA=1 needs nvcc: set CUDA_HOME to a CUDA toolkit of torch's CUDA major"
+    local torch_cuda nvcc_cuda gcc_major
+    torch_cuda=$("$PY" -c 'import torch; print(torch.version.cuda or "")')
+    [ -n "$torch_cuda" ] || die "MMCV_CUDA=1: this torch is a CPU-only build (set TORCH_INDEX_URL to a CUDA one)"
+    nvcc_cuda=$("$wrap/nvcc" --version | sed -n 's/.*release \([0-9.]*\),.*/\1/p')
+    [ "${nvcc_cuda%%.*}" = "${torch_cuda%%.*}" ] || \
+      die "MMCV_CUDA=1: nvcc is CUDA $nvcc_cuda, torch is built for CUDA $torch_cuda: the majors must match"
+    gcc_major=$(c++ -dumpversion | cut -d. -f1)
+    [ "$gcc_major" -ge 10 ] || die "MMCV_CUDA=1: the C++20 rewrite needs gcc >= 10, c++ is $(c++ -dumpversion)"
+    if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ]; then
+      TORCH_CUDA_ARCH_LIST=$("$PY" -c 'import torch
+caps = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+print(";".join(f"{a}.{b}" for a, b in caps))' 2>/dev/null || true)
+      [ -n "$TORCH_CUDA_ARCH_LIST" ] || \
+        die "MMCV_CUDA=1: no GPU visible to pick the architectures: set TORCH_CUDA_ARCH_LIST, e.g. '8.0;9.0'"
+    fi
+    per_job=4  # GiB an nvcc job can take
+    build_env=(TORCH_CUDA_ARCH_LIST="$TORCH_CUDA_ARCH_LIST" FORCE_CUDA=1 PYTORCH_NVCC="$wrap/nvcc")
+    log "building mmcv 2.1.0 with CUDA ops (nvcc $nvcc_cuda, archs $TORCH_CUDA_ARCH_LIST)"
+  else
+    per_job=2
+    build_env=(FORCE_CUDA=0 CUDA_VISIBLE_DEVICES=)  # CPU ops only, also on a GPU node (mmcv asks torch for CUDA)
+    log "building mmcv 2.1.0 with CPU ops from source${*:+ ($*)} (about 25 minutes on 2 cores, once)"
+  fi
+  local jobs=$(( mem_gib / per_job ))
+  [ "$jobs" -ge 1 ] || jobs=1
+  [ "$jobs" -le "$cpus" ] || jobs=$cpus
+  jobs=${MAX_JOBS:-$jobs}
+  log "MAX_JOBS=$jobs ($cpus CPUs, $mem_gib GiB available)"
+  "$PY" -m pip uninstall -y -q mmcv >/dev/null 2>&1 || true  # an installed mmcv without the ops asked for
+  ( export "${build_env[@]}" CXX="$wrap/c++" MMCV_WITH_OPS=1 MAX_JOBS="$jobs"
+    pip_in "$PY" "${MMCV_SOURCE[@]}" "$@" )
+}
+
 if [ "$CHECK_MMCV_SOURCE" = 1 ]; then
   scratch=$(mktemp -d)
   trap 'rm -rf "$scratch"' EXIT
@@ -65,7 +121,7 @@ print(next((i["metadata"]["version"] for i in r["install"] if i["metadata"]["nam
        "$scratch/torch.json")
   [ -z "$st" ] || "$SPY" -m pip install -q --disable-pip-version-check --no-deps "setuptools==$st"
   echo "[setup_env] setuptools $("$SPY" -c 'import setuptools; print(setuptools.__version__)') at the mmcv step" >&2
-  pip_in "$SPY" -q --dry-run --no-deps "${MMCV_SOURCE[@]}"
+  PY=$SPY build_mmcv -q --dry-run --no-deps
   echo "[setup_env] mmcv 2.1.0 source: metadata prepared" >&2
   exit 0
 fi
@@ -140,61 +196,6 @@ out = roi_align(torch.arange(64.0, device=dev).view(1, 1, 8, 8), torch.tensor([[
 assert out.device.type == dev and out.shape == (1, 1, 2, 2), out
 print(f"mmcv nms and roi_align ran on {dev}")'
 
-build_mmcv() {
-  local wrap real tool
-  wrap=$(mktemp -d)
-  # torch >= 2.14 headers need C++20; mmcv's setup.py pins -std=c++14/17 for g++ and nvcc
-  for tool in c++ nvcc; do
-    real=$(command -v "$tool" || true)
-    [ "$tool" = nvcc ] && [ -n "${CUDA_HOME:-}" ] && [ -x "$CUDA_HOME/bin/nvcc" ] && real="$CUDA_HOME/bin/nvcc"
-    [ -n "$real" ] || continue
-    cat > "$wrap/$tool" <<WRAPPER
-#!/usr/bin/env bash
-args=()
-for a in "\$@"; do
-  case "\$a" in -std=c++14|-std=c++17) args+=(-std=c++20) ;; *) args+=("\$a") ;; esac
-done
-exec "$real" "\${args[@]}"
-WRAPPER
-    chmod +x "$wrap/$tool"
-  done
-  local cpus mem_gib per_job build_env=()
-  cpus=$(nproc)
-  mem_gib=$(awk '/MemAvailable/ {print int($2 / 1048576)}' /proc/meminfo 2>/dev/null || echo 8)
-  if [ "$MMCV_CUDA" = 1 ]; then
-    [ -x "$wrap/nvcc" ] || die "MMCV_CUDA=1 needs nvcc: set CUDA_HOME to a CUDA toolkit of torch's CUDA major"
-    local torch_cuda nvcc_cuda gcc_major
-    torch_cuda=$("$PY" -c 'import torch; print(torch.version.cuda or "")')
-    [ -n "$torch_cuda" ] || die "MMCV_CUDA=1: this torch is a CPU-only build (set TORCH_INDEX_URL to a CUDA one)"
-    nvcc_cuda=$("$wrap/nvcc" --version | sed -n 's/.*release \([0-9.]*\),.*/\1/p')
-    [ "${nvcc_cuda%%.*}" = "${torch_cuda%%.*}" ] || \
-      die "MMCV_CUDA=1: nvcc is CUDA $nvcc_cuda, torch is built for CUDA $torch_cuda: the majors must match"
-    gcc_major=$(c++ -dumpversion | cut -d. -f1)
-    [ "$gcc_major" -ge 10 ] || die "MMCV_CUDA=1: the C++20 rewrite needs gcc >= 10, c++ is $(c++ -dumpversion)"
-    if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ]; then
-      TORCH_CUDA_ARCH_LIST=$("$PY" -c 'import torch
-caps = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
-print(";".join(f"{a}.{b}" for a, b in caps))' 2>/dev/null || true)
-      [ -n "$TORCH_CUDA_ARCH_LIST" ] || \
-        die "MMCV_CUDA=1: no GPU visible to pick the architectures: set TORCH_CUDA_ARCH_LIST, e.g. '8.0;9.0'"
-    fi
-    per_job=4  # GiB an nvcc job can take
-    build_env=(TORCH_CUDA_ARCH_LIST="$TORCH_CUDA_ARCH_LIST" FORCE_CUDA=1 PYTORCH_NVCC="$wrap/nvcc")
-    log "building mmcv 2.1.0 with CUDA ops (nvcc $nvcc_cuda, archs $TORCH_CUDA_ARCH_LIST)"
-  else
-    per_job=2
-    build_env=(FORCE_CUDA=0 CUDA_VISIBLE_DEVICES=)  # CPU ops only, also on a GPU node (mmcv asks torch for CUDA)
-    log "building mmcv 2.1.0 with CPU ops from source (about 25 minutes on 2 cores, once)"
-  fi
-  local jobs=$(( mem_gib / per_job ))
-  [ "$jobs" -ge 1 ] || jobs=1
-  [ "$jobs" -le "$cpus" ] || jobs=$cpus
-  jobs=${MAX_JOBS:-$jobs}
-  log "MAX_JOBS=$jobs ($cpus CPUs, $mem_gib GiB available)"
-  "$PY" -m pip uninstall -y -q mmcv >/dev/null 2>&1 || true  # an installed mmcv without the ops asked for
-  env "${build_env[@]}" CXX="$wrap/c++" MMCV_WITH_OPS=1 MAX_JOBS="$jobs" \
-    "${PIP[@]}" "${MMCV_SOURCE[@]}"
-}
 
 if ! "$PY" -c "$MMCV_OK" >/dev/null 2>&1; then
   have_torch=$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')
