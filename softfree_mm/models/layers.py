@@ -10,7 +10,8 @@ from mmengine.model import BaseModule
 from timm.layers import trunc_normal_
 from torch import nn
 
-from ..attention import AttentionKernel, kernel_class, list_attentions, normalize_cfg
+from ..attention import AttentionKernel, normalize_cfg
+from ..attention.fit import require_kernel_fit  # noqa: F401  (the backbones import it from here)
 
 AttnCfg = Union[str, dict, None]
 
@@ -73,23 +74,6 @@ def expand_per_block(value, depths: Sequence[int], name: str, owner: str, kind=N
                 vals.append(b)
         out.append(vals)
     return out
-
-
-def require_kernel_fit(cfg: dict, owner: str, where: str, *, needs_mask: bool = False,
-                       varying_length: bool = False) -> type:
-    """The kernel class for ``cfg``; a clear build-time error when the backbone must hand it a mask it can't take,
-    or token sequences whose length varies with the input size to a kernel tied to fixed positions."""
-    cls = kernel_class(cfg)
-    if varying_length and cls.fixed_length:
-        raise ValueError(f"{owner}: attention kernel '{cfg['type']}' cannot be used in {where}: its learned "
-                         'weights are tied to token positions up to a fixed length, and there the number of tokens '
-                         'varies with the input size; kernels that fit: '
-                         f"{', '.join(n for n in list_attentions() if not kernel_class(n).fixed_length)}")
-    if needs_mask and not cls.supports_mask:
-        raise ValueError(f"{owner}: attention kernel '{cfg['type']}' cannot be used in {where}: it needs "
-                         'attention masks (shifted windows / padded tokens) and the kernel cannot honour a mask; '
-                         f"kernels that can: {', '.join(n for n in list_attentions() if kernel_class(n).supports_mask)}")
-    return cls
 
 
 def padded_key_mask(valid_hw, padded_hw, device) -> torch.Tensor:
