@@ -195,6 +195,57 @@ def test_route_is_logged_once(monkeypatch, capsys):
     assert len(routed) == 1 and 'nms / roi_align' in routed[0]
 
 
+def _roi_align_by_formula(x, rois, out_hw, scale, sampling_ratio):
+    """mmcv's RoIAlign (aligned=True, avg) written out: each output bin is the mean of sampling_ratio x
+    sampling_ratio bilinear samples at evenly spaced points of the bin (all inside the map for the boxes used)."""
+    (ph, pw), r = out_hw, sampling_ratio
+    outs = []
+    for b, x1, y1, x2, y2 in rois.tolist():
+        x1, y1, x2, y2 = (c * scale - 0.5 for c in (x1, y1, x2, y2))  # aligned: pixel centres at +0.5
+        ys = y1 + (torch.arange(ph * r, dtype=x.dtype) + 0.5) * (y2 - y1) / (ph * r)
+        xs = x1 + (torch.arange(pw * r, dtype=x.dtype) + 0.5) * (x2 - x1) / (pw * r)
+        y0, x0 = ys.floor().long(), xs.floor().long()
+        ly, lx = (ys - y0)[:, None], (xs - x0)[None]
+        f = x[int(b)]
+        v = (f[:, y0][:, :, x0] * (1 - ly) * (1 - lx) + f[:, y0][:, :, x0 + 1] * (1 - ly) * lx
+             + f[:, y0 + 1][:, :, x0] * ly * (1 - lx) + f[:, y0 + 1][:, :, x0 + 1] * ly * lx)
+        outs.append(v.reshape(-1, ph, r, pw, r).mean((2, 4)))
+    return torch.stack(outs)
+
+
+@pytest.mark.parametrize('sampling_ratio', [1, 2])
+def test_routed_roi_align_keeps_the_sampling_ratio(monkeypatch, sampling_ratio):
+    """sampling_ratio > 0 (every shipped config uses 0, adaptive): the route's forward and backward against mmcv's
+    CPU op and against the formula; the boxes are large enough that the adaptive count (3 or 4 per bin side)
+    differs from the ratio asked for, so a route that dropped it gives other values."""
+    from mmcv.ops import roi_align
+    g = torch.Generator().manual_seed(sampling_ratio)
+    x = torch.randn(2, 3, 20, 24, generator=g, dtype=torch.float64)
+    rois = torch.tensor([[0, 4.6, 6.2, 27.4, 25.8], [1, 10.0, 3.0, 40.0, 30.0], [0, 7.0, 9.0, 19.0, 33.0]],
+                        dtype=torch.float64)
+    weight = torch.randn(3, 3, 4, 4, generator=g, dtype=torch.float64)
+    res = {}
+    for mode, how in (('0', 'mmcv'), ('1', 'torchvision')):
+        monkeypatch.setenv(ROUTE, mode)
+        before = _calls()
+        xi = x.clone().requires_grad_()
+        out = roi_align(xi, rois, (4, 4), 0.5, sampling_ratio, 'avg', True)
+        (out * weight).sum().backward()
+        after = _calls()
+        for op in ('roi_align_forward', 'roi_align_backward'):
+            assert after[(how, op)] == before.get((how, op), 0) + 1, (how, op)
+        res[how] = out.detach(), xi.grad
+    xf = x.clone().requires_grad_()
+    ref = _roi_align_by_formula(xf, rois, (4, 4), 0.5, sampling_ratio)
+    (ref * weight).sum().backward()
+    for how, (out, grad) in res.items():
+        torch.testing.assert_close(out, ref.detach(), rtol=1e-9, atol=1e-9, msg=how)
+        torch.testing.assert_close(grad, xf.grad, rtol=1e-9, atol=1e-9, msg=how)
+    monkeypatch.setenv(ROUTE, '0')
+    adaptive = roi_align(x, rois, (4, 4), 0.5, 0, 'avg', True)
+    assert (adaptive - ref.detach()).abs().max() > 1e-2  # the ratio matters for these boxes
+
+
 def _record_every_compiled_op(monkeypatch):
     """Every ``ext_module`` of every loaded mmcv.ops module wrapped in a recorder of the names called."""
     import importlib
