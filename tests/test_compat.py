@@ -81,37 +81,83 @@ def test_mmengine_checkpoint_loads_with_default_weights_only(tmp_path):
         assert torch.equal(loaded['state_dict'][k], v)
 
 
+class _HalfThenFull:
+    """A file whose first write puts half the bytes on disk, then fails as a full disk does."""
+
+    def __init__(self, f, on_write=None):
+        self.f, self.on_write = f, on_write
+
+    def write(self, data):
+        self.f.write(data[:len(data) // 2])
+        self.f.flush()
+        if self.on_write:
+            self.on_write()
+        raise OSError(28, 'No space left on device')
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return self.f.__exit__(*exc)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+
+def _full_disk_for(monkeypatch, part, on_write=None):
+    """From now on, writing to a file whose path holds ``part`` (under whatever name the writer opens) fails
+    half-way."""
+    real_open = open
+
+    def full_disk_open(file, mode='r', *args, **kwargs):
+        f = real_open(file, mode, *args, **kwargs)
+        return _HalfThenFull(f, on_write) if 'w' in mode and part in str(file) else f
+
+    monkeypatch.setattr('builtins.open', full_disk_open)
+
+
+def test_failed_atomic_write_leaves_the_previous_file_and_no_partial_one(tmp_path, monkeypatch):
+    """The final name holds the complete old file until the new one is complete: during the write, after it fails
+    (nothing else left in the folder), and the complete new file after a write that succeeds."""
+    path = tmp_path / 'epoch_3.pth'
+    old, new = b'old checkpoint ' * 100, b'new checkpoint ' * 200
+    path.write_bytes(old)
+    seen = []
+    _full_disk_for(monkeypatch, 'epoch_3', on_write=lambda: seen.append(path.read_bytes()))
+    with pytest.raises(OSError, match='No space left'):
+        compat.atomic_write(new, str(path))
+    monkeypatch.undo()
+    assert seen == [old]  # while the new bytes were written
+    assert path.read_bytes() == old
+    assert [p.name for p in tmp_path.iterdir()] == ['epoch_3.pth']
+    compat.atomic_write(new, str(path))
+    assert path.read_bytes() == new and [p.name for p in tmp_path.iterdir()] == ['epoch_3.pth']
+
+
 def test_failed_save_keeps_the_previous_checkpoint_and_no_partial_file(tmp_path, monkeypatch):
     """max_keep_ckpts=1: mmengine deletes the old checkpoint before writing the new one; a save that fails half-way
     (here: the disk fills after half the bytes) must leave the old one, and no partial file under the new name."""
     _toy_runner(tmp_path, max_epochs=1, max_keep_ckpts=1).train()
-    real_open = open
-
-    class HalfThenFull:
-        def __init__(self, f):
-            self.f = f
-
-        def write(self, data):
-            self.f.write(data[:len(data) // 2])
-            raise OSError(28, 'No space left on device')
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return self.f.__exit__(*exc)
-
-    def full_disk_open(file, mode='r', *args, **kwargs):
-        f = real_open(file, mode, *args, **kwargs)
-        return HalfThenFull(f) if 'w' in mode and 'epoch_2' in str(file) else f
-
-    monkeypatch.setattr('builtins.open', full_disk_open)
+    _full_disk_for(monkeypatch, 'epoch_2')
     with pytest.raises(OSError, match='No space left'):
         _toy_runner(tmp_path, max_epochs=2, resume=True, max_keep_ckpts=1).train()
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.glob('*.pth*')) == ['epoch_1.pth']
     assert torch.load(tmp_path / 'epoch_1.pth')['meta']['epoch'] == 1
     assert (tmp_path / 'last_checkpoint').read_text().strip().endswith('epoch_1.pth')
+
+
+def test_failed_save_over_an_existing_checkpoint_keeps_it_whole(tmp_path, monkeypatch):
+    """Resumed from epoch 1 in a work dir that already holds epoch 2: the new epoch 2 is saved under the name of the
+    old one, and fails half-way; the old file stays, byte for byte."""
+    _toy_runner(tmp_path, max_epochs=2).train()
+    before = (tmp_path / 'epoch_2.pth').read_bytes()
+    _full_disk_for(monkeypatch, 'epoch_2')
+    with pytest.raises(OSError, match='No space left'):
+        _toy_runner(tmp_path, max_epochs=2, resume=True, load_from=str(tmp_path / 'epoch_1.pth')).train()
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.glob('*.pth*')) == ['epoch_1.pth', 'epoch_2.pth']
+    assert (tmp_path / 'epoch_2.pth').read_bytes() == before
 
 
 def test_resume_continues_from_saved_epoch(tmp_path):
