@@ -184,6 +184,57 @@ def test_softmax_swin_equals_mmdet_swin_with_converted_mmdet_weights():
         torch.testing.assert_close(o, e, atol=1e-4, rtol=1e-4)
 
 
+def test_abs_pos_embed_swin_equals_mmdet_at_the_pretrain_size_and_mmdet_with_the_bicubic_table_elsewhere(tmp_path):
+    from mmdet.models.backbones.swin import SwinTransformer
+    from mmpretrain.models.utils import resize_pos_embed
+    from softfree_mm.models.converters import load_pretrained
+    arch = dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4))
+    # window 2: every stage grid below (32/48 at stride 4 down to 4/6) is an even number > 2, where mmdet (which
+    # neither masks pad keys nor skips the shift on a one-window grid) computes the same function as ours
+    common = dict(window_size=2, drop_path_rate=0.0, use_abs_pos_embed=True)
+    ref = SwinTransformer(**arch, **common, pretrain_img_size=(128, 192))
+    ref.eval()  # (mmdet's train() returns None)
+    randomize_(ref)
+    path = os.path.join(tmp_path, 'mask_rcnn_swin_ape.pth')  # what an mmdet detector checkpoint holds
+    torch.save({'state_dict': {f'backbone.{k}': v for k, v in ref.state_dict().items()}}, path)
+    model = SoftFreeSwin(arch=arch, **common, pretrain_img_size=(128, 192)).eval()
+    assert model.absolute_pos_embed.shape == ref.absolute_pos_embed.shape == (1, 32 * 48, 32)
+    # the user's path (init_cfg Pretrained): converted, every key placed, nothing skipped
+    assert load_pretrained(model, path, convert_swin) == ([], [], [])
+    assert torch.equal(model.absolute_pos_embed, ref.absolute_pos_embed)
+    x = torch.randn(1, 3, 128, 192)
+    with torch.no_grad():
+        for o, e in zip(model(x), ref(x)):
+            torch.testing.assert_close(o, e, atol=1e-4, rtol=1e-4)
+    # another size (H and W swapped): mmdet adds its table unresized (a shape error for another token count; with
+    # this one's equal count, rows land on the wrong tokens); the reference is mmdet's module at that pretrain size
+    # given the table resized by mmpretrain's resize_pos_embed (bicubic)
+    other = SwinTransformer(**arch, **common, pretrain_img_size=(192, 128))
+    other.eval()
+    sd = dict(ref.state_dict(), absolute_pos_embed=resize_pos_embed(ref.absolute_pos_embed.detach(), (32, 48),
+                                                                    (48, 32), mode='bicubic', num_extra_tokens=0))
+    other.load_state_dict(sd, strict=True)
+    x = torch.randn(2, 3, 192, 128)
+    with torch.no_grad():
+        outs, expect, unresized = model(x), other(x), ref(x)
+    assert not torch.allclose(outs[0], unresized[0], atol=1e-3)
+    assert [tuple(o.shape[2:]) for o in outs] == [(48, 32), (24, 16), (12, 8), (6, 4)]
+    for o, e in zip(outs, expect):
+        torch.testing.assert_close(o, e, atol=1e-4, rtol=1e-4)
+
+
+def test_abs_pos_embed_is_trunc_normal_frozen_with_the_stem_and_absent_by_default():
+    model = SoftFreeSwin(arch=dict(TINY), use_abs_pos_embed=True, pretrain_img_size=(96, 64))
+    pos = model.absolute_pos_embed.detach()
+    assert pos.shape == (1, 24 * 16, 16)
+    assert abs(pos.std().item() - 0.02) < 0.003 and abs(pos.mean().item()) < 0.003
+    assert model.get_layer_depth('backbone.absolute_pos_embed', 'backbone.') == (0, sum(TINY['depths']) + 2)
+    frozen = SoftFreeSwin(arch=dict(TINY), use_abs_pos_embed=True, frozen_stages=0)
+    assert not frozen.absolute_pos_embed.requires_grad and not frozen.patch_embed.proj.weight.requires_grad
+    assert SoftFreeSwin(arch=dict(TINY), use_abs_pos_embed=True).absolute_pos_embed.requires_grad
+    assert 'absolute_pos_embed' not in SoftFreeSwin(arch=dict(TINY)).state_dict()
+
+
 # ------------------------------------------------------------------------------------------- conversion
 def test_convert_swin_maps_official_and_timm_layouts_to_the_same_state_dict():
     timm = pytest.importorskip('timm')

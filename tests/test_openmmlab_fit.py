@@ -26,7 +26,7 @@ from mmengine.registry import DefaultScope
 
 import softfree_mm  # noqa: F401  (registers the backbones)
 from softfree_mm import models
-from softfree_mm.models import SoftFreePVTv2, SoftFreeSwin
+from softfree_mm.models import SoftFreePVT, SoftFreePVTv2, SoftFreeSwin
 
 from _backbone_presets import TINY  # noqa: E402  (tests/_backbone_presets.py: every registered backbone)
 
@@ -92,11 +92,11 @@ def test_mmdet_swin_arguments_keep_their_meaning():
 
 def test_arguments_without_a_meaning_here_are_named_in_one_error():
     with pytest.raises(ValueError) as e:
-        SoftFreeSwin(**SWIN_TINY, use_abs_pos_embed=True, attn_drop_rate=0.1, act_cfg=dict(type='ReLU'),
+        SoftFreeSwin(**SWIN_TINY, use_abs_pos_embed='yes', attn_drop_rate=0.1, act_cfg=dict(type='ReLU'),
                      strides=(4, 2, 2, 1))
     msg = str(e.value)
     assert msg.startswith('SoftFreeSwin: these arguments have no meaning here: ')
-    for name in ('use_abs_pos_embed=True', 'attn_drop_rate=0.1', "act_cfg={'type': 'ReLU'}", 'strides=(4, 2, 2, 1)'):
+    for name in ("use_abs_pos_embed='yes'", 'attn_drop_rate=0.1', "act_cfg={'type': 'ReLU'}", 'strides=(4, 2, 2, 1)'):
         assert name in msg
     assert 'norm_cfg' not in msg and '\n' not in msg
     with pytest.raises(ValueError, match=r"SoftFreePVTv2: these arguments have no meaning here: num_stages=3 .*"
@@ -106,6 +106,41 @@ def test_arguments_without_a_meaning_here_are_named_in_one_error():
         SoftFreePVTv2(depths=(2, 2, 2, 2), num_layers=[3, 4, 6, 3])
     with pytest.raises(TypeError, match=r"unexpected keyword argument 'qkscale'"):  # a typo stays a typo
         SoftFreeSwin(qkscale=0.1)
+
+
+@pytest.mark.parametrize('ours, theirs', [('SoftFreeSwin', 'swin.SwinTransformer'),
+                                          ('SoftFreePVTv2', 'pvt.PyramidVisionTransformerV2'),
+                                          ('SoftFreePVT', 'pvt.PyramidVisionTransformer')])
+def test_pretrain_img_size_of_another_length_is_refused_as_mmdet_refuses_it(ours, theirs):
+    module, name = theirs.split('.')
+    mmdet_cls = getattr(importlib.import_module(f'mmdet.models.backbones.{module}'), name)
+    cls = getattr(models, ours)
+    small = SWIN_TINY if ours == 'SoftFreeSwin' else dict(embed_dims=(8, 8, 8, 8), num_heads=(1, 1, 1, 1),
+                                                            depths=(1, 1, 1, 1))
+    with pytest.raises(AssertionError, match='length 1 or 2, but got 3'):
+        mmdet_cls(pretrain_img_size=(224, 224, 3))
+    for bad in ((224, 224, 3), (), [224, 224, 3], (224, 0), 224.0, '224'):
+        with pytest.raises(ValueError, match=rf'^{ours}: pretrain_img_size must be a positive int or a tuple of 1 or '
+                                             rf'2 positive ints \(H, W\).* got {re.escape(repr(bad))}$'):
+            cls(**small, pretrain_img_size=bad)
+    for good in (224, (224,), (224, 320), [224, 320]):  # mmdet's own forms
+        cls(**small, pretrain_img_size=good)
+
+
+def test_pvt_and_swin_size_their_position_tables_from_an_h_w_pretrain_img_size_as_mmdet():
+    from mmdet.models.backbones.pvt import PyramidVisionTransformer
+    from mmdet.models.backbones.swin import SwinTransformer
+    size = (224, 320)
+    ref = PyramidVisionTransformer(pretrain_img_size=size, num_layers=[1, 1, 1, 1])
+    mm = [m.pos_embed.shape for m in ref.modules() if hasattr(m, 'pos_embed')]
+    ours = SoftFreePVT(pretrain_img_size=size, depths=(1, 1, 1, 1))
+    assert [s.pos_embed.shape for s in ours.stages] == mm == [(1, 56 * 80, 64), (1, 28 * 40, 128),
+                                                              (1, 14 * 20, 320), (1, 7 * 10, 512)]
+    swin = SwinTransformer(embed_dims=16, depths=(1, 1), num_heads=(1, 2), strides=(4, 2), out_indices=(0, 1),
+                           pretrain_img_size=size, use_abs_pos_embed=True)
+    mine = SoftFreeSwin(arch=dict(embed_dims=16, depths=(1, 1), num_heads=(1, 2)), out_indices=(0, 1),
+                        pretrain_img_size=size, use_abs_pos_embed=True)
+    assert mine.absolute_pos_embed.shape == swin.absolute_pos_embed.shape == (1, 56 * 80, 16)
 
 
 def test_pvtv2_mmdet_embed_dims_and_num_layers_mean_what_they_mean_in_mmdet():

@@ -1,6 +1,7 @@
 """What two or more backbones share: the backbone base class (``pretrained``, Pretrained loading), attention-config
 expansion, kernel fit checks, token-grid helpers, checks of OpenMMLab argument names."""
 import functools
+import numbers
 import warnings
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -380,6 +381,17 @@ def check_foreign_args(owner: str, checks: Dict[str, Tuple[object, bool, str]]) 
         raise ValueError(f'{owner}: these arguments have no meaning here: {"; ".join(bad)}')
 
 
+def pretrain_hw(owner: str, value) -> Tuple[int, int]:
+    """mmdet's ``pretrain_img_size`` as (H, W): an int, or a tuple / list of one or two ints, as mmdet's Swin and PVT
+    take it (mmdet asserts on any other length); anything else is one error naming the value."""
+    size = (value,) if isinstance(value, numbers.Integral) else value
+    if isinstance(size, (tuple, list)) and len(size) in (1, 2) and all(
+            isinstance(s, numbers.Integral) and not isinstance(s, bool) and s > 0 for s in size):
+        return int(size[0]), int(size[-1])
+    raise ValueError(f'{owner}: pretrain_img_size must be a positive int or a tuple of 1 or 2 positive ints (H, W): '
+                     f'the image size the position embedding was learned at, as in mmdet; got {value!r}')
+
+
 def is_cfg(cfg, kind: str, **fixed) -> bool:
     """``cfg`` is ``dict(type=kind)``, optionally with exactly the given extra values (e.g. LN with eps=1e-6)."""
     if not isinstance(cfg, dict) or cfg.get('type') != kind:
@@ -465,10 +477,14 @@ class StagedBackbone(SoftFreeBackbone):
         self._freeze_stages()
         return self
 
+    def _embed(self, x: torch.Tensor) -> torch.Tensor:
+        """The (B, H, W, C) tokens before the first stage; a subclass adds what follows the patch embedding there."""
+        return self.patch_embed(x)
+
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         if x.dim() != 4:
             raise ValueError(f'{type(self).__name__}: expected images (B, C, H, W), got shape {tuple(x.shape)}')
-        x = self.drop_after_pos(self.patch_embed(x))
+        x = self.drop_after_pos(self._embed(x))
         outs = []
         for i, stage in enumerate(self.stages):
             x = stage(x)

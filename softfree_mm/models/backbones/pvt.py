@@ -34,7 +34,7 @@ from torch import nn
 
 from ...attention import build_attention, kernel_class, list_attentions
 from ..layers import (Mlp, SoftFreeBackbone, check_foreign_args, expand_attn_cfg, gelu_linear, grid_view, is_cfg,
-                      require_kernel_fit, token_view)
+                      pretrain_hw, require_kernel_fit, token_view)
 
 __all__ = ['SoftFreePVT', 'SoftFreePVTv2']
 
@@ -192,6 +192,7 @@ class _PVTBase(SoftFreeBackbone):
         if arch not in self.arch_zoo:
             raise ValueError(f'{owner}: unknown arch {arch!r}; valid archs: {", ".join(self.arch_zoo)}')
         preset = self.arch_zoo[arch]
+        pretrain_size = pretrain_hw(owner, pretrain_img_size)
         if num_layers is not None:  # mmdet's name for depths
             if depths is not None and tuple(depths) != tuple(num_layers):
                 raise ValueError(f'{owner}: depths={depths} and num_layers={num_layers} (its mmdet name) disagree; '
@@ -235,8 +236,7 @@ class _PVTBase(SoftFreeBackbone):
                 pos_shape = None
             else:
                 pe = PatchEmbed(cin, dim, 4 if i == 0 else 2, 4 if i == 0 else 2, overlap=False)
-                side = pretrain_img_size // (4 * 2 ** i)
-                pos_shape = (side, side)
+                pos_shape = tuple(n // (4 * 2 ** i) for n in pretrain_size)
             blocks = nn.ModuleList([
                 PVTBlock(dim, self.num_heads[i], attn_cfgs[i], cfg['mlp_ratios'][i], self.sr_ratios[i], linear,
                          conv_mlp=v2, qkv_bias=qkv_bias, drop_path=dpr[cur + j], owner=owner,
@@ -346,7 +346,8 @@ class SoftFreePVT(_PVTBase):
             per-stage tuples override the preset.
         attn_cfg: one kernel config for all stages or a list of four. Default: the preset's, else 'softmax'.
         sr_ratios: (8, 4, 2, 1) by default; (1, 1, 1, 1) gives the InLine set-up (no spatial reduction).
-        pretrain_img_size: the image size the positional tables were learned at (224: grids 56, 28, 14, 7).
+        pretrain_img_size: the image size the positional tables were learned at, an int or (H, W) as in mmdet
+            (224: grids 56, 28, 14, 7).
         out_indices, frozen_stages, drop_path_rate, with_cp, init_cfg, pretrained: as every softfree_mm backbone.
     No per-output norm (the official v1 detection backbone has none).
 
@@ -392,7 +393,7 @@ class SoftFreePVT(_PVTBase):
                  drop_path_rate: float = 0.1,
                  frozen_stages: int = -1,
                  with_cp: bool = False,
-                 pretrain_img_size: int = 224,
+                 pretrain_img_size: Union[int, Sequence[int]] = 224,
                  init_cfg: Optional[dict] = None,
                  pretrained: Optional[str] = None,
                  num_layers: Optional[Sequence[int]] = None,
@@ -426,9 +427,9 @@ class SoftFreePVTv2(_PVTBase):
     mmdet's ``PyramidVisionTransformerV2`` arguments are accepted with their meanings (``type='SoftFreePVTv2'`` is the
     only change an mmdet config needs): ``num_layers`` (= depths), an int ``embed_dims`` (stage i gets
     ``embed_dims * num_heads[i]`` channels), ``convert_weights`` (checkpoints are always converted),
-    ``pretrain_img_size`` (sizes an absolute position embedding, which v2 does not have), and ``num_stages=4``,
-    ``strides=(4, 2, 2, 2)``, ``drop_rate=attn_drop_rate=0``, GELU, LN with eps 1e-6; other values have no meaning
-    here and are refused in one error naming them.
+    ``pretrain_img_size`` (an int or (H, W), as mmdet checks it; it sizes an absolute position embedding, which v2
+    does not have), and ``num_stages=4``, ``strides=(4, 2, 2, 2)``, ``drop_rate=attn_drop_rate=0``, GELU, LN with
+    eps 1e-6; other values have no meaning here and are refused in one error naming them.
     """
     OWNER = 'SoftFreePVTv2'
     VERSION = 2
@@ -475,8 +476,8 @@ class SoftFreePVTv2(_PVTBase):
         mmdet_args = dict(num_stages=num_stages, strides=strides, drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
                           act_cfg=act_cfg, norm_cfg=norm_cfg, convert_weights=convert_weights)
         super().__init__(arch, in_channels, embed_dims, depths, num_heads, mlp_ratios, sr_ratios, linear, qkv_bias,
-                         attn_cfg, out_indices, drop_path_rate, frozen_stages, with_cp, 224, init_cfg, pretrained,
-                         num_layers, mmdet_args)
+                         attn_cfg, out_indices, drop_path_rate, frozen_stages, with_cp, pretrain_img_size, init_cfg,
+                         pretrained, num_layers, mmdet_args)
 
 
 # ---------------------------------------------------------------------- checkpoint conversion

@@ -35,13 +35,13 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from mmengine.logging import print_log
-from timm.layers import DropPath
+from timm.layers import DropPath, trunc_normal_
 from torch import nn
 
 from ...attention import build_attention
 from ...attention.base import ceil_div
 from ..layers import (Mlp, StagedBackbone, WindowLayout, check_foreign_args, expand_per_block, identity_mask, is_cfg,
-                      require_kernel_fit, _to_windows)
+                      pretrain_hw, require_kernel_fit, _to_windows)
 
 __all__ = ['SoftFreeSwin']
 
@@ -305,9 +305,11 @@ class SoftFreeSwin(StagedBackbone):
     mmdet's ``SwinTransformer`` arguments are accepted with their meanings, so that ``type='SoftFreeSwin'`` is the
     only change an mmdet config needs: ``qk_scale`` (the factor on q.k; None = head_dim^-1/2), ``strides``
     (``(patch_size, 2, 2, 2)``: the only layout), ``convert_weights`` (checkpoints are always converted),
-    ``pretrain_img_size`` (sizes the absolute position embedding, which is off), ``use_abs_pos_embed=False``,
+    ``use_abs_pos_embed`` (a learned ``absolute_pos_embed`` (1, H/patch * W/patch, C) at ``pretrain_img_size``
+    (an int or (H, W)), added after the patch embedding; on another token grid it is resized bicubically, as
+    mmpretrain's Swin does, where mmdet's adds it unresized and so runs at the pretrain size only),
     ``attn_drop_rate=0``, ``act_cfg=dict(type='GELU')``, ``norm_cfg=dict(type='LN')``; other values of the last
-    five have no meaning here and are refused in one error naming them.
+    three have no meaning here and are refused in one error naming them.
     """
 
     arch_zoo = ARCH_ZOO
@@ -346,7 +348,7 @@ class SoftFreeSwin(StagedBackbone):
         check_foreign_args('SoftFreeSwin', dict(
             strides=(strides, strides is None or tuple(strides) == (patch_size,) + (2,) * (len(tuple(strides)) - 1),
                      f'patch embedding stride patch_size={patch_size}, then 2 per stage'),
-            use_abs_pos_embed=(use_abs_pos_embed, not use_abs_pos_embed, 'no absolute position embedding'),
+            use_abs_pos_embed=(use_abs_pos_embed, isinstance(use_abs_pos_embed, bool), 'True or False'),
             attn_drop_rate=(attn_drop_rate, attn_drop_rate == 0, 'no dropout on attention weights: a kernel may '
                             'never form them'),
             act_cfg=(act_cfg, is_cfg(act_cfg, 'GELU'), "the MLP's activation is dict(type='GELU')"),
@@ -355,6 +357,7 @@ class SoftFreeSwin(StagedBackbone):
                       'a positive float or None'),
             convert_weights=(convert_weights, isinstance(convert_weights, bool), 'True or False'),
         ))
+        pretrain_size = pretrain_hw('SoftFreeSwin', pretrain_img_size)
         if isinstance(arch, str):
             if arch not in ARCH_ZOO:
                 raise ValueError(f'SoftFreeSwin: unknown arch {arch!r}; valid archs: {", ".join(ARCH_ZOO)} '
@@ -405,6 +408,14 @@ class SoftFreeSwin(StagedBackbone):
         self.global_window = tuple(tuple(g) for g in global_window)
 
         self.patch_embed = PatchEmbed(in_channels, embed_dims, patch_size, patch_norm)
+        self.pos_grid = None
+        self.absolute_pos_embed = None
+        if use_abs_pos_embed:  # mmdet's: one row per patch of the pretrain image (floor), row-major
+            self.pos_grid = (pretrain_size[0] // patch_size, pretrain_size[1] // patch_size)
+            if min(self.pos_grid) < 1:
+                raise ValueError(f'SoftFreeSwin: pretrain_img_size {pretrain_img_size!r} is smaller than one patch '
+                                 f'(patch_size={patch_size}): the absolute position embedding would be empty')
+            self.absolute_pos_embed = nn.Parameter(torch.zeros(1, self.pos_grid[0] * self.pos_grid[1], embed_dims))
         self.drop_after_pos = nn.Dropout(drop_rate)
         dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
         no_bias = []
@@ -441,6 +452,37 @@ class SoftFreeSwin(StagedBackbone):
             self.add_module(f'norm{i}', nn.LayerNorm(dims[i]))
         self._init_default()
         self._freeze_stages()
+
+    def _init_default(self):
+        super()._init_default()
+        if self.absolute_pos_embed is not None:
+            trunc_normal_(self.absolute_pos_embed, std=0.02)
+
+    def _freeze_stages(self):
+        super()._freeze_stages()
+        if self.frozen_stages >= 0 and self.absolute_pos_embed is not None:  # frozen with the patch embedding
+            self.absolute_pos_embed.requires_grad = False
+
+    def _embed(self, x):
+        x = self.patch_embed(x)
+        if self.absolute_pos_embed is None:
+            return x
+        return x + self.positions(tuple(x.shape[1:3]))
+
+    def positions(self, hw: Tuple[int, int]) -> torch.Tensor:
+        """``absolute_pos_embed`` as (1, H, W, C) on an (H, W) token grid: bicubically resized (align_corners=False,
+        in float32 as mmpretrain's Swin) when the grid is not the pretrain one."""
+        gh, gw = self.pos_grid
+        pos = self.absolute_pos_embed.view(1, gh, gw, -1)
+        if tuple(hw) == (gh, gw):
+            return pos
+        grid = F.interpolate(pos.permute(0, 3, 1, 2).float(), size=tuple(hw), mode='bicubic', align_corners=False)
+        return grid.to(pos.dtype).permute(0, 2, 3, 1)
+
+    def get_layer_depth(self, param_name: str, prefix: str = '') -> Tuple[int, int]:
+        if param_name == prefix + 'absolute_pos_embed':  # part of the stem
+            return 0, sum(self.depths) + 2
+        return super().get_layer_depth(param_name, prefix)
 
 
 # ---------------------------------------------------------------------------------------------- conversion
