@@ -142,3 +142,40 @@ def test_get_flops_tool_prints_the_openmmlab_summary_and_exits_2_on_bad_input(ca
     assert capsys.readouterr().err.strip().startswith('error: --shape must be H W or one size, each >= 32')
     assert main([cfg, '--cfg-options', 'model.backbone.attn_cfg.type=nope']) == 2
     assert "unknown attention type 'nope'" in capsys.readouterr().err
+
+
+def test_model_count_of_a_call_with_a_bias_and_no_mask_is_the_explicit_cost():
+    """poly p = 2, d = 2, N = 64: without bias or mask the factorised path is cheaper (3 features), but a bias (as
+    Swin's relative position bias) takes the explicit path, S = q k^T and A @ v, whatever the mask. The count of
+    analysis/flops.py for each way of calling, against the formulas and against torch's count of the call."""
+    from softfree_mm.analysis.flops import attention_flops
+
+    n, d, dv, heads = 64, 2, 4, 3
+    features = 3  # x^2, xy, y^2
+    explicit, factorised = n * n * (d + dv), (n + n) * features * dv
+
+    class Block(torch.nn.Module):
+        def __init__(self, call):
+            super().__init__()
+            self.kernel = build_attention(dict(type='poly', degree=2), num_heads=heads, head_dim=d)
+            self.call = call
+
+        def forward(self, x):
+            q, k, v = x[..., :d], x[..., d:2 * d], x[..., 2 * d:]
+            return self.call(self.kernel, q, k, v)
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, heads, n, 2 * d + dv, generator=g)
+    bias = torch.randn(heads, n, n, generator=g)
+    mask = torch.rand(n, n, generator=g) > 0.3
+    calls = {
+        'plain': (lambda kern, q, k, v: kern(q, k, v), factorised),
+        'bias=': (lambda kern, q, k, v: kern(q, k, v, bias=bias), explicit),
+        'bias positional': (lambda kern, q, k, v: kern(q, k, v, None, None, bias), explicit),
+        'mask=': (lambda kern, q, k, v: kern(q, k, v, mask=mask), explicit),
+        'bias and mask': (lambda kern, q, k, v: kern(q, k, v, bias=bias, mask=mask), explicit),
+    }
+    for what, (call, per_pair) in calls.items():
+        block = Block(call)
+        assert attention_flops(block, (x,)) == {'kernel': 2 * heads * per_pair}, what
+        assert _counted(lambda: block(x)) == 2 * heads * per_pair, what  # torch's count of the path taken
