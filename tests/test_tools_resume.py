@@ -13,15 +13,19 @@ CPU thread (float sums may depend on the thread count; a forked child must not u
 """
 import glob
 import importlib.util
+import itertools
 import json
 import os
 import os.path as osp
+import random
 import signal
 import sys
 import time
 
+import numpy as np
 import pytest
 import torch
+from mmengine.model import BaseModel
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -201,3 +205,91 @@ def test_killed_runs_resume_and_reproduce_the_uninterrupted_run(setup):
     assert state.keys() == ref_state.keys()
     for k in ref_state:
         assert torch.equal(state[k], ref_state[k]), k
+
+
+# ------------------------------------------------------------------ the reliability hooks on a tiny mmengine Runner
+# A one-weight model on a list of numbers: runs in a fraction of a second, so every random stream and every kind of
+# non-finite loss gets its own run.
+_NAMES = itertools.count()
+
+
+class _Draws(BaseModel):
+    """Each forward draws from Python's random, numpy and torch (as data transforms and batch augmentations do)
+    and records the draws."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.draws = []
+
+    def forward(self, inputs, data_samples=None, mode='tensor'):
+        d = (random.random(), float(np.random.rand()), float(torch.rand(())))
+        self.draws.append(d)
+        return dict(loss=((self.w - sum(d)) ** 2).sum())
+
+
+class _BlowUp(BaseModel):
+    """loss (w - 1)^2, multiplied by ``factor`` in forward call ``at``; records w at every forward."""
+
+    def __init__(self, factor, at=3):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.factor, self.at, self.seen = factor, at, []
+
+    def forward(self, inputs, data_samples=None, mode='tensor'):
+        self.seen.append(float(self.w))
+        loss = ((self.w - 1) ** 2).sum()
+        return dict(loss=loss * self.factor if len(self.seen) == self.at else loss)
+
+
+def _tiny_runner(work_dir, model, hooks, by_epoch=False, iters=8, ckpt_every=4, resume_from=None):
+    """2 samples a batch of 4 shuffled ones; ``iters`` iterations (or ``iters // 2`` epochs), a checkpoint every
+    ``ckpt_every`` iterations (epochs); seed 0."""
+    from mmengine.runner import Runner
+    data = [dict(inputs=torch.tensor([float(i)])) for i in range(4)]
+    loop = dict(by_epoch=True, max_epochs=iters // 2) if by_epoch else dict(by_epoch=False, max_iters=iters)
+    return Runner(model=model, work_dir=str(work_dir), experiment_name=f'tiny_{next(_NAMES)}',
+                  train_dataloader=dict(dataset=data, sampler=dict(type='DefaultSampler', shuffle=True), batch_size=2,
+                                        collate_fn=dict(type='default_collate')),
+                  optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1)), train_cfg=loop,
+                  default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=ckpt_every, by_epoch=by_epoch),
+                                     logger=dict(type='LoggerHook', interval=100)),
+                  custom_hooks=list(hooks), randomness=dict(seed=0), resume=resume_from is not None,
+                  load_from=resume_from, default_scope='mmengine')
+
+
+@pytest.mark.parametrize('by_epoch', [False, True], ids=['iterations', 'epochs'])
+def test_resumed_run_continues_python_numpy_and_torch_random_streams(tmp_path, by_epoch):
+    """8 iterations without interruption; then a new run resumed from the checkpoint of iteration 4 (epoch 2) draws
+    in iterations 5-8 what the uninterrupted run drew there, from each of the three generators (mmengine's resume
+    alone re-seeds them: the draws of iterations 1-4 again)."""
+    from softfree_mm.engine.reliability import RNGStateHook
+    every = 2 if by_epoch else 4
+    whole = _Draws()
+    _tiny_runner(tmp_path / 'whole', whole, [RNGStateHook()], by_epoch=by_epoch, ckpt_every=every).train()
+    assert len(whole.draws) == 8
+    ckpt = tmp_path / 'whole' / ('epoch_2.pth' if by_epoch else 'iter_4.pth')
+    resumed = _Draws()
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)  # whatever the process held before
+    _tiny_runner(tmp_path / 'resumed', resumed, [RNGStateHook()], by_epoch=by_epoch, ckpt_every=every,
+                 resume_from=str(ckpt)).train()
+    assert len(resumed.draws) == 4
+    for i, name in enumerate(('python random', 'numpy', 'torch')):
+        assert [d[i] for d in resumed.draws] == [d[i] for d in whole.draws[4:]], name
+        assert [d[i] for d in resumed.draws] != [d[i] for d in whole.draws[:4]], name  # not merely re-seeded
+
+
+@pytest.mark.parametrize('factor', [float('nan'), float('inf'), float('-inf')], ids=['nan', 'inf', '-inf'])
+def test_nonfinite_loss_guard_stops_or_skips_nan_inf_and_minus_inf_alike(tmp_path, factor):
+    from softfree_mm.engine.reliability import NonFiniteLoss, NonFiniteLossHook
+    model = _BlowUp(factor)
+    with pytest.raises(NonFiniteLoss, match=rf'^iteration 3: the loss is {factor} \(loss={factor}\); stopped before'
+                                            ' the update'):
+        _tiny_runner(tmp_path / 'stop', model, [NonFiniteLossHook()], iters=5, ckpt_every=100).train()
+    assert len(model.seen) == 3 and float(model.w) == model.seen[2]  # iteration 3 updated nothing
+    assert model.seen[2] != model.seen[1]  # the finite ones did
+
+    model, hook = _BlowUp(factor), NonFiniteLossHook(skip=True)
+    _tiny_runner(tmp_path / 'skip', model, [hook], iters=5, ckpt_every=100).train()
+    assert hook.skipped == [3] and len(model.seen) == 5
+    assert model.seen[3] == model.seen[2] and model.seen[4] != model.seen[3] and model.seen[2] != model.seen[1]

@@ -261,7 +261,7 @@ class NonFiniteLossHook(Hook):
     @staticmethod
     def _message(runner, it, loss, terms) -> str:
         value = float(loss.detach().float().sum()) if loss.numel() else float('nan')
-        kind = 'nan' if math.isnan(value) else 'inf' if math.isinf(value) else 'not finite'
+        kind = 'nan' if math.isnan(value) else ('-inf' if value < 0 else 'inf') if math.isinf(value) else 'not finite'
         last = latest_checkpoint(runner.work_dir, check=False)
         kept = f'the last checkpoint {last} is kept' if last else 'no checkpoint was written yet'
         amp = ''
