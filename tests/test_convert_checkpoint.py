@@ -53,12 +53,16 @@ def test_cli_converts_a_timm_xcit_release_that_init_cfg_then_loads_exactly(tmp_p
             torch.testing.assert_close(ours.state_dict()[name], p)
 
 
-def test_cli_pvt_v2_round_trip_in_process(tmp_path):
+def test_cli_pvt_v2_round_trip_in_process(tmp_path, capsys):
     timm = pytest.importorskip('timm')
     ref = timm.create_model('pvt_v2_b0', pretrained=False)
     src, dst = tmp_path / 'b0.pth', tmp_path / 'b0_ours.pth'
     torch.save(ref.state_dict(), src)
     assert convert_checkpoint.main(['pvt_v2', str(src), str(dst)]) == 0
+    # the report says which preset the file is, read from its tensors
+    assert capsys.readouterr().out.splitlines()[1] == (
+        "pvt_v2: SoftFreePVTv2(arch='b0'): the file holds depths (2, 2, 2, 2), widths (32, 64, 160, 256), heads "
+        '(?, ?, ?, ?), MLP ratios (8, 8, 4, 4), spatial reduction (8, 4, 2, 1)')
     ours = SoftFreePVTv2(arch='b0')
     missing, unexpected = ours.load_state_dict(torch.load(dst)['state_dict'], strict=False)
     assert not missing, missing
@@ -73,6 +77,9 @@ def test_cli_errors_name_the_bad_value(tmp_path, capsys):
     with pytest.raises(SystemExit):
         convert_checkpoint.main(['swin', str(tmp_path / 'missing.pth'), str(tmp_path / 'b')])
     assert 'no such checkpoint' in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        convert_checkpoint.main(['swin', str(tmp_path / 'missing.pth')])
+    assert 'DST is required (or --print-arch' in capsys.readouterr().err
 
 
 def test_unwrap_takes_the_backbone_of_a_whole_detector_checkpoint():

@@ -2,6 +2,7 @@
 """Convert an official release or timm checkpoint to softfree_mm's backbone layout.
 
     python tools/convert_checkpoint.py FAMILY SRC DST [--ema]
+    python tools/convert_checkpoint.py FAMILY SRC --print-arch
 
 FAMILY: auto | xcit | pvt | pvt_v2 | swin | cswin | soft | inline_swin | inline_pvt | inline_cswin; ``auto`` detects
 the family from the key names. ``--ema`` takes the EMA weights when the file has them (always for SOFT releases,
@@ -9,7 +10,9 @@ whose official evaluation uses them). SRC may wrap its weights in 'model', 'stat
 or be bare (the official releases' other entries, such as the training arguments or config, are read as plain
 data, never executed); a whole detector or segmentor checkpoint gives its 'backbone.*' weights. DST is a plain
 ``{'state_dict': ...}`` file that ``init_cfg=dict(type='Pretrained', checkpoint=DST)`` loads. The tool prints how
-many keys it placed and names any key the family's backbones do not have; a file of another family is refused.
+many keys it placed, which preset the file is (the depths, widths and heads read from its tensors, and the
+arguments that build a model it fits when no preset does) and names any key the family's backbones do not have; a
+file of another family is refused. ``--print-arch`` prints only which preset the file is (DST is then optional).
 """
 import argparse
 import os
@@ -22,16 +25,21 @@ import torch
 
 def main(argv=None):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from softfree_mm.models.converters import (detect_family, family_match, get_converter, list_converters,
-                                               read_checkpoint, unplaced_keys, unwrap_state_dict)
+    from softfree_mm.models.converters import (arch_report, detect_family, family_match, get_converter,
+                                               list_converters, read_checkpoint, unplaced_keys, unwrap_state_dict)
 
     families = ['auto'] + list_converters()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('family', help=f'one of {", ".join(families)}')
     parser.add_argument('src', help='official or timm checkpoint')
-    parser.add_argument('dst', help='output file')
+    parser.add_argument('dst', nargs='?', help='output file (optional with --print-arch)')
     parser.add_argument('--ema', action='store_true', help='take the EMA weights when the file has them')
+    parser.add_argument('--print-arch', action='store_true',
+                        help='print which preset the file is (or the arguments that fit it) and write nothing '
+                             'unless DST is given')
     args = parser.parse_args(argv)
+    if args.dst is None and not args.print_arch:
+        parser.error('DST is required (or --print-arch to only print which preset the file is)')
     if args.family not in families:
         parser.error(f'unknown family {args.family!r}; valid: {", ".join(families)}')
     if not os.path.isfile(args.src):
@@ -57,12 +65,20 @@ def main(argv=None):
         parser.error(f'{args.src} does not look like {what}: after conversion only {share:.0%} of its {len(out)} '
                      f'keys are {family} names (e.g. {sorted(out)[:3]}); pick the family it was released for: '
                      f'{", ".join(list_converters())}')
+    arch = arch_report(family, out)
+    arch_line = f'{family}: ' + (arch or 'the file shows no block whose depths and widths could be read')
+    if args.print_arch:
+        print(arch_line)
+        if args.dst is None:
+            return 0
     unplaced = unplaced_keys(family, out)
     os.makedirs(os.path.dirname(os.path.abspath(args.dst)), exist_ok=True)
     torch.save({'state_dict': out, 'meta': {'converted_from': os.path.basename(args.src), 'family': family}},
                args.dst)
     placed = f'{len(out) - len(unplaced)} placed'
     print(f'{family}: {len(sd)} keys in, {len(out)} keys out, {placed} -> {args.dst}')
+    if not args.print_arch:
+        print(arch_line)
     if unplaced:
         print(f'{family}: {len(unplaced)} key(s) no {family} backbone has: {unplaced}', file=sys.stderr)
     return 0

@@ -18,8 +18,10 @@ newest readable checkpoint of the work dir and, with a fixed seed, reproduces th
 
 ``--dry-run`` checks the config without its data set and trains nothing: it builds the model (kernels and their fit
 to the backbone), runs the backbone once on a small image, builds every data pipeline, the evaluators (without their
-annotation files), the optimizer and the visualiser backends, prints one line per part and exits 0 (no data is read
-and no pretrained start is loaded).
+annotation files), the optimizer and the visualiser backends, checks the checkpoints the run starts from where the
+files are here (a backbone's Pretrained file read and converted: depths, widths and heads against the backbone's;
+load_from / --resume against the model), prints one line per part and exits 0 (no data is read, nothing is loaded
+into the model).
 Demo data roots (``data/demo/...``) are written on demand by tools/make_demo_data.py.
 """
 import argparse
@@ -114,6 +116,7 @@ def check_start(runner, cfg, auto_resume):
         return
     model = runner.model.module if is_model_wrapper(runner.model) else runner.model
     try:
+        check_start_arch(path, model)
         reliability.check_checkpoint(path, model, 'resume' if cfg.get('resume') else 'load')
     except reliability.BadInput as e:
         if not auto_resume:
@@ -127,6 +130,17 @@ def check_start(runner, cfg, auto_resume):
     from mmengine.dist import is_main_process
     if cfg.get('resume') and is_main_process():
         reliability.remove_stale_temporaries(cfg.work_dir)
+
+
+def check_start_arch(path, model):
+    """A backbone whose weights in the checkpoint have other depths / widths / heads is one error naming them
+    (mmengine would list every weight of another shape)."""
+    from softfree_mm.engine import reliability
+    from softfree_mm.models.converters import check_model_checkpoint
+    try:
+        check_model_checkpoint(model, reliability.load_state_dict_of(path), path)
+    except ValueError as e:
+        raise reliability.BadInput(' '.join(str(e).split())) from None
 
 
 def make_demo(root, subset=None):

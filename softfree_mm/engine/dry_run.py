@@ -3,14 +3,17 @@
 Builds what training would build and reads no image or annotation file: the model (every attention kernel and its
 fit to the backbone are checked while it is built), one forward of the backbone on a small image (the kernels run),
 the data pipelines of every dataloader (each transform built), the dataset types, the evaluators (without their
-annotation files), the optimizer wrapper with its parameter-wise settings, and the visualiser's backends. A problem
-is a :class:`~softfree_mm.engine.launch.UsageError` naming it (one line, exit status 2); success returns one summary
+annotation files), the optimizer wrapper with its parameter-wise settings, the visualiser's backends, and the
+checkpoints the run starts from where the files are here (a backbone's Pretrained file read and converted, its
+depths / widths / heads against the backbone's; ``load_from`` / ``--resume`` against the whole model). A problem is
+a :class:`~softfree_mm.engine.launch.UsageError` naming it (one line, exit status 2); success returns one summary
 line per part.
 """
 import importlib
 import itertools
+import os
 from collections import Counter
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from mmengine.config import Config, ConfigDict
@@ -120,6 +123,79 @@ def check_optimizer(cfg: Config, model) -> List[str]:
     return [f'optim_wrapper: {type(wrapper).__name__}({type(wrapper.optimizer).__name__}), {groups} parameter groups']
 
 
+def _start_file(checkpoint) -> Tuple[Optional[str], str]:
+    """(the local file of a start checkpoint, '') or (None, why it is not checked): a release URL is checked once
+    it is in torch hub's cache (the run downloads it), a local path once it exists."""
+    from urllib.parse import urlparse
+
+    from softfree_mm.models.converters import release_file_name
+    if not isinstance(checkpoint, str):
+        return None, f'checkpoint={checkpoint!r} is not a path'
+    if urlparse(checkpoint).scheme in ('http', 'https'):
+        cached = os.path.join(torch.hub.get_dir(), 'checkpoints', release_file_name(checkpoint))
+        if os.path.isfile(cached):
+            return cached, ''
+        return None, f'{checkpoint} is not downloaded yet (the run fetches it once, into {os.path.dirname(cached)})'
+    if '://' in checkpoint:
+        return None, f'{checkpoint} is a remote file (checked when the run loads it)'
+    if not os.path.isfile(checkpoint):
+        return None, f'{checkpoint} is not there yet, and the run needs it'
+    return checkpoint, ''
+
+
+def check_start(cfg: Config, model) -> List[str]:
+    """What the run starts from, where the files are here: each softfree_mm backbone's Pretrained checkpoint
+    (read and converted as the run does; a file of another architecture is the run's own error) and ``load_from``
+    / ``--resume`` (the whole model, as the run checks it)."""
+    from softfree_mm.models.converters import (check_arch, check_model_checkpoint, describe_arch,
+                                               missing_checkpoint_message, placement, read_pretrained)
+    from softfree_mm.models.layers import SoftFreeBackbone
+
+    from .reliability import check_checkpoint, load_state_dict_of
+    lines = []
+    for name, m in model.named_modules():
+        init = getattr(m, 'init_cfg', None)
+        if not isinstance(m, SoftFreeBackbone) or not (isinstance(init, dict) and init.get('type') == 'Pretrained'):
+            continue
+        where = f'model.{name}.init_cfg' if name else 'model.init_cfg'
+        path, why = _start_file(init.get('checkpoint'))
+        if path is None:
+            if isinstance(init.get('checkpoint'), str) and why.endswith('the run needs it'):
+                why = missing_checkpoint_message(init['checkpoint'], 'the run')
+            lines.append(f'{where}: not checked: {why}')
+            continue
+        try:
+            sd = read_pretrained(m, path, type(m)._convert, init.get('prefix'), init.get('map_location', 'cpu'),
+                                 m._prefer_ema)
+            info = check_arch(m, sd, init['checkpoint'])
+        except Exception as e:  # another architecture, a prefix that matches nothing, an unreadable file
+            _fail(f'{where}.checkpoint', e)
+        missing, unexpected, mismatched = placement(m, sd)
+        own = len(m.state_dict())
+        what = f' ({describe_arch(m, info)})' if info else ''
+        line = (f'{where}: {init["checkpoint"]} fits {type(m).__name__}{what}: {own - len(missing) - len(mismatched)} '
+                f'of its {own} weights placed')
+        extras = [f'{len(keys)} {label}' for keys, label in ((missing, 'left to their initialisation'),
+                                                              (unexpected, 'in the file not placed'),
+                                                              (mismatched, 'of another shape skipped')) if keys]
+        lines.append(line + (f' ({", ".join(extras)})' if extras else ''))
+    path = cfg.get('load_from')
+    key = 'resume' if cfg.get('resume') else 'load_from'
+    if path and not os.path.isfile(path):
+        lines.append(f'{key}: not checked: {path} is not there')
+    elif path:
+        state = load_state_dict_of(path)  # BadInput when unreadable
+        try:
+            check_model_checkpoint(model, state, path)
+        except ValueError as e:
+            _fail(key, e)
+        check_checkpoint(path, model, 'resume' if cfg.get('resume') else 'load')  # BadInput when it is another model
+        own = model.state_dict()
+        fitting = sum(1 for k, v in state.items() if k in own and tuple(own[k].shape) == tuple(v.shape))
+        lines.append(f'{key}: {path} fits the model: {fitting} of its {len(own)} weights')
+    return lines
+
+
 def dry_run(cfg: Config) -> List[str]:
     """The checks above in the config's default scope; the summary lines (UsageError on the first problem)."""
     from mmengine.logging import MMLogger
@@ -134,6 +210,7 @@ def dry_run(cfg: Config) -> List[str]:
         lines += check_pipelines(cfg)
         lines += check_evaluators(cfg)
         lines += check_optimizer(cfg, model)
+        lines += check_start(cfg, model)
     backends = check_vis_backends(cfg)
     if backends:
         lines.append(f'visualizer backends: {", ".join(backends)}')
