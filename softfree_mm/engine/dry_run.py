@@ -160,8 +160,8 @@ def check_start(cfg: Config, model) -> List[str]:
         where = f'model.{name}.init_cfg' if name else 'model.init_cfg'
         path, why = _start_file(init.get('checkpoint'))
         if path is None:
-            if isinstance(init.get('checkpoint'), str) and why.endswith('the run needs it'):
-                why = missing_checkpoint_message(init['checkpoint'], 'the run')
+            if isinstance(init.get('checkpoint'), str) and why.endswith('the run needs it'):  # how to make it
+                why = 'the run needs it: ' + missing_checkpoint_message(init['checkpoint'], '').lstrip(': ')
             lines.append(f'{where}: not checked: {why}')
             continue
         try:
