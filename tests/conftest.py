@@ -1,12 +1,23 @@
 """Suite-wide settings.
 
+Home folder: the session runs under a fresh, empty HOME and XDG_CACHE_HOME (made at the start, removed at the end;
+XDG_CONFIG_HOME, MPLCONFIGDIR, TORCH_HOME, MMENGINE_HOME unset), and so does every tool, torchrun and mim process
+the tests start: no test can depend on what an earlier run left in the user's home (a green run once hid a mim start
+that fails on a machine that never ran mim). The folders the stack creates on first use are made first
+(tests/_fresh_home.py), as processes started side by side would race to create them. Triton's kernel cache stays
+the user's (a compile cache: it only saves time on a GPU machine).
+
 Demo data: many tests write their own ``data/demo`` root (through tools/make_demo_data.py or the tools that call
 it). ``SOFTFREE_DEMO_CACHE`` makes each demo set be generated once per test session and hard-linked into every root
 that asks for it (subprocesses inherit the variable). Tests that check the generator itself remove it.
 """
 import os
+import shutil
+import tempfile
 
 import pytest
+
+from _fresh_home import fresh_home_env, prepare_home
 
 # Under pytest-xdist (``make test`` runs TEST_WORKERS processes) each worker gets its share of the cores, so that the
 # workers' torch threads do not oversubscribe the machine; the tools the tests start inherit the setting.
@@ -18,6 +29,29 @@ if _WORKERS > 1:
     import torch
 
     torch.set_num_threads(int(os.environ['OMP_NUM_THREADS']))
+
+
+_SESSION_HOME = 'SOFTFREE_TEST_HOME'
+
+
+def pytest_configure(config):
+    if os.environ.get(_SESSION_HOME) and os.environ.get('HOME') == os.environ[_SESSION_HOME]:
+        return  # a pytest-xdist worker: it shares the controller's session home
+    os.environ.setdefault('TRITON_CACHE_DIR', os.path.join(os.path.expanduser('~'), '.triton', 'cache'))
+    root = tempfile.mkdtemp(prefix='softfree_test_home_')
+    env = fresh_home_env(os.environ, root=root)
+    for var in set(os.environ) - set(env):
+        del os.environ[var]
+    os.environ.update(env)
+    os.environ[_SESSION_HOME] = env['HOME']
+    prepare_home(os.environ)
+    config._softfree_home_root = root
+
+
+def pytest_unconfigure(config):
+    root = getattr(config, '_softfree_home_root', None)
+    if root:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope='session', autouse=True)

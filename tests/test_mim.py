@@ -9,7 +9,9 @@ file (torch and the OpenMMLab stack are not copied), made from a copy of the rep
 * wheel: ``mim list``; ``mim test softfree_mm CONFIG_NAME --checkpoint ...`` evaluates a checkpoint on 8 images written here
   with the config and tools/test.py copied into site-packages; ``mim run softfree_mm convert_checkpoint`` converts
   an official-layout file.
-The five mim calls go in parallel, and so do the two builds.
+The five mim calls go in parallel, and so do the two builds, each under a fresh empty home folder (HOME and
+XDG_CACHE_HOME): on a machine that never ran mim, its import creates ~/.cache/mim without ``exist_ok``, so processes
+started side by side race unless the folders first use creates are made before they start (tests/_fresh_home.py).
 """
 import os
 import os.path as osp
@@ -22,6 +24,9 @@ import pytest
 import torch
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+sys.path.insert(0, osp.join(ROOT, 'tests'))
+from _fresh_home import folders_under, fresh_home_env, prepare_home  # noqa: E402
+
 CONFIG = 'cls_xcit_s12_poly3_demo.py'
 # a small XCiT keeps the tool runs short: the config's own recipe otherwise
 TINY = ['model.backbone.embed_dims=32', 'model.backbone.depth=2', 'model.backbone.num_heads=4',
@@ -50,16 +55,31 @@ def _venv(path):
     return str(path / 'bin' / 'python'), site
 
 
-def _env():
-    return {k: v for k, v in os.environ.items() if k not in ('PYTHONPATH', 'PYTHONWARNINGS')}
+def _env(root):
+    """This environment without PYTHONPATH and PYTHONWARNINGS, on CPU (the tools' CUDA path is not what is checked
+    here), with a fresh empty home folder under ``root``."""
+    env = {k: v for k, v in os.environ.items() if k not in ('PYTHONPATH', 'PYTHONWARNINGS')}
+    return fresh_home_env(dict(env, CUDA_VISIBLE_DEVICES=''), root=str(root))
 
 
 def _mim(python, *args, cwd):
-    return [python, '-m', 'mim', *args], dict(cwd=str(cwd), env=_env())
+    return [python, '-m', 'mim', *args], dict(cwd=str(cwd))
 
 
 def _popen(cmd, **kw):
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _homes(env):
+    return env['HOME'], env['XDG_CACHE_HOME']
+
+
+def _start_side_by_side(runs, env):
+    """Start every ``name: (cmd, kwargs)`` of ``runs`` at once under ``env``, once the folders their first use
+    creates are in place. Returns the processes and the home folders' folders at the start."""
+    prepare_home(env)
+    at_start = folders_under(*_homes(env))
+    return {name: _popen(cmd, env=env, **kw) for name, (cmd, kw) in runs.items()}, at_start
 
 
 def _wait(name, proc, timeout=900):
@@ -81,14 +101,15 @@ def installs(tmp_path_factory):
     wheel_src = _copy_repo(base / 'wheel_src')
     editable, _ = _venv(base / 'editable')
     wheel, wheel_site = _venv(base / 'wheel')
-    build = dict(env=_env())
-    procs = {'pip install -e': _popen([editable, *_pip_args('install', '--no-deps', '--no-build-isolation',
-                                                            '--no-index', '-e', str(repo))], **build),
-             'pip wheel': _popen([wheel, *_pip_args('wheel', '--no-deps', '--no-build-isolation', '--no-index',
-                                                    '-w', str(base / 'dist'), str(wheel_src))], **build)}
+    env = _env(base)
+    procs, _ = _start_side_by_side({
+        'pip install -e': ([editable, *_pip_args('install', '--no-deps', '--no-build-isolation', '--no-index', '-e',
+                                                 str(repo))], {}),
+        'pip wheel': ([wheel, *_pip_args('wheel', '--no-deps', '--no-build-isolation', '--no-index', '-w',
+                                         str(base / 'dist'), str(wheel_src))], {})}, env)
     _wait('pip wheel', procs.pop('pip wheel'))
     (whl,) = (base / 'dist').glob('softfree_mm-*.whl')
-    procs['pip install wheel'] = _popen([wheel, *_pip_args('install', '--no-deps', '--no-index', str(whl))], **build)
+    procs['pip install wheel'] = _popen([wheel, *_pip_args('install', '--no-deps', '--no-index', str(whl))], env=env)
     for name, proc in procs.items():
         _wait(name, proc)
     work = base / 'work'
@@ -140,8 +161,9 @@ def _mini_val_set(root):
 
 
 def test_mim_list_train_test_and_run_use_the_installed_configs_and_tools(installs, tmp_path):
-    """The five mim calls run side by side: ``mim list`` in both installs, ``mim train`` (editable), ``mim test`` and
-    ``mim run`` (wheel)."""
+    """The five mim calls run side by side under a fresh empty HOME and XDG_CACHE_HOME: ``mim list`` in both
+    installs, ``mim train`` (editable), ``mim test`` and ``mim run`` (wheel). None of them has to create a folder in
+    the home folders: what their first use needs was made before they started (else they race to create it)."""
     work = installs['work']
     ckpt = str(tmp_path / 'tiny.pth')
     _checkpoint(ckpt)
@@ -160,8 +182,12 @@ def test_mim_list_train_test_and_run_use_the_installed_configs_and_tools(install
         'run': _mim(installs['wheel'], 'run', 'softfree_mm', 'convert_checkpoint', 'xcit', official,
                     str(tmp_path / 'converted.pth'), cwd=work),
     }
-    procs = {k: _popen(cmd, **kw) for k, (cmd, kw) in runs.items()}
+    env = _env(tmp_path)
+    assert not folders_under(*_homes(env))  # fresh and empty
+    procs, at_start = _start_side_by_side(runs, env)
     out = {k: _wait(f'mim {k}', p) for k, p in procs.items()}
+    made = folders_under(*_homes(env)) - at_start
+    assert not made, f'folders the side-by-side processes created on first use (prepare_home must make them): {made}'
 
     for kind in ('editable', 'wheel'):
         assert any(line.split()[:2] == ['softfree-mm', '0.1.0'] for line in out[f'list {kind}'].splitlines()), \
