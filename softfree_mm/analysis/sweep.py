@@ -60,7 +60,8 @@ def _peak_rss_mib() -> Optional[float]:
 
 def train_one(train_py: str, config_path: str, work_dir: str, cfg_options: Sequence[str] = (),
               in_process: bool = False, log_path: Optional[str] = None) -> dict:
-    """Run tools/train.py on ``config_path``; dict(returncode, seconds, peak_rss_mib, error)."""
+    """Run tools/train.py on ``config_path``; dict(returncode, seconds, cpu_s (user + system CPU seconds of the
+    training), peak_rss_mib, error)."""
     argv = [config_path, '--work-dir', work_dir]
     if cfg_options:
         argv += ['--cfg-options', *cfg_options]
@@ -73,14 +74,15 @@ def train_one(train_py: str, config_path: str, work_dir: str, cfg_options: Seque
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         reset = _peak_rss_reset()
+        cpu0 = _cpu_self()
         err = io.StringIO()
         try:
             with redirect_stderr(err):
                 rc = mod.main(argv)
         except Exception as e:  # a kernel that fails mid-training fails only its row
             rc, err = 1, io.StringIO(f'{type(e).__name__}: {e}')
-        return dict(returncode=rc, seconds=time.time() - start, peak_rss_mib=_peak_rss_mib() if reset else None,
-                    error=_last_error(err.getvalue()))
+        return dict(returncode=rc, seconds=time.time() - start, cpu_s=_cpu_self() - cpu0,
+                    peak_rss_mib=_peak_rss_mib() if reset else None, error=_last_error(err.getvalue()))
     log_path = log_path or os.devnull
     err_path = osp.join(work_dir, 'train.stderr') if log_path == os.devnull else log_path + '.stderr'
     with open(log_path, 'w') as log, open(err_path, 'w') as err:
@@ -90,8 +92,14 @@ def train_one(train_py: str, config_path: str, work_dir: str, cfg_options: Seque
         proc.returncode = os.waitstatus_to_exitcode(status)
     with open(err_path) as err:
         stderr = err.read()
-    return dict(returncode=proc.returncode, seconds=time.time() - start, peak_rss_mib=usage.ru_maxrss / 1024.0,
-                error=_last_error(stderr) if proc.returncode else '')
+    return dict(returncode=proc.returncode, seconds=time.time() - start, cpu_s=usage.ru_utime + usage.ru_stime,
+                peak_rss_mib=usage.ru_maxrss / 1024.0, error=_last_error(stderr) if proc.returncode else '')
+
+
+def _cpu_self() -> float:
+    import resource
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return use.ru_utime + use.ru_stime
 
 
 def _last_error(text: str) -> str:

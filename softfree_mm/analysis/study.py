@@ -1,0 +1,394 @@
+"""A kernel study: a grid of (config, kernel, seed) runs trained through tools/train.py, tabulated from their logs.
+
+Each run is :mod:`.sweep`'s child config (the kernel set at ``key``) trained with ``randomness.seed`` set, in a
+folder ``<work_root>/<config>/<kernel>/seed<S>/``; when it ends its row goes to ``result.json`` there, and a run
+with that file is not trained again (a folder without it, left by a run that was killed, is emptied and trained
+anew). Every number comes from the run's own log: ``vis_data/scalars.json`` (the validation records' top-1, the
+training records' loss and time) and ``vis_data/attention_stats.json`` (AttentionStatsHook's norms per layer).
+A kernel the backbone refuses, or a run that fails, is a 'failed' row with the error's last line.
+"""
+import json
+import math
+import os
+import os.path as osp
+import re
+import shutil
+import statistics
+import time
+from collections import OrderedDict
+from typing import Dict, List, Optional, Sequence
+
+from .norms import kernel_label
+from .sweep import child_config, newest_scalars, safe_name, train_one
+
+RESULT = 'result.json'
+METRIC = 'accuracy/top1'
+CHANCE = 10.0  # ten digit classes
+
+RUN_FIELDS = ('config', 'kernel', 'seed', 'status', 'top1_final', 'top1_best', 'best_iter', 'loss_final',
+              's_per_iter', 'peak_mem_mib', 'mem_kind', 'iters', 'wall_s', 'cpu_s', 'error', 'log')
+CURVE_FIELDS = ('config', 'kernel', 'seed', 'step', 'layer', 'rows', 'keys', 'fro', 'jac', 'fro_sqrt_n',
+                'jac_sqrt_n')
+
+
+def describe(spec) -> str:
+    """A reader's name for a kernel config ('poly:degree=3' -> 'poly x^3 / sqrt(N)')."""
+    label = kernel_label(spec)
+    cfg = dict(spec) if isinstance(spec, dict) else {'type': spec}
+    t = cfg['type']
+    if t == 'poly':
+        p, c = cfg.get('degree', 3), cfg.get('scale', 'sqrt_n')
+        x = 'x' if p == 1 else f'x^{p}'
+        return f'poly {x} / sqrt(N)' if c == 'sqrt_n' else (f'poly {x} unscaled' if c == 1 else f'poly {c:g} {x}')
+    if t == 'relu':
+        return 'relu(s) / N'
+    if t == 'linear':
+        return f"linear ({cfg.get('feature_map', 'elu+1')})"
+    if t == 'inline':
+        res = cfg.get('local_residual', 'channel')
+        return 'InLine, no residual' if res is False else f'InLine + local residual ({res})'
+    if t == 'soft':
+        return 'SOFT' + (f" (landmark ratio {cfg['landmark_ratio']})" if 'landmark_ratio' in cfg else '')
+    if t == 'synthesizer':
+        return f"Synthesizer ({cfg.get('mode', 'random')})"
+    return label
+
+
+# ---------------------------------------------------------------------------------------------- logs
+def read_scalars(path: str, metric: str = METRIC) -> dict:
+    """A run's scalars.json -> top1_final, top1_best, best_iter, loss_final, s_per_iter (mean logged time after
+    the first training record), cuda_memory_mib, iters (last logged training step), val (list of (step, top-1))."""
+    train, val = [], []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            rec = json.loads(line)
+            if 'loss' in rec:
+                train.append(rec)
+            elif metric in rec:
+                val.append((rec['step'], rec[metric]))
+    out = dict(top1_final=None, top1_best=None, best_iter=None, loss_final=None, s_per_iter=None,
+               cuda_memory_mib=None, iters=max((r['step'] for r in train), default=0), val=val)
+    if val:
+        out['top1_final'] = val[-1][1]
+        best = max(val, key=lambda sv: sv[1])  # the first of equal maxima
+        out['top1_best'], out['best_iter'] = best[1], best[0]
+    if train:
+        out['loss_final'] = train[-1]['loss']
+    times = [r['time'] for r in train if 'time' in r]
+    if times:
+        rest = times[1:] if len(times) > 1 else times
+        out['s_per_iter'] = sum(rest) / len(rest)
+    mem = [r['memory'] for r in train if 'memory' in r]
+    if mem:
+        out['cuda_memory_mib'] = float(max(mem))
+    return out
+
+
+def read_norm_curves(path: str, prefix: str = 'attn') -> List[dict]:
+    """AttentionStatsHook's attention_stats.json -> one row per (step, layer): rows (N), keys, fro, jac (None
+    when the kernel has no score map) and both divided by sqrt(rows)."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            rec = json.loads(line)
+            layers = OrderedDict()
+            for key, val in rec.items():
+                if key.startswith(prefix + '/'):
+                    layer, _, what = key[len(prefix) + 1:].rpartition('/')
+                    layers.setdefault(layer, {})[what] = val
+            for layer, d in layers.items():
+                if 'fro' not in d or not d.get('rows'):
+                    continue
+                root = math.sqrt(d['rows'])
+                jac = d.get('jac')
+                out.append(dict(step=rec['step'], layer=layer, rows=d['rows'], keys=d.get('keys'), fro=d['fro'],
+                                jac=jac, fro_sqrt_n=d['fro'] / root, jac_sqrt_n=None if jac is None else jac / root))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- runs
+def run_dir(work_root: str, config: str, spec, seed: int) -> str:
+    name = osp.splitext(osp.basename(config))[0]
+    return osp.join(work_root, name, safe_name(kernel_label(spec)), f'seed{seed}')
+
+
+def run_one(config: str, spec, seed: int, work_root: str, train_py: str, cfg_options: Sequence[str] = (),
+            key: str = 'model.backbone.attn_cfg', in_process: bool = False, echo=None) -> dict:
+    """Train one (config, kernel, seed) unless its result.json exists; its row (also written to result.json)."""
+    name = osp.splitext(osp.basename(config))[0]
+    label = kernel_label(spec)
+    wd = run_dir(work_root, config, spec, seed)
+    done = osp.join(wd, RESULT)
+    if osp.isfile(done):
+        with open(done) as f:
+            row = json.load(f)
+        if echo:
+            echo(f'[study] {name} {label} seed {seed}: finished before ({row["status"]}), not trained again')
+        return row
+    if osp.isdir(wd):  # a run that did not finish: start it again from nothing
+        shutil.rmtree(wd)
+    os.makedirs(wd)
+    child = osp.join(wd, f'{name}__{safe_name(label)}.py')
+    with open(child, 'w') as f:
+        f.write(child_config(config, spec, key))
+    opts = list(cfg_options) + [f'randomness.seed={seed}']
+    if in_process:  # one visualizer instance per run in one process
+        opts.append(f'visualizer.name=study_{safe_name(label)}_{seed}_{os.getpid()}_{time.time_ns()}')
+    if echo:
+        echo(f'[study] {name} {label} seed {seed} ...')
+    res = train_one(train_py, child, wd, opts, in_process, osp.join(wd, 'train.log'))
+    ok = res['returncode'] == 0
+    row = dict(config=name, kernel=label, seed=seed, status='ok' if ok else 'failed',
+               error='' if ok else (res['error'] or f'exit status {res["returncode"]}'), wall_s=res['seconds'],
+               cpu_s=res.get('cpu_s'), top1_final=None, top1_best=None, best_iter=None, loss_final=None,
+               s_per_iter=None, peak_mem_mib=None, mem_kind='', iters=0, log='')
+    log = newest_scalars(wd)
+    if log:
+        got = read_scalars(log)
+        row.update({k: got[k] for k in ('top1_final', 'top1_best', 'best_iter', 'loss_final', 's_per_iter',
+                                         'iters')})
+        row['log'] = osp.relpath(log, work_root)
+        if got['cuda_memory_mib'] is not None:
+            row.update(peak_mem_mib=got['cuda_memory_mib'], mem_kind='CUDA max allocated')
+    if ok and row['top1_final'] is None:
+        row.update(status='failed', error=f'the run wrote no {METRIC} record')
+    if row['peak_mem_mib'] is None and res.get('peak_rss_mib') is not None and ok:
+        row.update(peak_mem_mib=res['peak_rss_mib'], mem_kind='peak RSS of the training process')
+    if res['returncode'] >= 0:  # killed by a signal: no result, so that the next study trains it again
+        with open(done, 'w') as f:
+            json.dump(row, f, indent=1)
+    if echo:
+        echo(f'[study] {name} {label} seed {seed}: {row["status"]} '
+             + (f'top-1 {row["top1_final"]:.1f}' if row['status'] == 'ok' else row['error']))
+    return row
+
+
+def study(configs: Sequence[str], kernels: Sequence, seeds: Sequence[int], work_root: str, train_py: str,
+          cfg_options: Sequence[str] = (), key: str = 'model.backbone.attn_cfg', in_process: bool = False,
+          echo=None) -> List[dict]:
+    """Every (config, kernel, seed): config-major, then kernel, then seed. One row each."""
+    return [run_one(c, k, s, work_root, train_py, cfg_options, key, in_process, echo)
+            for c in configs for k in kernels for s in seeds]
+
+
+def norm_curves(rows: List[dict], work_root: str) -> List[dict]:
+    """The per-layer norm curves of every successful run (CURVE_FIELDS), read from its attention_stats.json."""
+    out = []
+    for r in rows:
+        if r['status'] != 'ok' or not r['log']:
+            continue
+        path = osp.join(work_root, osp.dirname(r['log']), 'attention_stats.json')
+        if not osp.isfile(path):
+            continue
+        for c in read_norm_curves(path):
+            out.append(dict(config=r['config'], kernel=r['kernel'], seed=r['seed'], **c))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- summary
+def _mean_std(vals):
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return None, None
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None)
+
+
+def summarise(rows: List[dict], descriptions: Optional[Dict[str, str]] = None) -> List[dict]:
+    """One entry per (config, kernel), in study order: n (seeds that trained), failed (seeds that did not),
+    mean and sample standard deviation (n - 1) over the seeds of final / best top-1 and final loss, mean s/iter and
+    peak memory, the first error."""
+    groups = OrderedDict()
+    for r in rows:
+        groups.setdefault((r['config'], r['kernel']), []).append(r)
+    out = []
+    for (config, kernel), rs in groups.items():
+        ok = [r for r in rs if r['status'] == 'ok']
+        e = dict(config=config, kernel=kernel, what=(descriptions or {}).get(kernel, kernel), n=len(ok),
+                 failed=len(rs) - len(ok), seeds=[r['seed'] for r in ok],
+                 error=next((r['error'] for r in rs if r['status'] != 'ok'), ''))
+        for key in ('top1_final', 'top1_best', 'loss_final'):
+            e[key], e[key + '_std'] = _mean_std([r[key] for r in ok])
+        e['s_per_iter'] = _mean_std([r['s_per_iter'] for r in ok])[0]
+        e['peak_mem_mib'] = _mean_std([r['peak_mem_mib'] for r in ok])[0]
+        out.append(e)
+    return out
+
+
+def standard_error(p_percent: float, n: int) -> float:
+    """Standard error (percentage points) of an accuracy p measured on n independent images."""
+    p = p_percent / 100.0
+    return 100.0 * math.sqrt(p * (1.0 - p) / n)
+
+
+def _pm(mean, std, digits=1):
+    if mean is None:
+        return ''
+    return f'{mean:.{digits}f}' + ('' if std is None else f' ± {std:.{digits}f}')
+
+
+def _f(v, digits):
+    return '' if v is None else f'{v:.{digits}f}'
+
+
+def markdown(summary: List[dict], val_images: Dict[str, Optional[int]], titles: Optional[Dict[str, str]] = None,
+             chance: float = CHANCE) -> str:
+    """One table per config: mean ± sample std over seeds; the chance level and the validation set's standard
+    error stated above each table, the standard error at each row's mean in its own column."""
+    out = []
+    for config in dict.fromkeys(e['config'] for e in summary):
+        n_val = val_images.get(config)
+        out.append(f'### {(titles or {}).get(config, config)}')
+        out.append('')
+        se = (f'; validation set {n_val} images: the standard error of one top-1 measurement is '
+              f'sqrt(p (1 - p) / {n_val}), {standard_error(50.0, n_val):.1f} points at p = 50 %' if n_val else '')
+        out.append(f'Chance: {chance:.1f} % top-1{se}. Mean ± sample standard deviation over the seeds that trained '
+                   '(n); s/iter and peak memory: means.')
+        out.append('')
+        out.append('| kernel | spec | n | final top-1 % | best top-1 % | val SE at the mean | final loss | '
+                   's/iter | peak MiB |')
+        out.append('|---|---|---|---|---|---|---|---|---|')
+        for e in summary:
+            if e['config'] != config:
+                continue
+            if not e['n']:
+                out.append(f"| {e['what']} | `{e['kernel']}` | 0 | failed: {short_error(e['error'])} | | | | | |")
+                continue
+            se_row = _f(standard_error(e['top1_final'], n_val), 1) if n_val else ''
+            note = f" ({e['failed']} failed)" if e['failed'] else ''
+            out.append(f"| {e['what']} | `{e['kernel']}` | {e['n']}{note} | "
+                       f"{_pm(e['top1_final'], e['top1_final_std'])} | {_pm(e['top1_best'], e['top1_best_std'])} | "
+                       f"{se_row} | {_pm(e['loss_final'], e['loss_final_std'], 3)} | {_f(e['s_per_iter'], 3)} | "
+                       f"{_f(e['peak_mem_mib'], 0)} |")
+        out.append('')
+    return '\n'.join(out).rstrip() + '\n'
+
+
+def short_error(text: str) -> str:
+    """An error line for a table cell: without 'error:', the child config's path, the exception's class and the
+    traceback hint."""
+    text = re.sub(r'^error:\s*', '', text.strip())
+    text = re.sub(r'^\S+\.py:\s*', '', text)
+    text = re.sub(r'^[A-Za-z]+(Error|Exception):\s*', '', text)
+    text = re.sub(r'\s*\(SOFTFREE_MM_TRACEBACK=1[^)]*\)\s*$', '', text)
+    return text.replace('|', '/').replace('\n', ' ')
+
+
+# ---------------------------------------------------------------------------------------------- plots
+def _colours(kernels):
+    import matplotlib.pyplot as plt
+    cmap = plt.get_cmap('tab10' if len(kernels) <= 10 else 'tab20')
+    return {k: cmap(i % cmap.N) for i, k in enumerate(kernels)}
+
+
+def plot_accuracy(rows: List[dict], summary: List[dict], path: str, titles=None, chance: float = CHANCE) -> str:
+    """One panel per config: per kernel the mean final top-1 (bar) with the seeds' standard deviation (error bar),
+    each seed's final top-1 (dots) and the mean best (open diamond); refused kernels named in grey."""
+    from . import plots
+    import matplotlib.pyplot as plt
+    configs = list(dict.fromkeys(e['config'] for e in summary))
+    kernels = list(dict.fromkeys(e['kernel'] for e in summary))
+    what = {e['kernel']: e['what'] for e in summary}
+    colours = _colours(kernels)
+    fig, axes = plt.subplots(1, len(configs), figsize=(max(6.0, 0.55 * len(kernels) + 2.5) * len(configs), 4.8),
+                             squeeze=False)
+    for ax, config in zip(axes[0], configs):
+        for i, k in enumerate(kernels):
+            e = next((x for x in summary if x['config'] == config and x['kernel'] == k), None)
+            if e is None:
+                continue
+            if not e['n']:
+                ax.text(i, chance + 2, 'refused' if 'cannot be used' in e['error'] else 'failed', rotation=90,
+                        ha='center', va='bottom', fontsize=7, color='grey')
+                continue
+            ax.bar(i, e['top1_final'], 0.7, color=colours[k], alpha=0.85,
+                   yerr=e['top1_final_std'] or 0.0, capsize=3, error_kw=dict(lw=1))
+            seeds = [r['top1_final'] for r in rows if r['config'] == config and r['kernel'] == k and
+                     r['status'] == 'ok']
+            ax.scatter([i] * len(seeds), seeds, s=9, color='black', zorder=3)
+            ax.scatter([i], [e['top1_best']], s=28, marker='D', facecolors='none', edgecolors='black', zorder=3,
+                       linewidths=0.8)
+        ax.axhline(chance, color='grey', linestyle='--', linewidth=1)
+        ax.set_xticks(range(len(kernels)))
+        ax.set_xticklabels([what[k] for k in kernels], rotation=55, ha='right', fontsize=7)
+        ax.set_xlim(-0.6, len(kernels) - 0.4)
+        ax.set_ylim(0, 100)
+        ax.set_ylabel('final top-1 % on validation')
+        ax.set_title(f'{(titles or {}).get(config, config)}\nbar: mean over seeds ± std, dots: seeds, '
+                     f'diamond: mean best, dashed: chance {chance:.0f} %', fontsize=8)
+        ax.grid(True, axis='y', alpha=0.3)
+    return plots.save(fig, path)
+
+
+def _curve_by_step(curves, config, kernel, key):
+    """step -> per-seed mean over layers of ``key``; returns (steps, mean over seeds, min, max)."""
+    per = OrderedDict()
+    for c in curves:
+        if c['config'] == config and c['kernel'] == kernel and c[key] is not None:
+            per.setdefault(c['step'], {}).setdefault(c['seed'], []).append(c[key])
+    steps, mean, lo, hi = [], [], [], []
+    for step in sorted(per):
+        seed_means = [statistics.fmean(v) for v in per[step].values()]
+        steps.append(step)
+        mean.append(statistics.fmean(seed_means))
+        lo.append(min(seed_means))
+        hi.append(max(seed_means))
+    return steps, mean, lo, hi
+
+
+def plot_norms(curves: List[dict], config: str, kernels: Sequence[str], path: str, descriptions=None,
+               title: str = '') -> Optional[str]:
+    """||A||_F / sqrt(N) and ||dA/dS||_F / sqrt(N) against iteration (mean over layers; line: mean over seeds,
+    band: the seeds' range), one line per kernel; where the layers have several N, a third panel: the last
+    record's ||A||_F / sqrt(N) against N (mean over the layers of that N and over seeds)."""
+    from . import plots
+    import matplotlib.pyplot as plt
+    mine = [c for c in curves if c['config'] == config]
+    if not mine:
+        return None
+    kernels = [k for k in kernels if any(c['kernel'] == k for c in mine)]
+    colours = _colours(kernels)
+    ns = sorted({c['rows'] for c in mine})
+    panels = 3 if len(ns) > 1 else 2
+    fig, axes = plt.subplots(1, panels, figsize=(5.6 * panels, 4.6), squeeze=False)
+    for ax, key, label in ((axes[0][0], 'fro_sqrt_n', '||A||_F / sqrt(N)'),
+                           (axes[0][1], 'jac_sqrt_n', '||dA/dS||_F / sqrt(N)  (none: no score map)')):
+        for k in kernels:
+            steps, mean, lo, hi = _curve_by_step(mine, config, k, key)
+            if not steps:
+                continue
+            ax.plot(steps, mean, color=colours[k], label=(descriptions or {}).get(k, k), linewidth=1.3)
+            ax.fill_between(steps, lo, hi, color=colours[k], alpha=0.15, linewidth=0)
+        ax.set_xlabel('iteration')
+        ax.set_ylabel(label)
+        ax.set_yscale('log')
+        ax.grid(True, which='both', alpha=0.3)
+    if panels == 3:
+        ax = axes[0][2]
+        for k in kernels:
+            last = max(c['step'] for c in mine if c['kernel'] == k)
+            pts = []
+            for n in ns:
+                per_seed = {}
+                for c in mine:
+                    if c['kernel'] == k and c['step'] == last and c['rows'] == n:
+                        per_seed.setdefault(c['seed'], []).append(c['fro_sqrt_n'])
+                if per_seed:
+                    pts.append((n, statistics.fmean(statistics.fmean(v) for v in per_seed.values())))
+            if pts:
+                ax.plot(*zip(*pts), marker='o', markersize=3.5, color=colours[k], linewidth=1.3)
+        ax.set_xscale('log')
+        ax.set_yscale('log')
+        ax.set_xlabel('N (tokens of the layer)')
+        ax.set_ylabel('||A||_F / sqrt(N) at the last record')
+        ax.grid(True, which='both', alpha=0.3)
+    axes[0][panels - 1].legend(*axes[0][0].get_legend_handles_labels(), fontsize=7, loc='center left',
+                               bbox_to_anchor=(1.0, 0.5))
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return plots.save(fig, path)

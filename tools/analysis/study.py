@@ -1,0 +1,132 @@
+#!/usr/bin/env python
+"""The kernel study: a grid of (backbone config, attention kernel, seed) trained on the digits classification demo,
+with AttentionStatsHook on; CSVs of every run and of the per-layer norm curves, a markdown table of mean ± std over
+the seeds, and plots (docs/study.md shows the committed one).
+
+    python tools/analysis/study.py [--configs CONFIG ...] [--kernels SPEC ...] [--seeds 0 1 2]
+        [--work-dir /work/study_runs/main] [--out docs/results/study] [--key model.backbone.attn_cfg]
+        [--in-process] [--cfg-options K=V ...]
+
+Defaults: the committed study (configs/demo/study_xcit_t12_digits.py, configs/demo/study_swin_mini_digits.py; ten
+kernels; seeds 0 1 2). Every run is tools/train.py on a child config that sets the kernel at --key, with
+randomness.seed=S and --cfg-options (one recipe for every kernel), in a process of its own (--in-process: in this
+one), in <work-dir>/<config>/<kernel>/seed<S>/. A run that finished (its result.json) is not trained again, so the
+same command resumes a study that was stopped; a run that was killed is trained again from its start. A kernel the
+backbone refuses, or a run that fails, is a 'failed' row with the error's last line; the others go on.
+Writes into --out: runs.csv (one row per run: final and best top-1, final training loss, mean logged s/iter after
+the first record, peak memory, wall and CPU seconds), norm_curves.csv (every AttentionStatsHook record per run and
+layer: ||A||_F, the score-Jacobian norm, both over sqrt(N)), summary.csv and table.md (mean ± sample std over the
+seeds, chance and the validation set's standard error stated), accuracy.png and norms_<config>.png.
+Bad input: one line, exit status 2.
+"""
+import csv
+import os
+import os.path as osp
+import sys
+import time
+
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+from _cli import ROOT, Parser, fail, kernel_specs, run  # noqa: E402
+
+CONFIGS = ('configs/demo/study_xcit_t12_digits.py', 'configs/demo/study_swin_mini_digits.py')
+KERNELS = ('softmax', 'poly:degree=3', 'poly:degree=3,scale=1.0', 'poly:degree=1', 'relu', 'linear', 'inline',
+           'inline:local_residual=False', 'soft:landmark_ratio=2', 'synthesizer')
+TITLES = {'study_xcit_t12_digits': 'XCiT-T12 (channel attention, N = 48 channels per head)',
+          'study_swin_mini_digits': 'Swin-mini, global windows (token attention, N = 256 / 64 / 16)'}
+
+
+def write_csv(path, fields, rows):
+    with open(path, 'w', newline='') as f:
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction='ignore')
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ('' if r.get(k) is None else r[k]) for k in fields})
+
+
+def val_images(config, options):
+    """Images in the config's validation set (None when the set cannot be built here)."""
+    from mmengine.registry import init_default_scope
+    from softfree_mm.engine import launch
+    cfg = launch.load_config(config, options)
+    try:
+        init_default_scope(cfg.get('default_scope', 'mmpretrain'))
+        from mmpretrain.registry import DATASETS
+        return len(DATASETS.build(cfg.val_dataloader.dataset))
+    except Exception:  # noqa: BLE001  (the table then states no standard error)
+        return None
+
+
+def main(argv=None):
+    p = Parser(__doc__)
+    p.add_argument('--configs', nargs='+', default=[osp.join(ROOT, c) for c in CONFIGS], metavar='CONFIG')
+    p.add_argument('--kernels', nargs='+', default=list(KERNELS), help='kernel specs: name or name:arg=value,...')
+    p.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2])
+    p.add_argument('--key', default='model.backbone.attn_cfg', help='where the kernel config lives')
+    p.add_argument('--work-dir', default='work_dirs/study', help='the runs (and their results, for resuming)')
+    p.add_argument('--out', help='folder of the CSVs, table and plots (default: <work-dir>/results)')
+    p.add_argument('--in-process', action='store_true', help='train in this process instead of one per run')
+    p.add_argument('--cfg-options', nargs='+', default=[], metavar='KEY=VALUE', help='applied to every run')
+    args = p.parse_args(argv)
+    if len(set(args.seeds)) != len(args.seeds):
+        fail(f'--seeds {args.seeds}: each seed once')
+    if any(s < 0 for s in args.seeds):
+        fail(f'--seeds {args.seeds}: seeds are ints >= 0')
+    from mmengine.config import DictAction
+    options = {}
+    for item in args.cfg_options:
+        key, eq, val = item.partition('=')
+        if not eq or not key:
+            fail(f'--cfg-options {item!r}: expected KEY=VALUE')
+        if key.startswith('randomness.seed'):
+            fail('--cfg-options randomness.seed: the study sets the seed of each run (use --seeds)')
+        options[key] = DictAction._parse_iterable(val)
+    specs = kernel_specs(args.kernels)
+    if not args.key or any(not part.isidentifier() for part in args.key.split('.')):
+        fail(f'--key must be a dotted path of names such as model.backbone.attn_cfg, got {args.key!r}')
+    names = [osp.splitext(osp.basename(c))[0] for c in args.configs]
+    if len(set(names)) != len(names):
+        fail(f'--configs: two configs with the same file name ({names}); the run folders are named by it')
+    from softfree_mm.engine import launch
+    for config in args.configs:  # a bad config or option fails here, before any training
+        cfg = launch.load_config(config, options)
+        node = cfg._cfg_dict
+        for part in args.key.split('.'):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is None:
+            fail(f'--key {args.key}: {config} has no {args.key} (the kernel config to replace)')
+        if not any(h.get('type') == 'AttentionStatsHook' for h in cfg.get('custom_hooks', [])):
+            fail(f'{config}: no AttentionStatsHook in custom_hooks (the study records the norm curves with it)')
+
+    from softfree_mm.analysis import study as st
+    from softfree_mm.analysis.norms import kernel_label
+    train_py = osp.join(ROOT, 'tools', 'train.py')
+    out = args.out or osp.join(args.work_dir, 'results')
+    os.makedirs(out, exist_ok=True)
+    start = time.time()
+    rows = st.study(args.configs, specs, args.seeds, args.work_dir, train_py, args.cfg_options, key=args.key,
+                    in_process=args.in_process, echo=lambda m: print(m, flush=True))
+    descriptions = {kernel_label(s): st.describe(s) for s in specs}
+    summary = st.summarise(rows, descriptions)
+    curves = st.norm_curves(rows, args.work_dir)
+    n_val = {n: val_images(c, options) for n, c in zip(names, args.configs)}
+    write_csv(osp.join(out, 'runs.csv'), st.RUN_FIELDS, rows)
+    write_csv(osp.join(out, 'norm_curves.csv'), st.CURVE_FIELDS, curves)
+    write_csv(osp.join(out, 'summary.csv'), ('config', 'kernel', 'what', 'n', 'failed', 'top1_final',
+                                              'top1_final_std', 'top1_best', 'top1_best_std', 'loss_final',
+                                              'loss_final_std', 's_per_iter', 'peak_mem_mib', 'error'), summary)
+    table = st.markdown(summary, n_val, TITLES)
+    with open(osp.join(out, 'table.md'), 'w') as f:
+        f.write(table)
+    st.plot_accuracy(rows, summary, osp.join(out, 'accuracy.png'), TITLES)
+    labels = [kernel_label(s) for s in specs]
+    for name in names:
+        st.plot_norms(curves, name, labels, osp.join(out, f'norms_{name}.png'), descriptions, TITLES.get(name, name))
+    print(table)
+    ok = sum(r['status'] == 'ok' for r in rows)
+    print(f'{ok} of {len(rows)} runs trained; this call took {time.time() - start:.0f} s (runs trained in all: '
+          f'{sum(r["wall_s"] or 0 for r in rows):.0f} s wall); wrote {out}/')
+    return 0 if ok else 1
+
+
+if __name__ == '__main__':
+    sys.exit(run(main))
