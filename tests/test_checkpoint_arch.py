@@ -9,8 +9,8 @@ out here by hand); loading a file of another depth / width / heads is one short 
 file holds against the model and the arguments that fit it, and a model built with those arguments loads the file
 with no shape mismatch; ``tools/train.py --dry-run`` checks the start checkpoint both ways.
 """
-import os
 import os.path as osp
+import re
 import sys
 
 import pytest
@@ -508,7 +508,7 @@ def _build(cls_name, kwargs):
 
 
 @pytest.mark.parametrize('name', sorted(SMALL))
-def test_loading_a_file_of_another_depth_is_one_error_naming_the_arguments_that_fit_it(name, tmp_path):
+def test_loading_a_file_of_another_depth_is_one_error_naming_the_arguments_that_fit_it(name, tmp_path, capsys):
     make, cls_name, model_kw, fits, extra = SMALL[name]
     path = save(tmp_path, name, make())
     model = _build(cls_name, dict(model_kw, init_cfg=dict(type='Pretrained', checkpoint=path)))
@@ -524,6 +524,12 @@ def test_loading_a_file_of_another_depth_is_one_error_naming_the_arguments_that_
     if name in NO_HEADS:
         assert 'the file does not show the heads' not in msg  # the model's heads fill the stages of its width
     # a model built with those arguments takes the file: nothing of another shape, every block placed
+    # --print-arch on the same file: the class, the arguments' depths, no preset
+    assert convert_checkpoint.main(['auto', path, '--print-arch']) == 0
+    line = capsys.readouterr().out.strip()
+    depths, depth = re.search(r'depths=\(([^)]*)\)', fits), re.search(r'depth=(\d+)', fits)
+    holds = f'the file holds depths ({depths.group(1)})' if depths else f'the file holds {depth.group(1)} blocks'
+    assert f': {cls_name}(arch=' in line and '(no preset has this architecture)' in line and holds in line, line
     fitting = _build(cls_name, {**eval(f'dict({fits})'), **extra})
     missing, unexpected, mismatched = load_pretrained(fitting, path, type(fitting)._convert,
                                                       prefer_ema=fitting._prefer_ema)

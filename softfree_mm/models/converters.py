@@ -348,7 +348,7 @@ class _ArchSpec:
     preset_fields = ('depth', 'dim', 'heads')  # the per-stage fields a preset fixes
     global_preset_fields = ()  # the same for whole-model settings
     arg_defaults: Dict[str, tuple] = {}  # whole-model setting -> (argument name, its default) outside the presets
-    fills_heads = False  # heads the file does not show are the closest preset's (SOFT's arch dict needs them all)
+    fills_heads = False  # heads the file does not show are assumed (SOFT's arch dict needs them all)
 
     _KEY = re.compile(r'^stages\.(\d+)\.blocks\.(\d+)\.(.*)$')
 
@@ -627,11 +627,11 @@ class _SOFTSpec(_ArchSpec):
     def overrides(self, info, base, base_info, heads):
         same = all(s[f] == b[f] for s, b in zip(info['stages'], base_info['stages']) for f in ('depth', 'dim'))
         same = same and len(info['stages']) == len(base_info['stages'])
-        if same and all(h is None or h == b['heads'] for h, b in zip(heads, base_info['stages'])):
+        if same and list(heads) == [b['heads'] for b in base_info['stages']]:
             return OrderedDict()
         arch = dict(embed_dims=tuple(s['dim'] for s in info['stages']),
                     depths=tuple(s['depth'] for s in info['stages']),
-                    num_heads=tuple(b['heads'] if h is None else h for h, b in zip(heads, base_info['stages'])))
+                    num_heads=tuple(heads))
         if self.zoo[base].get('normalized'):
             arch['normalized'] = True
         return OrderedDict(arch=arch)
@@ -742,11 +742,20 @@ def fitting_args(target, info: dict, model=None):
         heads.append(h)
     kw = OrderedDict(arch=base)
     if not fits:
-        unknown = [str(i) for i, h in enumerate(heads) if h is None]
-        if unknown:
-            notes.append(f"the file does not show the heads of stage {', '.join(unknown)}"
-                         + (f' (those of arch={base!r} are given)' if spec.fills_heads else ' (give num_heads)'))
-        kw.update(spec.overrides(info, base, pinfos[base], heads if spec.fills_heads or not unknown else None))
+        unknown = [i for i, h in enumerate(heads) if h is None]
+        if unknown and spec.fills_heads:  # the closest preset's head width
+            for i in unknown:
+                b = pinfos[base]['stages'][min(i, len(pinfos[base]['stages']) - 1)]
+                width = b['dim'] // b['heads']
+                dim = info['stages'][i]['dim']
+                heads[i] = dim // width if dim and dim % width == 0 else b['heads']
+        which = f"stage{'s' if len(unknown) > 1 else ''} {', '.join(map(str, unknown))}"
+        if unknown and spec.fills_heads:
+            notes.append(f"the file does not show the heads of {which} (assumed: "
+                         f"{', '.join(str(heads[i]) for i in unknown)}, at the head width of arch={base!r})")
+        elif unknown:
+            notes.append(f'the file does not show the heads of {which} (give num_heads)')
+        kw.update(spec.overrides(info, base, pinfos[base], None if unknown and not spec.fills_heads else heads))
     for field, (arg, default) in spec.arg_defaults.items():
         value = info.get(field)
         if field == 'positions':
