@@ -144,6 +144,26 @@ def test_get_flops_tool_prints_the_openmmlab_summary_and_exits_2_on_bad_input(ca
     assert "unknown attention type 'nope'" in capsys.readouterr().err
 
 
+def test_get_flops_csv_has_one_row_per_config_with_the_printed_figures(capsys, tmp_path):
+    """--csv: the rows the docs' parameter / FLOP tables are made from hold exactly what the summary printed."""
+    import csv
+    import re
+
+    main = _get_flops_main()
+    cfgs = [os.path.join(ROOT, 'configs', f'cls_swin_t_{k}.py') for k in ('poly3', 'linear')]
+    path = tmp_path / 'flops.csv'
+    assert main([*cfgs, '--shape', '224', '--cfg-options', 'model.backbone.depths=[1,1,1,1]',
+                 '--csv', str(path)]) == 0
+    out = capsys.readouterr().out
+    printed = re.findall(r'Flops: ([\d.]+) GFLOPs \(attention: ([\d.]+), rest: ([\d.]+).*\nParams: ([\d.]+) M', out)
+    rows = list(csv.DictReader(open(path)))
+    assert [r['config'] for r in rows] == ['cls_swin_t_poly3', 'cls_swin_t_linear']
+    assert [(r['GFLOPs'], r['attention_GFLOPs'], r['rest_GFLOPs'], r['params_M']) for r in rows] == printed
+    assert all(r['shape'] == '224x224' and r['counter'] for r in rows)
+    # each kernel's own cost is counted (224: no padded windows, so linear takes its factorised path)
+    assert rows[0]['attention_GFLOPs'] != rows[1]['attention_GFLOPs']
+
+
 def test_model_count_of_a_call_with_a_bias_and_no_mask_is_the_explicit_cost():
     """poly p = 2, d = 2, N = 64: without bias or mask the factorised path is cheaper (3 features), but a bias (as
     Swin's relative position bias) takes the explicit path, S = q k^T and A @ v, whatever the mask. The count of

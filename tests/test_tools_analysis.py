@@ -402,3 +402,18 @@ def test_tools_refuse_bad_input_with_one_line(trained, tmp_path, capsys):
     ]
     for path, argv, match in cases:
         _one_line_error(capsys, path, argv, match)
+
+
+def test_hook_overhead_csv_holds_the_printed_table(tmp_path, capsys):
+    """--csv: the rows the docs' overhead table is made from are the printed table's, value for value."""
+    import csv
+    tool = _tool('tools/analysis/hook_overhead.py')
+    path = tmp_path / 'overhead.csv'
+    assert tool.main([DEMO_CFG, '--batch', '1', '--size', '32', '--repeats', '1', '--calls', '10', '--csv', str(path),
+                      '--cfg-options', 'model.backbone.embed_dims=16', 'model.backbone.depths=[1,1,1,1]',
+                      'model.backbone.num_heads=[1,2,2,4]', 'model.head.in_channels=128']) == 0
+    printed = [line.strip('| ').split(' | ') for line in capsys.readouterr().out.splitlines()
+               if line.startswith('| ') and not line.startswith('| measure')]
+    rows = list(csv.DictReader(open(path)))
+    assert [[r['measure'], f"{r['value']} {r['unit']}".strip()] for r in rows] == printed
+    assert len(rows) == 6 and rows[-1] == dict(measure='forward pre-hooks left on the model', value='0', unit='')

@@ -2,13 +2,14 @@
 """What AttentionStatsHook costs: per iteration between records, and on a recorded iteration, measured in one run.
 
     python tools/analysis/hook_overhead.py CONFIG [--batch 8] [--size 64] [--repeats 5] [--calls 200000]
-        [--cfg-options K=V ...]
+        [--cfg-options K=V ...] [--csv PATH]
 
 Between records: the hook's before_train_iter + after_train_iter on iterations it does not record, timed over
 --calls iterations (microseconds per iteration). A recorded iteration: one training step of the config's backbone
 (forward + backward of the mean of its outputs on --batch random images of --size px) with the capture and every
 layer's norms inside the forward pass, against the same step without, alternating, --repeats pairs (medians). It
-also counts the forward pre-hooks left on the kernels afterwards (0 expected). Bad input: one line, exit status 2.
+also counts the forward pre-hooks left on the kernels afterwards (0 expected). Prints a table; --csv PATH writes
+its rows (measure, value, unit). Bad input: one line, exit status 2.
 """
 import os.path as osp
 import statistics
@@ -29,6 +30,7 @@ def main(argv=None):
     p.add_argument('--repeats', type=int, default=5)
     p.add_argument('--calls', type=int, default=200000)
     p.add_argument('--cfg-options', nargs='+', action=DictAction)
+    p.add_argument('--csv', default=None, help='also write the table\'s rows (measure, value, unit) here')
     args = p.parse_args(argv)
     for name in ('batch', 'size', 'repeats', 'calls'):
         if getattr(args, name) < 1:
@@ -76,15 +78,24 @@ def main(argv=None):
         rec.append(time.perf_counter() - t)
     p_s, r_s = statistics.median(plain), statistics.median(rec)
     left = sum(len(m._forward_pre_hooks) for m in backbone.modules())
+    rows = [('hook between records, per iteration', f'{between_us:.2f}', 'us'),
+            (f'training step (forward + backward), median of {args.repeats}', f'{p_s:.3f}', 's'),
+            ('recorded step (capture + norms of every layer), median', f'{r_s:.3f}', 's'),
+            ('recorded / plain', f'{r_s / p_s:.2f}', ''),
+            ('between records / step', f'{between_us * 1e-6 / p_s * 100:.6f}', '%'),
+            ('forward pre-hooks left on the model', f'{left}', '')]
     print(f'{osp.basename(args.config)}: batch {args.batch} x {args.size} px, threads {torch.get_num_threads()}')
     print('| measure | value |')
     print('|---|---|')
-    print(f'| hook between records, per iteration | {between_us:.2f} us |')
-    print(f'| training step (forward + backward), median of {args.repeats} | {p_s:.3f} s |')
-    print(f'| recorded step (capture + norms of every layer), median | {r_s:.3f} s |')
-    print(f'| recorded / plain | {r_s / p_s:.2f} |')
-    print(f'| between records / step | {between_us * 1e-6 / p_s * 100:.6f} % |')
-    print(f'| forward pre-hooks left on the model | {left} |')
+    for measure, value, unit in rows:
+        print(f'| {measure} | {value}{" " + unit if unit else ""} |')
+    if args.csv:
+        import csv
+        with open(args.csv, 'w', newline='') as f:
+            w = csv.writer(f)
+            w.writerow(['measure', 'value', 'unit'])
+            w.writerows(rows)
+        print(f'csv: {args.csv}')
     return 0
 
 
