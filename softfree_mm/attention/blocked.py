@@ -213,12 +213,14 @@ def tiled_pointwise(q, k, v, kind: str, power: int = 1, alpha: float = 1.0, bias
     return TiledPointwiseAttention.apply(q, k, v, bias, shift, mask, float(alpha), kind, int(power), rows, cols)
 
 
-def pointwise_attention(q, k, v, kind: str, power: int, scale, coef, bias=None, shift=None, mask=None):
+def pointwise_attention(q, k, v, kind: str, power: int, scale, coef, bias=None, shift=None, mask=None,
+                        tile: Optional[Tuple[int, int]] = None):
     """``coef * ((g(scale q k^T + bias + shift) * keep) @ v)`` in tiles, for the kernels' forward.
 
     ``scale``: a float > 0 or a tensor broadcastable to (B, h, 1, 1) (folded into q, so it gets its gradient);
     ``coef``: a float or a per-row tensor (B, h, Nq, 1) multiplying the output. Without bias and shift a float
-    scale of the homogeneous activations (x^p, relu) moves into ``coef``, otherwise into the score GEMM.
+    scale of the homogeneous activations (x^p, relu) moves into ``coef``, otherwise into the score GEMM. ``tile``:
+    (rows, cols), default :func:`tile_shape` (the CPU's; ``dispatch.tile_for`` gives the GPU's).
     """
     alpha = 1.0
     if isinstance(scale, torch.Tensor):
@@ -229,7 +231,7 @@ def pointwise_attention(q, k, v, kind: str, power: int, scale, coef, bias=None, 
         alpha = float(scale)  # inside the GEMM with sigmoid's shift (a copy of q would cost memory)
     if bias is not None:
         bias = bias.to(q.dtype)
-    out = tiled_pointwise(q, k, v, kind, power, alpha, bias, shift, mask)
+    out = tiled_pointwise(q, k, v, kind, power, alpha, bias, shift, mask, tile)
     if isinstance(coef, torch.Tensor) and coef.requires_grad:
         return out * coef
     return out.mul_(coef)  # in place: the tiled backward does not need its output, and no copy of it is held

@@ -5,22 +5,36 @@
 
 ``S = s * q @ k^T (+ bias)``; N counts the True entries of the row's mask (all keys without a mask), so a
 masked key gives exactly the result of deleting it. A row with no valid key is a zero row. Where one (batch, head)
-matrix is larger than a tile, forward and backward run in tiles (``blocked.py``) and never hold ``A``.
+matrix is larger than a tile, forward and backward run in tiles (``blocked.py``) and never hold ``A``; on CUDA the
+explicit matrix within a memory budget and the fused Triton kernel beyond it (``dispatch.py``).
+
+Args (both): ``impl`` ('auto' | 'explicit' | 'tiled' | 'fused', see ``dispatch.py``; SOFTFREE_ATTN_IMPL overrides
+it) and ``explicit_mib`` (on CUDA with 'auto': the memory the explicit matrix may take, MiB; None: the smaller of
+512 MiB and an eighth of the free GPU memory).
 """
+import math
+
 import torch
 
-from . import ATTENTION
+from . import ATTENTION, dispatch
 from .base import AttentionKernel, cast_back, default_scale, key_count, scores, upcast, no_autocast, work_dtype
-from .blocked import pointwise_attention, use_tiles
+from .blocked import pointwise_attention
 
 
 class _PointwiseAttention(AttentionKernel):
     supports_bias = True
     supports_mask = True
     complexity = 'quadratic'
+    kind = ''
 
-    def __init__(self, num_heads=None, head_dim=None):
+    def __init__(self, num_heads=None, head_dim=None, impl='auto', explicit_mib=None):
         super().__init__(num_heads, head_dim)
+        self.impl = dispatch.check_impl(self.name, impl)
+        self.explicit_mib = dispatch.check_explicit_mib(self.name, explicit_mib)
+        dispatch.forced()  # a bad SOFTFREE_ATTN_IMPL is refused at build time
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ('' if self.impl == 'auto' else f', impl={self.impl!r}')
 
     def _activation(self, s, n):
         raise NotImplementedError
@@ -32,6 +46,14 @@ class _PointwiseAttention(AttentionKernel):
         """``A @ v`` in tiles; inputs in the working dtype."""
         raise NotImplementedError
 
+    def _row_terms(self, q, k, mask):
+        """(coef, shift) of the fused kernel: floats without a mask, per-row tensors with one."""
+        raise NotImplementedError
+
+    def path(self, q, k, v, bias=None, mask=None) -> str:
+        """'explicit' | 'tiled' | 'fused': the path of a call (``dispatch.py``)."""
+        return dispatch.choose(dispatch.resolve(self.impl), q, k, self.explicit_mib)
+
     def _matrix(self, q, k, hw, scale, bias, mask):
         q, k = upcast(q, k)
         with no_autocast(q):  # activation and normaliser in fp32 (fp64 for fp64 inputs)
@@ -42,7 +64,17 @@ class _PointwiseAttention(AttentionKernel):
             return a
 
     def _forward(self, q, k, v, hw, scale, bias, mask):
-        if use_tiles(q.shape[2], k.shape[2]):
+        path = self.path(q, k, v, bias, mask)
+        if path == 'fused':  # in the inputs' dtype; scores and activation in fp32 inside the kernel
+            from .fused_pointwise import attend
+            with no_autocast(v):
+                coef, shift = self._row_terms(q, k, mask)
+                out = attend(q, k, v, self.kind, 1, default_scale(scale, q.shape[-1], q), coef, bias=bias,
+                             shift=shift, mask=mask)
+            if out is not None:
+                return cast_back(out, v.dtype)
+            path = 'tiled'
+        if path == 'tiled':
             dtype, wd = v.dtype, work_dtype(v)
             with no_autocast(v):  # activation and normaliser in fp32 (fp64 for fp64 inputs)
                 q, k, v = q.to(wd), k.to(wd), v.to(wd)
@@ -56,21 +88,31 @@ class _PointwiseAttention(AttentionKernel):
 class ReluAttention(_PointwiseAttention):
     """``A = relu(S) / N * keep``."""
 
+    kind = 'relu'
+
+    def _row_terms(self, q, k, mask):
+        return (1.0 / k.shape[2] if mask is None else key_count(mask, q, k).reciprocal()), None
+
     def _activation(self, s, n):
         return torch.relu(s) / n
 
     def _tiled(self, q, k, v, scale, bias, mask):
         return pointwise_attention(q, k, v, 'relu', 1, scale, key_count(mask, q, k).reciprocal(), bias=bias,
-                                   mask=mask)
+                                   mask=mask, tile=dispatch.tile_for(q, k))
 
 
 @ATTENTION.register('sigmoid')
 class SigmoidAttention(_PointwiseAttention):
     """``A = sigmoid(S - log N) * keep``."""
 
+    kind = 'sigmoid'
+
+    def _row_terms(self, q, k, mask):
+        return 1.0, (-math.log(k.shape[2]) if mask is None else -key_count(mask, q, k).log())
+
     def _activation(self, s, n):
         return torch.sigmoid(s - torch.log(n))
 
     def _tiled(self, q, k, v, scale, bias, mask):
         return pointwise_attention(q, k, v, 'sigmoid', 1, scale, 1.0, bias=bias, shift=-key_count(mask, q, k).log(),
-                                   mask=mask)
+                                   mask=mask, tile=dispatch.tile_for(q, k))

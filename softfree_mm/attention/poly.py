@@ -9,16 +9,17 @@ Without bias and mask the power factorises through symmetric tensor powers,
 (``M = C(d + p - 1, p)`` features instead of ``d^p``), so ``A @ v`` costs ``O(N M dv)`` instead of
 ``O(N^2 (d + dv))``. ``forward`` takes that path whenever its flop count, computed from the static shapes, is
 the smaller one. ``p = 1`` is plain linear attention ``c * s * q @ (k^T @ v)``. Otherwise, where one (batch, head)
-matrix is larger than a tile, forward and backward run in tiles (``blocked.py``) and never hold ``A``.
+matrix is larger than a tile, forward and backward run in tiles (``blocked.py``) and never hold ``A``; on CUDA the
+explicit matrix within a memory budget and the fused Triton kernel beyond it (``dispatch.py``, ``impl``).
 """
 import math
 from typing import Tuple
 
 import torch
 
-from . import ATTENTION
+from . import ATTENTION, dispatch
 from .base import AttentionKernel, cast_back, default_scale, key_count, scores, work_dtype, no_autocast
-from .blocked import pointwise_attention, use_tiles
+from .blocked import pointwise_attention
 
 SCALE_OPTIONS = "'sqrt_n' (1/sqrt(number of keys a row may look at)) or a float > 0"
 
@@ -57,14 +58,21 @@ class PolyAttention(AttentionKernel):
         degree (int >= 1): the power p (3 and 1 are the paper's).
         scale ('sqrt_n' | float > 0): the constant c multiplying ``S^p``. Not the score scale ``s``, which is
             the ``scale`` argument of ``forward`` (default head_dim^-1/2).
+        impl ('auto' | 'explicit' | 'tiled' | 'fused'): the path of the quadratic computation (``dispatch.py``);
+            'auto' also takes the factorised path where it is cheaper. SOFTFREE_ATTN_IMPL overrides it.
+        explicit_mib (None | float > 0): on CUDA with 'auto', the memory the explicit matrix may take (MiB);
+            None: the smaller of 512 MiB and an eighth of the free GPU memory.
     """
 
     supports_bias = True
     supports_mask = True
     complexity = 'quadratic'  # the instance says 'linear' for degree 1
 
-    def __init__(self, num_heads=None, head_dim=None, degree=3, scale='sqrt_n'):
+    def __init__(self, num_heads=None, head_dim=None, degree=3, scale='sqrt_n', impl='auto', explicit_mib=None):
         super().__init__(num_heads, head_dim)
+        self.impl = dispatch.check_impl('poly', impl)
+        self.explicit_mib = dispatch.check_explicit_mib('poly', explicit_mib)
+        dispatch.forced()  # a bad SOFTFREE_ATTN_IMPL is refused at build time
         if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
             raise ValueError(f'poly: degree must be an int >= 1, got {degree!r}')
         if isinstance(scale, str):
@@ -77,7 +85,8 @@ class PolyAttention(AttentionKernel):
         self.complexity = 'linear' if degree == 1 else 'quadratic'
 
     def extra_repr(self) -> str:
-        return f'{super().extra_repr()}, degree={self.degree}, scale={self.scale!r}'
+        extra = '' if self.impl == 'auto' else f', impl={self.impl!r}'
+        return f'{super().extra_repr()}, degree={self.degree}, scale={self.scale!r}{extra}'
 
     # ------------------------------------------------------------------ cost model (static shapes only)
     def num_features(self, d: int) -> int:
@@ -123,16 +132,31 @@ class PolyAttention(AttentionKernel):
                 a = a.masked_fill(~mask, 0.0)  # masks act after the power, multiplicatively
             return a
 
+    def path(self, q, k, v, bias=None, mask=None) -> str:
+        """'factorised' | 'explicit' | 'tiled' | 'fused': the path of a call (``dispatch.py``)."""
+        impl = dispatch.resolve(self.impl)
+        if impl == 'auto' and self.uses_factorised(q, k, v, bias, mask):
+            return 'factorised'
+        return dispatch.choose(impl, q, k, self.explicit_mib)
+
     def _forward(self, q, k, v, hw, scale, bias, mask):
         out_dtype = v.dtype
         wd = work_dtype(v)
+        path = self.path(q, k, v, bias, mask)
         with no_autocast(v):
+            if path == 'fused':  # in the inputs' dtype; scores and powers in fp32 inside the kernel
+                from .fused_pointwise import attend
+                out = attend(q, k, v, 'pow', self.degree, default_scale(scale, q.shape[-1], q),
+                             self._coef(mask, q, k), bias=bias, mask=mask)
+                if out is not None:
+                    return cast_back(out, out_dtype)
+                path = 'tiled'
             q, k, v = q.to(wd), k.to(wd), v.to(wd)
-            if self.uses_factorised(q, k, v, bias, mask):
+            if path == 'factorised':
                 out = self.factorised(q, k, v, scale)
-            elif use_tiles(q.shape[2], k.shape[2]):  # forward and backward in tiles: A is never held
+            elif path == 'tiled':  # forward and backward in tiles: A is never held
                 out = pointwise_attention(q, k, v, 'pow', self.degree, default_scale(scale, q.shape[-1], q),
-                                          self._coef(mask, q, k), bias=bias, mask=mask)
+                                          self._coef(mask, q, k), bias=bias, mask=mask, tile=dispatch.tile_for(q, k))
             else:
                 out = self._matrix(q, k, hw, scale, bias, mask) @ v
             return cast_back(out, out_dtype)  # overflow shows as inf (fp16 loss scaling)

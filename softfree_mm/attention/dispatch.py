@@ -1,0 +1,112 @@
+"""Which path a call of a pointwise kernel (poly, relu, sigmoid) takes: the explicit matrix, Python tiles
+(``blocked.py``) or the fused Triton kernel (``fused_pointwise.py``).
+
+``impl='auto'`` (every kernel's default): on CPU as always, the explicit matrix up to ``blocked.TILE_ELEMENTS``
+scores a (batch, head) pair and tiles beyond. On CUDA the explicit matrix while what it holds (fp32 scores, weights
+and, in backward, their gradient: 12 bytes a score over all (batch, head) pairs) fits a budget, ``explicit_mib``
+(default: the smaller of 512 MiB and an eighth of the GPU's free memory at its first use), and the fused kernel
+beyond it. ``'explicit'``, ``'tiled'``, ``'fused'`` force that path on any device (``'fused'`` runs on CPU tensors
+under TRITON_INTERPRET=1). Wherever the fused kernel cannot take a call it says why once and the call runs in tiles
+(on CUDA: tiles of thousands of queries). The environment variable ``SOFTFREE_ATTN_IMPL`` (one of the four), when
+set, replaces every kernel's ``impl``. This file imports torch only.
+"""
+import os
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from .blocked import use_tiles
+
+IMPLS = ('auto', 'explicit', 'tiled', 'fused')
+IMPL_ENV = 'SOFTFREE_ATTN_IMPL'
+DEFAULT_EXPLICIT_MIB = 512
+EXPLICIT_BYTES_PER_SCORE = 12
+# the tiled path on CUDA: up to this many scores a tile over all (batch, head) pairs (128 MiB in fp32), keys in
+# chunks of GPU_TILE_COLS, so that a tile holds thousands of queries
+GPU_TILE_ELEMENTS = 1 << 25
+GPU_TILE_COLS = 4096
+
+_BUDGETS: Dict[str, int] = {}
+
+
+def check_impl(name: str, impl) -> str:
+    if impl not in IMPLS:
+        raise ValueError(f"{name}: impl must be one of {', '.join(repr(i) for i in IMPLS)}, got {impl!r}")
+    return impl
+
+
+def check_explicit_mib(name: str, mib):
+    if mib is None:
+        return None
+    if isinstance(mib, bool) or not isinstance(mib, (int, float)) or not mib > 0:
+        raise ValueError(f'{name}: explicit_mib must be None (the default budget) or a number of MiB > 0, '
+                         f'got {mib!r}')
+    return float(mib)
+
+
+def forced() -> Optional[str]:
+    """The path ``SOFTFREE_ATTN_IMPL`` forces (None when unset or empty); a clear error for another value."""
+    value = os.environ.get(IMPL_ENV, '')
+    if not value:
+        return None
+    if value not in IMPLS:
+        raise ValueError(f"{IMPL_ENV}={value!r}: must be one of {', '.join(IMPLS)} (or unset)")
+    return value
+
+
+def resolve(impl: str) -> str:
+    """The kernel's ``impl``, unless the environment forces one."""
+    return forced() or impl
+
+
+def explicit_budget(device: torch.device, mib: Optional[float]) -> int:
+    """Bytes the explicit path may hold on ``device`` (CUDA): ``mib`` MiB, or the default (see the module)."""
+    if mib is not None:
+        return int(mib * 2 ** 20)
+    key = str(device)
+    if key not in _BUDGETS:
+        cap = DEFAULT_EXPLICIT_MIB * 2 ** 20
+        try:
+            free, _ = torch.cuda.mem_get_info(device)
+            cap = min(cap, free // 8)
+        except (RuntimeError, AssertionError):  # no CUDA context to ask: the fixed cap
+            pass
+        _BUDGETS[key] = int(cap)
+    return _BUDGETS[key]
+
+
+def explicit_bytes(pairs: int, nq: int, nk: int) -> int:
+    """What the explicit path holds for ``pairs`` (batch, head) matrices of nq x nk scores."""
+    return EXPLICIT_BYTES_PER_SCORE * pairs * nq * nk
+
+
+def rule(device_type: str, pairs: int, nq: int, nk: int, budget: int) -> str:
+    """impl='auto': 'explicit' | 'tiled' | 'fused' for a device type, (batch, head) pairs, sizes and a budget in
+    bytes (used on CUDA only)."""
+    if device_type != 'cuda':
+        return 'tiled' if use_tiles(nq, nk) else 'explicit'
+    return 'explicit' if explicit_bytes(pairs, nq, nk) <= budget else 'fused'
+
+
+def choose(impl: str, q, k, explicit_mib: Optional[float] = None) -> str:
+    """'explicit' | 'tiled' | 'fused' for one call with an already resolved ``impl`` (see :func:`resolve`)."""
+    if impl != 'auto':
+        return impl
+    dev = q.device
+    budget = explicit_budget(dev, explicit_mib) if dev.type == 'cuda' else 0
+    return rule(dev.type, q.shape[0] * q.shape[1], q.shape[2], k.shape[2], budget)
+
+
+def gpu_tile(pairs: int, nq: int, nk: int) -> Tuple[int, int]:
+    """The tiled path's tile on CUDA: up to GPU_TILE_COLS keys and as many queries as keep the tile within
+    GPU_TILE_ELEMENTS scores over all (batch, head) pairs."""
+    cols = max(1, min(nk, GPU_TILE_COLS))
+    rows = max(1, min(nq, GPU_TILE_ELEMENTS // (max(1, pairs) * cols)))
+    return rows, cols
+
+
+def tile_for(q, k) -> Optional[Tuple[int, int]]:
+    """The tile of the tiled path for this call: None (blocked.py's CPU tile) off CUDA, else :func:`gpu_tile`."""
+    if q.device.type != 'cuda':
+        return None
+    return gpu_tile(q.shape[0] * q.shape[1], q.shape[2], k.shape[2])
