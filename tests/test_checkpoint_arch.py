@@ -165,7 +165,8 @@ def pvt_official(dims, depths, mlp, sr, version=1, linear_sra=False, inline_head
             linear(s, f'{pre}.mlp.fc1', m * c, c)
             linear(s, f'{pre}.mlp.fc2', c, m * c)
             if version == 2:
-                s.update({f'{pre}.mlp.dwconv.dwconv.weight': (m * c, 1, 3, 3), f'{pre}.mlp.dwconv.dwconv.bias': (m * c,)})
+                s.update({f'{pre}.mlp.dwconv.dwconv.weight': (m * c, 1, 3, 3),
+                          f'{pre}.mlp.dwconv.dwconv.bias': (m * c,)})
             if inline_heads:
                 residual(s, f'{pre}.attn', c, inline_heads[i - 1])
         if version == 2:
@@ -335,7 +336,8 @@ def test_the_release_writers_give_the_names_and_shapes_of_timm_mmdet_and_mmpretr
     assert _converted_shapes('swin', zeros(swin_official(dim, depths, heads))) == \
         _converted_shapes('swin', swin.state_dict())
     mmdet = MMDetSwin(embed_dims=dim, depths=depths, num_heads=heads)
-    assert _converted_shapes('swin', mmdet.state_dict()) == _converted_shapes('swin', zeros(swin_mm(dim, depths, heads)))
+    assert _converted_shapes('swin', mmdet.state_dict()) == \
+        _converted_shapes('swin', zeros(swin_mm(dim, depths, heads)))
     mmpre = MMPretrainSwin(arch=dict(embed_dims=dim, depths=depths, num_heads=heads))
     assert _converted_shapes('swin', mmpre.state_dict()) == \
         _converted_shapes('swin', zeros(swin_mm(dim, depths, heads, out_norms=(3,))))
@@ -459,7 +461,8 @@ SMALL = {  # name: (file, model class, model kwargs, the arguments that fit the 
                     "arch='inline_tiny', embed_dims=16, depths=(1, 1, 3, 1), num_heads=(1, 2, 2, 4)", {}),
     'inline-swin-base': (lambda: wrapped(swin_official(16, (1, 1, 3, 1), (1, 2, 2, 4), kinds=('I', 'I', 'IIS', 'S'))),
                          'SoftFreeSwin', dict(SWIN, arch='inline_base', depths=(1, 1, 4, 1),
-                                              attn_cfg=['inline', 'inline', ['inline'] * 2 + ['softmax'] * 2, 'softmax'],
+                                              attn_cfg=['inline', 'inline', ['inline'] * 2 + ['softmax'] * 2,
+                                                        'softmax'],
                                               global_window=(True, True, [True, True, False, False], False)),
                          "arch='inline_base', embed_dims=16, depths=(1, 1, 3, 1), attn_cfg=('inline', 'inline', "
                          "('inline', 'inline', 'softmax'), 'softmax'), global_window=(True, True, (True, True, False), "
@@ -487,8 +490,8 @@ SMALL = {  # name: (file, model class, model kwargs, the arguments that fit the 
     'cswin-official': (lambda: wrapped(cswin_official(16, (1, 1, 3, 1), (2, 2, 4, 4))), 'SoftFreeCSWin', CSWIN,
                        "arch='tiny', embed_dims=16, depths=(1, 1, 3, 1), num_heads=(2, 2, 4, 4)", {}),
     'cswin-segmentation': (lambda: wrapped(cswin_official(16, (1, 2, 2, 1), (2, 2, 4, 4), segmentation=True)),
-                           'SoftFreeCSWin', CSWIN, "arch='tiny', embed_dims=16, depths=(1, 2, 2, 1), num_heads=(2, 2, 4, 4)",
-                           {}),
+                           'SoftFreeCSWin', CSWIN,
+                           "arch='tiny', embed_dims=16, depths=(1, 2, 2, 1), num_heads=(2, 2, 4, 4)", {}),
     'inline-cswin': (lambda: wrapped(cswin_official(16, (1, 1, 3, 1), (2, 2, 4, 4), kinds='IISS')), 'SoftFreeCSWin',
                      dict(CSWIN, arch='inline_tiny'),
                      "arch='inline_tiny', embed_dims=16, depths=(1, 1, 3, 1), num_heads=(2, 2, 4, 4)", {}),
@@ -570,7 +573,8 @@ def test_our_own_layout_of_other_heads_is_one_error_naming_the_heads(tmp_path):
     model = models.SoftFreeSwin(arch=dict(SWIN), init_cfg=dict(type='Pretrained', checkpoint=path))
     with pytest.raises(ValueError, match=r'stage 2: 2 blocks of 64 channels \(4 heads\) in the file, 2 blocks of 64 '
                                          r'channels \(2 heads\) in the model;\n  the file fits SoftFreeSwin\('
-                                         r"arch='tiny', embed_dims=16, depths=\(1, 1, 2, 1\), num_heads=\(1, 2, 4, 4\)"):
+                                         r"arch='tiny', embed_dims=16, depths=\(1, 1, 2, 1\), "
+                                         r'num_heads=\(1, 2, 4, 4\)'):
         model.init_weights()
     # the same file into a model of its architecture with another kernel (no bias tables) is no error
     same = models.SoftFreeSwin(arch='tiny', embed_dims=16, depths=(1, 1, 2, 1), num_heads=(1, 2, 4, 4),
@@ -599,7 +603,8 @@ def test_dry_run_start_check_reads_converts_and_names_what_is_not_there(tmp_path
     lines = check_start(Config(dict(load_from=whole)), model)
     assert lines[0].startswith(f'model.backbone.init_cfg: {official} fits SoftFreeSwin (depths (1, 1, 2, 1), '
                                'widths (16, 32, 64, 128), heads (1, 2, 2, 4)'), lines
-    assert lines[0].endswith('weights placed (6 left to their initialisation)'), lines  # the output norms 0-2 of a classifier
+    # the output norms 0-2 a classifier does not have
+    assert lines[0].endswith('weights placed (6 left to their initialisation)'), lines
     assert lines[1] == f'load_from: {whole} fits the model: {len(model.state_dict())} of its ' \
                        f'{len(model.state_dict())} weights'
     # a whole-model checkpoint whose backbone is deeper: the backbone's error, under load_from
