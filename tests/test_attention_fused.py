@@ -305,3 +305,37 @@ def test_fused_poly3_inside_a_pvt_backbone_gives_the_explicit_paths_features(dev
     grads = [p.grad for p in fused.parameters() if p.grad is not None]
     assert len(grads) == sum(1 for p in fused.parameters() if p.requires_grad)
     assert all(torch.isfinite(g).all() for g in grads)
+
+
+# ------------------------------------------------------------------------------------------- the other kernels
+def test_soft_newton_steps_batched_as_on_cuda_equal_the_plain_steps():
+    """SOFT's Newton iteration in its CUDA form (two launches a step: bmm, then baddbmm) gives the plain steps'
+    inverse, and, differentiated through (SOFT-Norm), the same gradient."""
+    from softfree_mm.attention.soft import _newton_steps, gaussian_kernel
+    g = torch.Generator().manual_seed(12)
+    lm = torch.randn(2, 3, 16, 8, generator=g, dtype=torch.float64) * 0.5
+    k_ll = gaussian_kernel(lm, lm).requires_grad_(True)
+    v0 = k_ll / k_ll.sum(-1).amax() ** 2
+    plain = _newton_steps(k_ll, v0, 20)
+    batched = _newton_steps(k_ll, v0, 20, batched=True)
+    torch.testing.assert_close(batched, plain, rtol=1e-10, atol=1e-12)
+    eye = torch.eye(16, dtype=torch.float64)
+    assert float((k_ll @ batched - eye).detach().abs().max()) < 1e-3  # it is an inverse (K(L, L) is well conditioned here)
+    w = torch.randn(plain.shape, generator=g, dtype=torch.float64)
+    ga, = torch.autograd.grad((plain * w).sum(), k_ll, retain_graph=True)  # v0 is shared by both
+    gb, = torch.autograd.grad((batched * w).sum(), k_ll)
+    torch.testing.assert_close(gb, ga, rtol=1e-8, atol=1e-10)
+
+
+def test_linear_forward_holds_no_temporary_beyond_its_feature_maps_and_output():
+    """linear (elu+1) without a mask: phi(q), phi(k) and the output are the only (N, d)-sized tensors of its
+    forward (the + 1 in place, the normaliser as a product), measured by the allocator's record on CPU."""
+    from softfree_mm.analysis.benchmark import peak_memory
+    q, k, v = (torch.randn(1, 1, 8192, 64) for _ in range(3))
+    kern = build_attention('linear')
+
+    def fwd():
+        with torch.no_grad():
+            kern(q, k, v)
+
+    assert peak_memory(fwd, 'cpu') < 3.1 * q.numel() * 4

@@ -79,14 +79,16 @@ class LinearAttention(_FactorisedAttention):
         return f'{super().extra_repr()}, feature_map={self.feature_map!r}'
 
     def phi(self, x):
-        return F.elu(x) + 1.0 if self.feature_map == 'elu+1' else torch.relu(x)
+        # elu keeps its input for backward, not its output: the + 1 goes in place (one (N, d) tensor less)
+        return F.elu(x).add_(1.0) if self.feature_map == 'elu+1' else torch.relu(x)
 
     def _fast(self, q, k, v):
         qf, kf = self.phi(q), self.phi(k)
         kv = kf.transpose(-2, -1) @ v  # (B, h, d, dv)
         z = kf.sum(dim=2, keepdim=True)  # (B, h, 1, d)
-        den = (qf * z).sum(-1, keepdim=True) + self.eps
-        return (qf @ kv) / den
+        # the normaliser as a product (no (N, d) temporary), the division in place on the product's own output
+        den = (qf @ z.transpose(-2, -1)).add_(self.eps)  # (B, h, N, 1)
+        return (qf @ kv).div_(den)
 
     def _explicit(self, q, k, mask):
         a = self.phi(q) @ self.phi(k).transpose(-2, -1)
@@ -138,10 +140,10 @@ class TaylorAttention(_FactorisedAttention):
 
     def _fast(self, q, k, v):
         qn, kn = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
-        num = v.sum(dim=2, keepdim=True) + qn @ (kn.transpose(-2, -1) @ v)
-        den = k.shape[2] + (qn * kn.sum(dim=2, keepdim=True)).sum(-1, keepdim=True)
+        num = (qn @ (kn.transpose(-2, -1) @ v)).add_(v.sum(dim=2, keepdim=True))
+        den = (qn @ kn.sum(dim=2, keepdim=True).transpose(-2, -1)).add_(k.shape[2])  # no (N, d) temporary
         # den >= 0; it is 0 only when every key points exactly away from the query: keep that row finite
-        return num / den.clamp_min(torch.finfo(den.dtype).tiny)
+        return num.div_(den.clamp_min(torch.finfo(den.dtype).tiny))
 
     def _explicit(self, q, k, mask):
         qn, kn = F.normalize(q, dim=-1), F.normalize(k, dim=-1)

@@ -45,10 +45,19 @@ def gaussian_kernel(a, b, scale=1.0):
     return torch.exp(expo.clamp_max(0.0))  # exponent is <= 0 in exact arithmetic; clip rounding
 
 
-def _newton_steps(p, v, iters):
+def _newton_steps(p, v, iters, batched: bool = False):
+    """``iters`` steps ``v <- 2 v - v (p v)``. ``batched``: the (.., m, m) matrices as one batch of bmm calls, two
+    launches a step (``p v``, then ``2 v - v (p v)`` in one ``baddbmm``) instead of four; CUDA uses it, where each
+    launch of a small matrix costs more than its arithmetic."""
+    if not batched:
+        for _ in range(iters):
+            v = 2.0 * v - v @ (p @ v)
+        return v
+    shape = v.shape
+    p3, v3 = p.reshape(-1, *shape[-2:]), v.reshape(-1, *shape[-2:])
     for _ in range(iters):
-        v = 2.0 * v - v @ (p @ v)
-    return v
+        v3 = torch.baddbmm(v3, v3, torch.bmm(p3, v3), beta=2.0, alpha=-1.0)
+    return v3.reshape(shape)
 
 
 class _NewtonInverse(torch.autograd.Function):
@@ -60,7 +69,7 @@ class _NewtonInverse(torch.autograd.Function):
             eye = torch.eye(k_ll.shape[-1], dtype=k_ll.dtype, device=k_ll.device)
             alpha = 1.8 / k_ll.sum(-1).amax(-1) ** 2  # 0.9 * 2 / (max row sum)^2, per matrix
             p = k_ll + reg * eye
-            v = _newton_steps(p, alpha[..., None, None] * p, iters)
+            v = _newton_steps(p, alpha[..., None, None] * p, iters, batched=k_ll.is_cuda)
         ctx.save_for_backward(v)
         return v
 
@@ -93,7 +102,7 @@ def newton_inverse_norm(k_ll, iters=20):
         ok = torch.cat([ok[:-1], ok.new_ones(1)])
         first = ok & (torch.cumsum(ok.to(torch.int32), 0) == 1)  # one-hot: the first start that passes
         factor = (halves * first.to(halves.dtype)).sum()
-    return _newton_steps(k_ll, alpha * factor * k_ll, iters)
+    return _newton_steps(k_ll, alpha * factor * k_ll, iters, batched=k_ll.is_cuda)
 
 
 def landmark_grid(hw, ratio, num_landmarks, cells='floor'):
