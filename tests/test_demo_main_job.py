@@ -10,11 +10,15 @@ loaded into its backbone; the summary names the pretraining top-1, bbox / segm m
 and the picture folder, and summary.json holds the same numbers; the pictures are the val images with predictions
 drawn on them at the config's own score threshold: where it hides all of a picture's predictions (two
 iterations give low scores) the picture still shows the best one, so a threshold that hides everything cannot pass.
+No warning line anywhere in the output (the stack's pkg_resources deprecation notes are filtered in every step's
+process, tools/tool_warnings.py).
 """
+import csv
 import glob
 import json
 import os
 import os.path as osp
+import re
 import subprocess
 import sys
 
@@ -22,12 +26,15 @@ import cv2
 import numpy as np
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+# what Python's warnings module prints: 'path:line: SomeWarning: message', then the source line
+WARNING_LINE = re.compile(r'Warning\b|warnings\.warn\(|pkg_resources is deprecated')
 
 
 def test_shortened_main_job_pretrains_fine_tunes_evaluates_draws_and_summarises(tmp_path):
     work = str(tmp_path / 'demo')
-    env = dict(os.environ, PYTHONWARNINGS='ignore')
-    cmd = [sys.executable, 'tools/run_demo.py', '--work-dir', work, '--pictures', '2',
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONWARNINGS'}  # what a user's shell has
+    csv_path = str(tmp_path / 'demo.csv')
+    cmd = [sys.executable, 'tools/run_demo.py', '--work-dir', work, '--pictures', '2', '--csv', csv_path,
            '--cls-options', 'train_dataloader.dataset.indices=32', 'val_dataloader.dataset.indices=20',
            'train_cfg.max_epochs=1',
            '--det-options', 'train_cfg.max_iters=2', 'default_hooks.logger.interval=1',
@@ -35,6 +42,9 @@ def test_shortened_main_job_pretrains_fine_tunes_evaluates_draws_and_summarises(
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
+    # no warning between the steps or before a tool's own output (the steps' processes included)
+    noise = [line for line in (out + proc.stderr).splitlines() if WARNING_LINE.search(line)]
+    assert not noise, '\n'.join(noise[:6])
     for step in ('tools/make_demo_data.py', 'tools/train.py configs/demo/cls_xcit_t12_poly3_demo.py',
                  'tools/train.py configs/demo/maskrcnn_xcit_t12_poly3_demo.py',
                  'tools/test.py configs/demo/maskrcnn_xcit_t12_poly3_demo.py', 'DetInferencer('):
@@ -56,6 +66,12 @@ def test_shortened_main_job_pretrains_fine_tunes_evaluates_draws_and_summarises(
         assert 0.0 <= summary['metrics'][key] <= 1.0, key
     assert set(summary['times']) == {'data', 'pretrain', 'detector', 'evaluation', 'pictures'}
     assert all(t > 0 for t in summary['times'].values())
+    # --csv: the summary's numbers as one row (the format of docs/results/demo.csv)
+    (row,) = list(csv.DictReader(open(csv_path)))
+    assert float(row['pretrain_top1']) == summary['pretrain_top1']
+    assert {k: float(row[k]) for k in summary['metrics']} == summary['metrics']
+    assert {k: float(row[f'{k}_s']) for k in summary['times']} == summary['times']
+    assert float(row['total_s']) == summary['total'] and int(row['pictures_drawn']) == sum(summary['pictures_drawn'])
     tail = out[out.rindex('make demo:'):]
     for word in ('top-1', 'bbox mAP', 'segm mAP', 'AP50', 'pictures', 'total', osp.join(work, 'pictures')):
         assert word in tail, word

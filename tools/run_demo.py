@@ -1,7 +1,7 @@
 """The main job on the embedded demo data, as `make demo` runs it: pretrain, fine-tune, evaluate, draw, summarise.
 
     python tools/run_demo.py [--work-dir work_dirs/demo] [--cls-config CFG] [--det-config CFG] [--pictures N]
-        [--cls-options KEY=VALUE ...] [--det-options KEY=VALUE ...] [--test-options KEY=VALUE ...]
+        [--cls-options KEY=VALUE ...] [--det-options KEY=VALUE ...] [--test-options KEY=VALUE ...] [--csv PATH]
 
 Each step is an ordinary command of this repository, printed before it runs (run them by hand to do the same):
 
@@ -26,7 +26,8 @@ its adapter, FPN and heads) at XCiT-T12 width, the width two CPU cores can train
 runs the full S12 width (about twice the time).
 
 The last lines printed are a summary: pretraining top-1, bbox / segm mAP and AP50, the time of each step, the
-picture folder. A step that fails stops the demo with its exit status.
+picture folder (W/summary.json holds the same; --csv PATH writes them as one row of CSV_COLUMNS). A step that
+fails stops the demo with its exit status.
 """
 import argparse
 import glob
@@ -39,9 +40,14 @@ import time
 
 import numpy as np
 
+import tool_warnings  # noqa: F401  (tools/tool_warnings.py: before the OpenMMLab stack; every step inherits it)
+
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CLS_CFG = 'configs/demo/cls_xcit_t12_poly3_demo.py'
 DET_CFG = 'configs/demo/maskrcnn_xcit_t12_poly3_demo.py'
+CSV_COLUMNS = ('cls_config', 'det_config', 'pretrain_top1', 'bbox_mAP', 'bbox_mAP_50', 'segm_mAP', 'segm_mAP_50',
+               'data_s', 'pretrain_s', 'detector_s', 'evaluation_s', 'pictures_s', 'total_s', 'pictures_drawn',
+               'torch_threads')
 
 
 def parse_args(argv=None):
@@ -50,6 +56,7 @@ def parse_args(argv=None):
     p.add_argument('--cls-config', default=CLS_CFG, help=f'pretraining config (default: {CLS_CFG})')
     p.add_argument('--det-config', default=DET_CFG, help=f'detector config (default: {DET_CFG})')
     p.add_argument('--pictures', type=int, default=8, help='val images to draw predictions on (default: 8)')
+    p.add_argument('--csv', default=None, metavar='PATH', help='also write the summary as one CSV row here')
     for step, what in (('cls', 'pretraining'), ('det', 'detector training'), ('test', 'evaluation and pictures')):
         p.add_argument(f'--{step}-options', nargs='+', default=[], metavar='KEY=VALUE',
                        help=f'--cfg-options for the {what} command')
@@ -116,6 +123,8 @@ class Demo:
             p.add_argument('--o', nargs='+', action=DictAction)
             cfg.merge_from_dict(p.parse_args(['--o', *options]).o)
         thr = cfg.default_hooks.visualization.get('score_thr', 0.3)
+        # pictures go to out_dir; the config's visualiser backends would need a save_dir (mmengine warns, drops them)
+        cfg.visualizer.vis_backends = []
         ds = cfg.test_dataloader.dataset
         while 'dataset' in ds:  # wrappers
             ds = ds.dataset
@@ -170,6 +179,8 @@ def main(argv=None):
                    pictures=files, score_thr=thr, pictures_drawn=drawn, pictures_score_thr=used, torch_threads=torch.get_num_threads())
     with open(osp.join(work, 'summary.json'), 'w') as f:
         json.dump(summary, f, indent=1)
+    if args.csv:
+        write_csv(args.csv, summary, args.cls_config, args.det_config)
     t = demo.times
     top1 = summary['pretrain_top1']
     rows = [
@@ -191,6 +202,18 @@ def main(argv=None):
     lines.append(f'  {"total":<42} {threads:<52} {_fmt(total):>12}')
     print('\n'.join(lines), flush=True)
     return 0
+
+
+def write_csv(path, summary, cls_config, det_config):
+    """The summary as one row of CSV_COLUMNS (times in seconds), the format of docs/results/demo.csv."""
+    import csv
+    row = dict(cls_config=cls_config, det_config=det_config, pretrain_top1=summary['pretrain_top1'],
+               **summary['metrics'], **{f'{k}_s': v for k, v in summary['times'].items()}, total_s=summary['total'],
+               pictures_drawn=sum(summary['pictures_drawn']), torch_threads=summary['torch_threads'])
+    with open(path, 'w', newline='') as f:
+        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        w.writeheader()
+        w.writerow(row)
 
 
 def _model_name(det_config):
