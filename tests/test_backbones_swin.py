@@ -223,6 +223,14 @@ def test_abs_pos_embed_swin_equals_mmdet_at_the_pretrain_size_and_mmdet_with_the
         torch.testing.assert_close(o, e, atol=1e-4, rtol=1e-4)
 
 
+def test_convert_checkpoint_places_an_mmdet_swin_files_absolute_pos_embed():
+    from mmdet.models.backbones.swin import SwinTransformer
+    from softfree_mm.models.converters import detect_family, unplaced_keys
+    ref = SwinTransformer(embed_dims=16, depths=(1, 1, 1, 1), num_heads=(1, 2, 2, 4), use_abs_pos_embed=True)
+    family, converted = detect_family(ref.state_dict())
+    assert family == 'swin' and 'absolute_pos_embed' in converted and unplaced_keys('swin', converted) == []
+
+
 def test_abs_pos_embed_is_trunc_normal_frozen_with_the_stem_and_absent_by_default():
     model = SoftFreeSwin(arch=dict(TINY), use_abs_pos_embed=True, pretrain_img_size=(96, 64))
     pos = model.absolute_pos_embed.detach()
@@ -411,7 +419,7 @@ def test_bad_arguments_raise_errors_naming_the_value_and_valid_choices():
         SoftFreeSwin(arch=dict(TINY), attn_cfg='softmx')
     with pytest.raises(ValueError, match=r'global_window=\(True, False\) has 2 entries but the model has 4'):
         SoftFreeSwin(arch=dict(TINY), global_window=(True, False))
-    with pytest.raises(ValueError, match=r'out_indices \(4,\) must be .* in 0..3'):
+    with pytest.raises(ValueError, match=r'out_indices must be stage indices in \[0, 3\], got \(4,\)'):
         SoftFreeSwin(arch=dict(TINY), out_indices=(4,))
     with pytest.raises(TypeError, match=r'unexpected keyword argument'):
         SoftFreeSwin(arch=dict(TINY), windowsize=7)

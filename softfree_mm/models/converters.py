@@ -81,7 +81,7 @@ _PROBES = {  # family -> (class name, build arguments): a small model with every
     'xcit': ('SoftFreeXCiT', dict(arch='t12', embed_dims=8, num_heads=1, norm_cfg=dict(type='BN'))),
     'pvt': ('SoftFreePVT', dict(arch='tiny', **_SMALL4)),
     'pvt_v2': ('SoftFreePVTv2', dict(arch='b0', **_SMALL4)),
-    'swin': ('SoftFreeSwin', dict(arch='tiny', **_SMALL)),
+    'swin': ('SoftFreeSwin', dict(arch='tiny', use_abs_pos_embed=True, **_SMALL)),  # mmdet / official ape files
     'cswin': ('SoftFreeCSWin', dict(arch='tiny', embed_dims=8, num_heads=(2, 2, 2, 2))),
     'soft': ('SoftFreeSOFT', dict(arch=dict(depths=(1, 1, 1, 1), **_SMALL4))),
     # InLine-Swin-B's layout holds both block kinds (InLine with the residual, softmax with the bias table)
