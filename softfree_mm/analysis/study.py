@@ -172,9 +172,11 @@ def run_one(config: str, spec, seed: int, work_root: str, train_py: str, cfg_opt
 def study(configs: Sequence[str], kernels: Sequence, seeds: Sequence[int], work_root: str, train_py: str,
           cfg_options: Sequence[str] = (), key: str = 'model.backbone.attn_cfg', in_process: bool = False,
           echo=None) -> List[dict]:
-    """Every (config, kernel, seed): config-major, then kernel, then seed. One row each."""
-    return [run_one(c, k, s, work_root, train_py, cfg_options, key, in_process, echo)
-            for c in configs for k in kernels for s in seeds]
+    """Every (config, kernel, seed), one row each, listed config-major, then kernel, then seed. Trained seed by
+    seed, so that a study stopped part way has whole seeds of the grid."""
+    done = {(ci, ki, s): run_one(c, k, s, work_root, train_py, cfg_options, key, in_process, echo)
+            for s in seeds for ci, c in enumerate(configs) for ki, k in enumerate(kernels)}
+    return [done[(ci, ki, s)] for ci in range(len(configs)) for ki in range(len(kernels)) for s in seeds]
 
 
 def norm_curves(rows: List[dict], work_root: str) -> List[dict]:
