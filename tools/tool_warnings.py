@@ -2,16 +2,38 @@
 
 Precise on purpose: each entry names one message of the frozen stack that its users cannot act on and that would
 otherwise be printed before every tool's own output. Everything else is shown as usual.
+The same entries go into PYTHONWARNINGS (after the user's own), so that every process a tool starts (the demo's
+steps, torchrun's workers, spawned data loader workers) has them from its first import on.
 """
+import os
+import re
 import warnings
 
 QUIET = (
     # mmengine 0.10.7 (and openmim) import pkg_resources, which setuptools >= 81 flags as deprecated on import
-    (UserWarning, r'pkg_resources is deprecated as an API'),
+    (UserWarning, 'pkg_resources is deprecated as an API'),
     # mmseg 1.2.2's own decode heads call its build_loss, and its own ADE20K pipelines set reduce_zero_label
-    (UserWarning, r'``build_loss`` would be deprecated soon'),
-    (UserWarning, r'`reduce_zero_label` will be deprecated'),
+    (UserWarning, '``build_loss`` would be deprecated soon'),
+    (UserWarning, '`reduce_zero_label` will be deprecated'),
+    # mmengine 0.10.7's visualiser wants x < width, y < height, mmdet clips boxes to x <= width: each drawn box that
+    # touches the right or bottom edge gives both notes (it is drawn as a polygon); the picture is right
+    (UserWarning, 'Warning: The bbox is out of bounds, the drawn bbox may not be in the image'),
+    (UserWarning, 'Warning: The polygon is out of bounds, the drawn polygon may not be in the image'),
 )
 
-for category, message in QUIET:
-    warnings.filterwarnings('ignore', message=message, category=category)
+
+def env_entries():
+    """QUIET as PYTHONWARNINGS entries (action:message:category; the message is the literal start of the text).
+    A message with ':' or ',' cannot be written there: those stay filters of the tool's own process."""
+    return [f'ignore:{message}:{category.__name__}' for category, message in QUIET
+            if ':' not in message and ',' not in message]
+
+
+def install(environ=os.environ):
+    for category, message in QUIET:
+        warnings.filterwarnings('ignore', message=re.escape(message), category=category)
+    given = [e for e in environ.get('PYTHONWARNINGS', '').split(',') if e]
+    environ['PYTHONWARNINGS'] = ','.join(given + [e for e in env_entries() if e not in given])
+
+
+install()
