@@ -160,6 +160,22 @@ def test_study_tables_equal_the_runs_logs_and_a_refused_kernel_is_a_failed_row(d
     assert _csv(osp.join(out, 'runs.csv'))[1]['log'] == osp.relpath(again, work)
 
 
+def test_refusals_in_two_parallel_training_processes_are_failed_rows(demo, tmp_path):
+    """The study's own way (one tools/train.py process per run, two at a time, one torch thread each): the refusal
+    is read from the child's stderr; each seed is its own row."""
+    cfg = _tiny(str(tmp_path), demo)
+    out = str(tmp_path / 'out')
+    assert _tool('tools/analysis/study.py').main(['--configs', cfg, '--kernels', 'soft', '--seeds', '0', '1',
+                                                  '--work-dir', str(tmp_path / 'work'), '--out', out,
+                                                  '--jobs', '2', '--threads', '1']) == 1  # nothing trained
+    rows = _csv(osp.join(out, 'runs.csv'))
+    assert [(r['seed'], r['status'], r['threads']) for r in rows] == [('0', 'failed', '1'), ('1', 'failed', '1')]
+    for r in rows:
+        assert r['error'].startswith('error: ') and "attention kernel 'soft'" in r['error']
+        with open(osp.join(str(tmp_path / 'work'), 'tiny', 'soft', f"seed{r['seed']}", 'train.log.stderr')) as f:
+            assert r['error'] in f.read()
+
+
 def test_summary_is_mean_and_sample_std_over_seeds_and_failed_seeds_are_counted():
     from softfree_mm.analysis.study import markdown, standard_error, summarise
     rows = [dict(config='c', kernel='poly', seed=s, status='ok', error='', top1_final=f, top1_best=b,
@@ -189,6 +205,7 @@ def test_study_refuses_bad_input_with_one_line(demo, tmp_path, capsys):
     _one_line_error(capsys, path, ['--configs', cfg, '--seeds', '1', '1'], '--seeds')
     _one_line_error(capsys, path, ['--configs', cfg, '--kernels', 'poly:degre=3'], 'degre')
     _one_line_error(capsys, path, ['--configs', cfg, '--cfg-options', 'randomness.seed=4'], '--seeds')
+    _one_line_error(capsys, path, ['--configs', cfg, '--jobs', '0'], '--jobs')
     _one_line_error(capsys, path, ['--configs', cfg], 'no AttentionStatsHook')
 
 

@@ -26,7 +26,7 @@ METRIC = 'accuracy/top1'
 CHANCE = 10.0  # ten digit classes
 
 RUN_FIELDS = ('config', 'kernel', 'seed', 'status', 'top1_final', 'top1_best', 'best_iter', 'loss_final',
-              's_per_iter', 'peak_mem_mib', 'mem_kind', 'iters', 'wall_s', 'cpu_s', 'error', 'log')
+              's_per_iter', 'peak_mem_mib', 'mem_kind', 'iters', 'wall_s', 'cpu_s', 'threads', 'error', 'log')
 CURVE_FIELDS = ('config', 'kernel', 'seed', 'step', 'layer', 'rows', 'keys', 'fro', 'jac', 'fro_sqrt_n',
                 'jac_sqrt_n')
 
@@ -119,8 +119,10 @@ def run_dir(work_root: str, config: str, spec, seed: int) -> str:
 
 
 def run_one(config: str, spec, seed: int, work_root: str, train_py: str, cfg_options: Sequence[str] = (),
-            key: str = 'model.backbone.attn_cfg', in_process: bool = False, echo=None) -> dict:
-    """Train one (config, kernel, seed) unless its result.json exists; its row (also written to result.json)."""
+            key: str = 'model.backbone.attn_cfg', in_process: bool = False, echo=None,
+            threads: Optional[int] = None) -> dict:
+    """Train one (config, kernel, seed) unless its result.json exists; its row (also written to result.json).
+    ``threads``: the torch (OpenMP / MKL) threads of the training process (None: torch's default)."""
     name = osp.splitext(osp.basename(config))[0]
     label = kernel_label(spec)
     wd = run_dir(work_root, config, spec, seed)
@@ -142,9 +144,12 @@ def run_one(config: str, spec, seed: int, work_root: str, train_py: str, cfg_opt
         opts.append(f'visualizer.name=study_{safe_name(label)}_{seed}_{os.getpid()}_{time.time_ns()}')
     if echo:
         echo(f'[study] {name} {label} seed {seed} ...')
-    res = train_one(train_py, child, wd, opts, in_process, osp.join(wd, 'train.log'))
+    env = None
+    if threads and not in_process:
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    res = train_one(train_py, child, wd, opts, in_process, osp.join(wd, 'train.log'), env=env)
     ok = res['returncode'] == 0
-    row = dict(config=name, kernel=label, seed=seed, status='ok' if ok else 'failed',
+    row = dict(config=name, kernel=label, seed=seed, status='ok' if ok else 'failed', threads=threads,
                error='' if ok else (res['error'] or f'exit status {res["returncode"]}'), wall_s=res['seconds'],
                cpu_s=res.get('cpu_s'), top1_final=None, top1_best=None, best_iter=None, loss_final=None,
                s_per_iter=None, peak_mem_mib=None, mem_kind='', iters=0, log='')
@@ -171,11 +176,25 @@ def run_one(config: str, spec, seed: int, work_root: str, train_py: str, cfg_opt
 
 def study(configs: Sequence[str], kernels: Sequence, seeds: Sequence[int], work_root: str, train_py: str,
           cfg_options: Sequence[str] = (), key: str = 'model.backbone.attn_cfg', in_process: bool = False,
-          echo=None) -> List[dict]:
+          echo=None, jobs: int = 1, threads: Optional[int] = None) -> List[dict]:
     """Every (config, kernel, seed), one row each, listed config-major, then kernel, then seed. Trained seed by
-    seed, so that a study stopped part way has whole seeds of the grid."""
-    done = {(ci, ki, s): run_one(c, k, s, work_root, train_py, cfg_options, key, in_process, echo)
-            for s in seeds for ci, c in enumerate(configs) for ki, k in enumerate(kernels)}
+    seed (so that a study stopped part way has whole seeds of the grid), ``jobs`` training processes at a time
+    with ``threads`` torch threads each."""
+    if jobs < 1 or (jobs > 1 and in_process):
+        raise ValueError(f'study: jobs must be >= 1, and 1 when training in this process; got jobs={jobs}')
+    grid = [(ci, ki, s) for s in seeds for ci in range(len(configs)) for ki in range(len(kernels))]
+
+    def one(task):
+        ci, ki, s = task
+        return run_one(configs[ci], kernels[ki], s, work_root, train_py, cfg_options, key, in_process, echo,
+                       threads)
+
+    if jobs == 1:
+        done = {task: one(task) for task in grid}
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(max_workers=jobs) as pool:  # each thread waits on one training process
+            done = dict(zip(grid, pool.map(one, grid)))
     return [done[(ci, ki, s)] for ci in range(len(configs)) for ki in range(len(kernels)) for s in seeds]
 
 

@@ -59,9 +59,9 @@ def _peak_rss_mib() -> Optional[float]:
 
 
 def train_one(train_py: str, config_path: str, work_dir: str, cfg_options: Sequence[str] = (),
-              in_process: bool = False, log_path: Optional[str] = None) -> dict:
+              in_process: bool = False, log_path: Optional[str] = None, env: Optional[dict] = None) -> dict:
     """Run tools/train.py on ``config_path``; dict(returncode, seconds, cpu_s (user + system CPU seconds of the
-    training), peak_rss_mib, error)."""
+    training), peak_rss_mib, error). ``env``: the child process's environment (not for ``in_process``)."""
     argv = [config_path, '--work-dir', work_dir]
     if cfg_options:
         argv += ['--cfg-options', *cfg_options]
@@ -86,7 +86,7 @@ def train_one(train_py: str, config_path: str, work_dir: str, cfg_options: Seque
     log_path = log_path or os.devnull
     err_path = osp.join(work_dir, 'train.stderr') if log_path == os.devnull else log_path + '.stderr'
     with open(log_path, 'w') as log, open(err_path, 'w') as err:
-        proc = subprocess.Popen([sys.executable, train_py, *argv], stdout=log, stderr=err)
+        proc = subprocess.Popen([sys.executable, train_py, *argv], stdout=log, stderr=err, env=env)
         # reap the child ourselves: its rusage holds its own peak resident memory (ru_maxrss, KiB on Linux)
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)

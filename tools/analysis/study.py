@@ -5,12 +5,14 @@ the seeds, and plots (docs/study.md shows the committed one).
 
     python tools/analysis/study.py [--configs CONFIG ...] [--kernels SPEC ...] [--seeds 0 1 2]
         [--work-dir /work/study_runs/main] [--out docs/results/study] [--key model.backbone.attn_cfg]
-        [--in-process] [--cfg-options K=V ...]
+        [--jobs 2] [--threads 1] [--in-process] [--cfg-options K=V ...]
 
 Defaults: the committed study (configs/demo/study_xcit_t12_digits.py, configs/demo/study_swin_mini_digits.py; ten
 kernels; seeds 0 1 2). Every run is tools/train.py on a child config that sets the kernel at --key, with
 randomness.seed=S and --cfg-options (one recipe for every kernel), in a process of its own (--in-process: in this
-one), in <work-dir>/<config>/<kernel>/seed<S>/. A run that finished (its result.json) is not trained again, so the
+one), in <work-dir>/<config>/<kernel>/seed<S>/; --jobs processes at a time (default 2) with --threads torch
+threads each (default: the cores / --jobs, so 1 on 2 cores: two one-thread runs use two cores better than one
+two-thread run, whose threads wait on each other at every small op). The numbers depend on the thread count. A run that finished (its result.json) is not trained again, so the
 same command resumes a study that was stopped; a run that was killed is trained again from its start. A kernel the
 backbone refuses, or a run that fails, is a 'failed' row with the error's last line; the others go on.
 Writes into --out: runs.csv (one row per run: final and best top-1, final training loss, mean logged s/iter after
@@ -65,12 +67,21 @@ def main(argv=None):
     p.add_argument('--work-dir', default='work_dirs/study', help='the runs (and their results, for resuming)')
     p.add_argument('--out', help='folder of the CSVs, table and plots (default: <work-dir>/results)')
     p.add_argument('--in-process', action='store_true', help='train in this process instead of one per run')
+    p.add_argument('--jobs', type=int, default=2, help='training processes at a time (1 with --in-process)')
+    p.add_argument('--threads', type=int, help='torch threads per training process (default: cores / jobs)')
     p.add_argument('--cfg-options', nargs='+', default=[], metavar='KEY=VALUE', help='applied to every run')
     args = p.parse_args(argv)
     if len(set(args.seeds)) != len(args.seeds):
         fail(f'--seeds {args.seeds}: each seed once')
     if any(s < 0 for s in args.seeds):
         fail(f'--seeds {args.seeds}: seeds are ints >= 0')
+    if args.in_process:
+        args.jobs = 1
+    if args.jobs < 1:
+        fail(f'--jobs {args.jobs}: at least 1')
+    if args.threads is not None and args.threads < 1:
+        fail(f'--threads {args.threads}: at least 1')
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     from mmengine.config import DictAction
     options = {}
     for item in args.cfg_options:
@@ -104,7 +115,8 @@ def main(argv=None):
     os.makedirs(out, exist_ok=True)
     start = time.time()
     rows = st.study(args.configs, specs, args.seeds, args.work_dir, train_py, args.cfg_options, key=args.key,
-                    in_process=args.in_process, echo=lambda m: print(m, flush=True))
+                    in_process=args.in_process, echo=lambda m: print(m, flush=True), jobs=args.jobs,
+                    threads=None if args.in_process else threads)
     descriptions = {kernel_label(s): st.describe(s) for s in specs}
     summary = st.summarise(rows, descriptions)
     curves = st.norm_curves(rows, args.work_dir)
