@@ -55,8 +55,8 @@ def test_other_kernels_swap_in_and_a_grid_kernel_is_refused_next_to_the_class_to
     with torch.no_grad():
         outs = model(torch.randn(1, 3, 64, 96))
     assert all(torch.isfinite(o).all() for o in outs)
-    with pytest.raises(ValueError, match=r"SoftFreeSOFT: attention kernel 'inline' cannot be used in stage 3: the "
-                                         r'class token joins the grid'):
+    with pytest.raises(ValueError, match=r"SoftFreeSOFT: attention kernel 'inline' cannot be used in stage 3: it "
+                                         r'needs the token grid .*, but the class token joins the grid'):
         SoftFreeSOFT(arch=dict(SMALL), attn_cfg=['soft', 'soft', 'soft', 'inline'])
 
 

@@ -94,7 +94,8 @@ def test_synthesizer_random_mode_fits_xca_when_max_len_covers_the_head_channels(
 
 
 def test_grid_kernel_is_refused_with_an_error_naming_xcit_the_kernel_and_the_fit():
-    with pytest.raises(ValueError, match=r"SoftFreeXCiT: attention kernel 'inline' \(layer 0\).*"):
+    with pytest.raises(ValueError, match=r"SoftFreeXCiT: attention kernel 'inline' cannot be used in layer 0 "
+                                         r'\(cross-covariance attention\): '):
         SoftFreeXCiT(attn_cfg='inline', **TINY)
     # the same kernel without its grid-based local residual needs no grid and fits XCA
     model = SoftFreeXCiT(attn_cfg=dict(type='inline', local_residual=False), **TINY)

@@ -131,6 +131,22 @@ class AttentionKernel(nn.Module):
             check_hw(self.name, hw, q.shape[2])
 
 
+def mix(kernel: AttentionKernel, q, k, v, hw=None, scale: Scale = None, bias=None, mask=None, drop_p: float = 0.0,
+        training: bool = False, context=None):
+    """The one kernel call of every attention layer (ours and swapped foreign ones): ``kernel(q, k, v, ...)``, the
+    ``context`` only to kernels that take one. In training with attention dropout ``p > 0``: ``dropout(A) @ v``
+    with A built explicitly (plus the kernel's ``residual_output`` where A is not its whole output)."""
+    context = context if kernel.takes_context else None
+    if training and drop_p > 0:
+        a = torch.nn.functional.dropout(kernel.attention_matrix(q, k, hw=hw, scale=scale, bias=bias, mask=mask),
+                                        drop_p, True)
+        out = (a @ v.to(a.dtype)).to(v.dtype)
+        if not kernel.matrix_is_complete:
+            out = out + kernel.residual_output(q, k, v, hw=hw, scale=scale, bias=bias, mask=mask, context=context)
+        return out
+    return kernel(q, k, v, hw=hw, scale=scale, bias=bias, mask=mask, context=context)
+
+
 def _check_broadcast(arg, name, t, q, k):
     target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
     if t.dim() > 4:

@@ -7,11 +7,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
-from mmengine.model import BaseModule
-from timm.layers import trunc_normal_
 from torch import nn
 
-from ..attention import AttentionKernel, normalize_cfg
+from ..attention import normalize_cfg
 from ..attention.fit import require_kernel_fit  # noqa: F401  (the backbones import it from here)
 
 AttnCfg = Union[str, dict, None]
@@ -399,113 +397,10 @@ def is_cfg(cfg, kind: str, **fixed) -> bool:
     return all(cfg.get(k, v) == v for k, v in fixed.items()) and set(cfg) <= {'type', 'requires_grad', *fixed}
 
 
-class SoftFreeBackbone(BaseModule):
-    """Base of every softfree_mm backbone (subclass it for a new one).
-
-    * ``pretrained=PATH``: the deprecated alias mmdet's and mmseg's backbones take (mmseg's ``EncoderDecoder`` hands
-      a model-level ``pretrained`` to its backbone) for ``init_cfg=dict(type='Pretrained', checkpoint=PATH)``.
-    * ``init_cfg=dict(type='Pretrained', checkpoint=..., prefix=..., map_location=...)`` loads through the family's
-      converter (``_convert``, official / timm / mmdet layouts) with an exact report of unplaced keys; a dict with a
-      ``checkpoint`` and no ``type`` means the same (mmdet's PVT reads its ``init_cfg`` so).
-    * any other ``init_cfg`` goes to mmengine; with none, ``_init_default`` (the family's own initialisation).
-    """
-
-    _convert: Optional[Callable] = None  # the family's convert function (a staticmethod in subclasses)
-    _prefer_ema = False  # Pretrained files holding EMA weights: load those (SOFT's releases are evaluated with them)
-
-    def __init__(self, init_cfg=None, pretrained: Optional[str] = None):
-        init_cfg = resolve_pretrained(type(self).__name__, pretrained, init_cfg)
-        if isinstance(init_cfg, dict) and 'type' not in init_cfg and 'checkpoint' in init_cfg:
-            init_cfg = dict(init_cfg, type='Pretrained')
-        super().__init__(init_cfg=init_cfg)
-
-    def _init_default(self):
-        """The family's own initialisation (applied at build and by ``init_weights`` without an ``init_cfg``)."""
-
-    def init_weights(self):
-        if init_from_cfg(self, type(self)._convert, prefer_ema=self._prefer_ema) == 'loaded':
-            return
-        if self.init_cfg is None:
-            self._init_default()
-        super().init_weights()
-
-
-class StagedBackbone(SoftFreeBackbone):
-    """What SoftFreeSwin and SoftFreeCSWin share besides :class:`SoftFreeBackbone`: default init, stage freezing,
-    the forward over stages with a norm per output, mmpretrain-style layer depths. Subclasses set ``depths``,
-    ``out_indices``, ``frozen_stages``, ``patch_embed``, ``stages`` (each with an optional ``downsample`` first) and
-    ``norm{i}``."""
-
-    # freezing stage i also freezes the downsampling that follows it (stages[i + 1].downsample), as mmdet's,
-    # mmpretrain's and the official Swin, whose stage i ends with its patch merging
-    freeze_next_downsample = False
-
-    def _init_default(self):
-        """trunc-normal(0.02) Linear weights, zero biases, unit LayerNorms, as the official code; kernels keep
-        their own initialisation."""
-        kernel_modules = {id(m) for k in self.modules() if isinstance(k, AttentionKernel) for m in k.modules()}
-        for m in self.modules():
-            if id(m) in kernel_modules:
-                continue
-            if isinstance(m, nn.Linear):
-                trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif getattr(m, 'relative_position_bias_table', None) is not None:
-                trunc_normal_(m.relative_position_bias_table, std=0.02)
-
-    def _freeze_stages(self):
-        if self.frozen_stages < 0:
-            return
-        frozen = [self.patch_embed]
-        for i in range(self.frozen_stages):
-            frozen.append(self.stages[i])
-            if self.freeze_next_downsample and i + 1 < len(self.stages) and self.stages[i + 1].downsample is not None:
-                frozen.append(self.stages[i + 1].downsample)
-            if i in self.out_indices:
-                frozen.append(getattr(self, f'norm{i}'))
-        for m in frozen:
-            m.eval()
-            for p in m.parameters():
-                p.requires_grad = False
-
-    def train(self, mode: bool = True):
-        super().train(mode)
-        self._freeze_stages()
-        return self
-
-    def _embed(self, x: torch.Tensor) -> torch.Tensor:
-        """The (B, H, W, C) tokens before the first stage; a subclass adds what follows the patch embedding there."""
-        return self.patch_embed(x)
-
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        if x.dim() != 4:
-            raise ValueError(f'{type(self).__name__}: expected images (B, C, H, W), got shape {tuple(x.shape)}')
-        x = self.drop_after_pos(self._embed(x))
-        outs = []
-        for i, stage in enumerate(self.stages):
-            x = stage(x)
-            if i in self.out_indices:
-                outs.append(getattr(self, f'norm{i}')(x).permute(0, 3, 1, 2).contiguous())
-        return tuple(outs)
-
-    def get_layer_depth(self, param_name: str, prefix: str = '') -> Tuple[int, int]:
-        """(layer_id, max_layer_id) as mmpretrain's Swin: stem 0, block j of stage i at sum(depths[:i])+j+1,
-        the downsampling before stage i (after stage i-1 in mmpretrain's layout) at sum(depths[:i]),
-        everything else (output norms, head) last."""
-        num_layers = sum(self.depths) + 2
-        if not param_name.startswith(prefix):
-            return num_layers - 1, num_layers
-        name = param_name[len(prefix):]
-        if name.startswith('patch_embed'):
-            return 0, num_layers
-        if name.startswith('stages.'):
-            parts = name.split('.')
-            i = int(parts[1])
-            if parts[2] == 'downsample':
-                return sum(self.depths[:i]), num_layers
-            return sum(self.depths[:i]) + int(parts[3]) + 1, num_layers
-        return num_layers - 1, num_layers
+def __getattr__(name):
+    # the backbone base classes moved to the kit (models/backbones/base.py); imported on first use, since the kit
+    # itself imports this module
+    if name in ('SoftFreeBackbone', 'StagedBackbone'):
+        from .backbones import base
+        return getattr(base, name)
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

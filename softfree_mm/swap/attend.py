@@ -1,22 +1,8 @@
 """What every swapped forward shares: the kernel call (with attention dropout kept), the context of context-taking
 kernels, class/register tokens beside the grid, mask conversions, and the token grid of the current input."""
 import torch
-import torch.nn.functional as F
 
-
-def mix(kernel, q, k, v, hw, scale, bias, mask, drop_p: float, training: bool, context=None):
-    """``kernel(q, k, v)``; in training with attention dropout p > 0, ``dropout(A) @ v`` with A built explicitly
-    (plus the kernel's residual_output where A is not its whole output), so the module's dropout acts as it did.
-    ``context`` goes to kernels that take one."""
-    context = context if kernel.takes_context else None
-    if training and drop_p > 0:
-        a = kernel.attention_matrix(q, k, hw=hw, scale=scale, bias=bias, mask=mask)
-        a = F.dropout(a, drop_p, True)
-        out = (a @ v.to(a.dtype)).to(v.dtype)
-        if not kernel.matrix_is_complete:
-            out = out + kernel.residual_output(q, k, v, hw=hw, scale=scale, bias=bias, mask=mask, context=context)
-        return out
-    return kernel(q, k, v, hw=hw, scale=scale, bias=bias, mask=mask, context=context)
+from ..attention.base import mix  # noqa: F401  (the one kernel call, shared with the backbones' KernelAttention)
 
 
 def context(kernel, x, heads, head_dim):

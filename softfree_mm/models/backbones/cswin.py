@@ -36,13 +36,13 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
-import torch.utils.checkpoint as cp
 from timm.layers import DropPath
 from torch import nn
 
-from ...attention import build_attention
-from ..layers import (Mlp, StagedBackbone, _from_windows, _to_windows, expand_attn_cfg, identity_mask, per_stage,
-                      require_kernel_fit)
+from ...attention.fit import require_kernel_fit
+from ..attention import KernelAttention
+from ..layers import Mlp, _from_windows, _to_windows, expand_attn_cfg, identity_mask, per_stage
+from .base import StagedBackbone, checkpointed
 
 __all__ = ['SoftFreeCSWin']
 
@@ -58,7 +58,6 @@ ARCH_ZOO: Dict[str, dict] = {
     'inline_small': dict(_INLINE, embed_dims=64, depths=(3, 6, 29, 2), num_heads=(2, 4, 8, 16)),
     'inline_base': dict(_INLINE, embed_dims=96, depths=(3, 6, 29, 2), num_heads=(4, 8, 16, 32)),
 }
-_ARCH_KEYS = ('embed_dims', 'depths', 'num_heads', 'stripe_widths')
 PAD_KEYS = ('mask', 'zeros')
 
 
@@ -73,20 +72,17 @@ def stripe_geometry(hw: Tuple[int, int], stripe: Optional[Tuple[int, int]]):
     return (sh, sw), (ph // 2, ph - ph // 2, pw // 2, pw - pw // 2)
 
 
-class StripeBranch(nn.Module):
-    """A CSWin block's branch: stripes (or the whole grid) -> kernel (+ pad-key mask) + LePE -> back to the grid."""
+class StripeBranch(KernelAttention):
+    """The stripe layout of a CSWin block's branch: stripes (or the whole grid) of the block's q, k, v -> kernel
+    (+ pad-key mask) + LePE -> back to the grid; the block holds the projections its branches share."""
 
     def __init__(self, dim: int, num_heads: int, attn_cfg: dict, direction: Optional[str], stripe_width: int,
                  pad_keys: str = 'mask'):
-        super().__init__()
-        if dim % num_heads:
-            raise ValueError(f'SoftFreeCSWin: branch dims {dim} must be divisible by its {num_heads} heads')
-        self.num_heads = num_heads
-        self.head_dim = dim // num_heads
+        super().__init__(dim, num_heads, attn_cfg, owner='SoftFreeCSWin', where=f'{direction or "global"} branch',
+                         inputs=None, out_proj=False)
         self.direction = direction  # 'vertical' | 'horizontal' | None (global)
         self.stripe_width = stripe_width
         self.pad_keys = pad_keys
-        self.kernel = build_attention(attn_cfg, num_heads=num_heads, head_dim=self.head_dim)
         self.lepe = nn.Conv2d(dim, dim, 3, 1, 1, groups=dim)
 
     def stripe(self, hw):
@@ -117,8 +113,7 @@ class StripeBranch(nn.Module):
 
         if context is not None:  # one per image -> one per window (windows are batch-major)
             context = context.repeat_interleave((hp // sh) * (wp // sw), dim=0)
-        out = self.kernel(heads(q), heads(k), heads(v), hw=(sh, sw), scale=None, bias=None, mask=mask,
-                          context=context)
+        out = self.attend(heads(q), heads(k), heads(v), hw=(sh, sw), mask=mask, context=context)
         v_img = _to_windows(v, sh, sw).transpose(1, 2).reshape(-1, c, sh, sw)  # (B * nW, c, sh, sw)
         lepe = self.lepe(v_img).view(-1, self.num_heads, self.head_dim, n).transpose(2, 3)
         out = (out + lepe.to(out.dtype)).transpose(1, 2).reshape(-1, n, c)
@@ -162,9 +157,7 @@ class CSWinBlock(nn.Module):
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
     def forward(self, x):
-        if self.with_cp and x.requires_grad:
-            return cp.checkpoint(self._forward, x, use_reentrant=False)
-        return self._forward(x)
+        return checkpointed(self, self._forward, x)
 
 
 class ConvEmbed(nn.Module):
@@ -211,7 +204,7 @@ class SoftFreeCSWin(StagedBackbone):
 
     Args:
         arch: 'tiny' | 'small' | 'base' | 'large' | 'inline_tiny' | 'inline_small' | 'inline_base', or a dict
-            with embed_dims, depths, num_heads, stripe_widths.
+            with embed_dims, depths, num_heads, stripe_widths (and attn_cfg, global_window).
         embed_dims, depths, num_heads, stripe_widths: override the preset.
         attn_cfg: one kernel config for every stage, or one per stage (e.g. InLine's 'IISS':
             ``['inline', 'inline', 'softmax', 'softmax']``). Default: the preset's, else 'softmax'.
@@ -223,41 +216,21 @@ class SoftFreeCSWin(StagedBackbone):
     """
 
     arch_zoo = ARCH_ZOO
+    arch_keys = ('embed_dims', 'depths', 'num_heads', 'stripe_widths')
+    arch_options = ('attn_cfg', 'global_window')
     _convert = staticmethod(lambda sd: convert_cswin(sd))
 
-    def __init__(self,
-                 arch: Union[str, dict] = 'tiny',
-                 embed_dims: Optional[int] = None,
-                 depths: Optional[Sequence[int]] = None,
-                 num_heads: Optional[Sequence[int]] = None,
-                 stripe_widths: Optional[Sequence[int]] = None,
-                 attn_cfg: Union[str, dict, Sequence, None] = None,
-                 global_window: Union[bool, Sequence[bool], None] = None,
-                 pad_keys: str = 'mask',
-                 mlp_ratio: float = 4.0,
-                 qkv_bias: bool = True,
-                 in_channels: int = 3,
-                 drop_rate: float = 0.0,
-                 drop_path_rate: float = 0.1,
-                 out_indices: Sequence[int] = (0, 1, 2, 3),
-                 frozen_stages: int = -1,
-                 with_cp: bool = False,
-                 init_cfg: Optional[Union[dict, List[dict]]] = None,
+    def __init__(self, arch: Union[str, dict] = 'tiny', embed_dims: Optional[int] = None,
+                 depths: Optional[Sequence[int]] = None, num_heads: Optional[Sequence[int]] = None,
+                 stripe_widths: Optional[Sequence[int]] = None, attn_cfg: Union[str, dict, Sequence, None] = None,
+                 global_window: Union[bool, Sequence[bool], None] = None, pad_keys: str = 'mask',
+                 mlp_ratio: float = 4.0, qkv_bias: bool = True, in_channels: int = 3, drop_rate: float = 0.0,
+                 drop_path_rate: float = 0.1, out_indices: Sequence[int] = (0, 1, 2, 3), frozen_stages: int = -1,
+                 with_cp: bool = False, init_cfg: Optional[Union[dict, List[dict]]] = None,
                  pretrained: Optional[str] = None):
-        super().__init__(init_cfg=init_cfg, pretrained=pretrained)
+        super().__init__(init_cfg=init_cfg, pretrained=pretrained, with_cp=with_cp)
         owner = 'SoftFreeCSWin'
-        if isinstance(arch, str):
-            if arch not in ARCH_ZOO:
-                raise ValueError(f'{owner}: unknown arch {arch!r}; valid archs: {", ".join(ARCH_ZOO)} '
-                                 f'(or a dict with {", ".join(_ARCH_KEYS)})')
-            preset = dict(ARCH_ZOO[arch])
-        elif isinstance(arch, dict):
-            if set(arch) != set(_ARCH_KEYS):
-                raise ValueError(f'{owner}: an arch dict needs exactly the keys {sorted(_ARCH_KEYS)}, '
-                                 f'got {sorted(arch)}')
-            preset = dict(arch)
-        else:
-            raise TypeError(f'{owner}: arch must be a name ({", ".join(ARCH_ZOO)}) or a dict, got {arch!r}')
+        preset = self.resolve_arch(arch)
         embed_dims = preset['embed_dims'] if embed_dims is None else embed_dims
         depths = tuple(preset['depths'] if depths is None else depths)
         num_heads = tuple(preset['num_heads'] if num_heads is None else num_heads)
@@ -270,25 +243,8 @@ class SoftFreeCSWin(StagedBackbone):
             raise ValueError(f"{owner}: pad_keys must be one of {', '.join(map(repr, PAD_KEYS))}, got {pad_keys!r}")
         if any(not isinstance(s, int) or s < 1 for s in stripe_widths):
             raise ValueError(f'{owner}: stripe_widths must be positive ints, got {stripe_widths}')
-        out_indices = tuple(out_indices)
-        bad = [i for i in out_indices if not (isinstance(i, int) and 0 <= i < num_stages)]
-        if bad or not out_indices:
-            raise ValueError(f'{owner}: out_indices {out_indices} must be non-empty stage indices in '
-                             f'0..{num_stages - 1}')
-        if not isinstance(frozen_stages, int) or not -1 <= frozen_stages <= num_stages:
-            raise ValueError(f'{owner}: frozen_stages must be an int in -1..{num_stages}, got {frozen_stages!r}')
-
-        self.arch = arch
-        self.depths = depths
-        self.num_heads = num_heads
+        dims = self._stages_from(arch, depths, num_heads, embed_dims, out_indices, frozen_stages)
         self.stripe_widths = stripe_widths
-        self.out_indices = out_indices
-        self.frozen_stages = frozen_stages
-        self.with_cp = with_cp
-        dims = tuple(embed_dims * 2 ** i for i in range(num_stages))
-        self.embed_dims = dims
-        self.num_features = dims
-        self.out_channels = tuple(dims[i] for i in out_indices)
         attn_cfg = preset.get('attn_cfg', 'softmax') if attn_cfg is None else attn_cfg
         global_window = preset.get('global_window', False) if global_window is None else global_window
         cfgs = expand_attn_cfg(attn_cfg, num_stages, 'stage', owner)
@@ -316,12 +272,9 @@ class SoftFreeCSWin(StagedBackbone):
                                  mlp_ratio, qkv_bias, drop_rate, dpr[start + j], with_cp, pad_keys)
                       for j in range(depths[i])]
             self.stages.append(CSWinStage(dims[i - 1] if i else dims[0], dims[i], i > 0, blocks))
-        for i in out_indices:
-            self.add_module(f'norm{i}', nn.LayerNorm(dims[i]))
+        self._add_out_norms(dims)
         self._init_default()
         self._freeze_stages()
-
-
 
 # ---------------------------------------------------------------------------------------------- conversion
 def convert_cswin(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:

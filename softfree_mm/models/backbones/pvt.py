@@ -28,30 +28,27 @@ from typing import Dict, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
-import torch.utils.checkpoint as cp
-from timm.layers import DropPath, trunc_normal_
+from timm.layers import DropPath
 from torch import nn
 
-from ...attention import build_attention, kernel_class, list_attentions
-from ..layers import (Mlp, SoftFreeBackbone, check_foreign_args, expand_attn_cfg, gelu_linear, grid_view, is_cfg,
-                      pretrain_hw, require_kernel_fit, token_view)
+from ...attention.fit import require_kernel_fit
+from ..attention import KernelAttention
+from ..layers import (Mlp, check_foreign_args, expand_attn_cfg, gelu_linear, grid_view, is_cfg, pretrain_hw,
+                      token_view)
+from .base import SoftFreeBackbone, checkpointed
 
 __all__ = ['SoftFreePVT', 'SoftFreePVTv2']
 
 
 # ---------------------------------------------------------------------- layers
-class SRAttention(nn.Module):
-    """Spatial-reduction attention with a swappable kernel."""
+class SRAttention(KernelAttention):
+    """Spatial-reduction attention: queries from every token, keys and values from the reduced grid (the
+    layout), any kernel."""
 
     def __init__(self, dim, num_heads, attn_cfg, sr_ratio, linear_sra, qkv_bias, owner, where):
-        super().__init__()
-        if dim % num_heads:
-            raise ValueError(f'{owner}: {where}: embed dim {dim} must be divisible by num_heads={num_heads}')
-        self.num_heads = num_heads
-        self.head_dim = dim // num_heads
-        self.q = nn.Linear(dim, dim, bias=qkv_bias)
-        self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim)
+        require_kernel_fit(attn_cfg, owner, f'{where} (global attention)', varying_length=True)
+        super().__init__(dim, num_heads, attn_cfg, owner=owner, where=where, inputs='q_kv', qkv_bias=qkv_bias,
+                         build_kernel=False)
         self.linear_sra = linear_sra
         self.pool = self.act = None
         if linear_sra:
@@ -65,36 +62,27 @@ class SRAttention(nn.Module):
         else:
             self.sr = self.norm = None
         self.reduces = self.sr is not None
-        require_kernel_fit(attn_cfg, owner, f'{where} (global attention)', varying_length=True)
-        self.kernel = build_attention(attn_cfg, num_heads=num_heads, head_dim=self.head_dim)
-        if self.reduces and self.kernel.needs_hw:
+        self.add_kernel(attn_cfg)
+        if self.reduces:
             how = 'linear SRA (7x7 pooled keys)' if linear_sra else f'spatial reduction sr_ratio={sr_ratio}'
             fix = ('build a non-li arch with sr_ratios=(1, 1, 1, 1)' if linear_sra
                    else 'set sr_ratios=(1, 1, 1, 1) (the InLine set-up, no spatial reduction)')
-            fits = ', '.join(n for n in list_attentions() if not kernel_class(n).needs_hw)
-            raise ValueError(f"{owner}: attention kernel '{attn_cfg['type']}' cannot be used in {where} with "
-                             f'{how}: keys come from a reduced grid (Nq != Nk) and the kernel needs a token grid '
-                             f'shared by queries and keys (needs_hw=True); {fix}, or use a kernel without a grid: '
-                             f'{fits}')
+            require_kernel_fit(attn_cfg, owner, f'{where} with {how}', kernel=self.kernel,
+                               no_grid=f'keys come from a reduced grid (Nq != Nk), so queries and keys share no '
+                                       f'token grid; {fix}')
+
+    def reduce(self, x, hw):
+        """The key / value tokens: the grid strided (or pooled) by ``sr``, normed (+ GELU for linear SRA)."""
+        y = grid_view(x, hw)
+        if self.pool is not None:
+            y = self.pool(y)
+        y = self.norm(token_view(self.sr(y)))
+        return y if self.act is None else self.act(y)
 
     def forward(self, x, hw):
-        b, n, c = x.shape
-        h, d = self.num_heads, self.head_dim
-        q = self.q(x).reshape(b, n, h, d).transpose(1, 2)
-        if self.reduces:
-            y = grid_view(x, hw)
-            if self.pool is not None:
-                y = self.pool(y)
-            y = self.norm(token_view(self.sr(y)))
-            if self.act is not None:
-                y = self.act(y)
-        else:
-            y = x
-        k, v = self.kv(y).reshape(b, -1, 2, h, d).permute(2, 0, 3, 1, 4).unbind(0)
-        context = x.mean(1) if self.kernel.takes_context else None  # official InLine: mean of the normed input
-        out = self.kernel(q, k, v, hw=None if self.reduces else tuple(hw), scale=None, bias=None, mask=None,
-                          context=context)
-        return self.proj(out.transpose(1, 2).reshape(b, n, c))
+        q, k, v = self.project(x, self.reduce(x, hw) if self.reduces else None)
+        out = self.attend(q, k, v, hw=None if self.reduces else tuple(hw), context=self.context(x))
+        return self.proj(self.merge(out))
 
 
 class DWConvMlp(nn.Module):
@@ -179,6 +167,9 @@ class PVTStage(nn.Module):
 # ---------------------------------------------------------------------- backbones
 class _PVTBase(SoftFreeBackbone):
     arch_zoo: Dict[str, dict] = {}
+    arch_keys = ('embed_dims', 'depths', 'num_heads', 'mlp_ratios', 'sr_ratios')
+    conv_init = 'fan_out'  # as the official code
+    trunc_normal_params = ('pos_embed',)
     OWNER = 'PVT'
     VERSION = 1
     # mmdet's PyramidVisionTransformer (V2) layout: what its layout arguments must say to mean this model
@@ -187,11 +178,10 @@ class _PVTBase(SoftFreeBackbone):
     def __init__(self, arch, in_channels, embed_dims, depths, num_heads, mlp_ratios, sr_ratios, linear,
                  qkv_bias, attn_cfg, out_indices, drop_path_rate, frozen_stages, with_cp, pretrain_img_size,
                  init_cfg, pretrained=None, num_layers=None, mmdet_args=None):
-        super().__init__(init_cfg=init_cfg, pretrained=pretrained)
+        super().__init__(init_cfg=init_cfg, pretrained=pretrained, with_cp=with_cp)
         owner = self.OWNER
-        if arch not in self.arch_zoo:
-            raise ValueError(f'{owner}: unknown arch {arch!r}; valid archs: {", ".join(self.arch_zoo)}')
-        preset = self.arch_zoo[arch]
+        self.arch = arch
+        preset = self.resolve_arch(arch)
         pretrain_size = pretrain_hw(owner, pretrain_img_size)
         if num_layers is not None:  # mmdet's name for depths
             if depths is not None and tuple(depths) != tuple(num_layers):
@@ -210,21 +200,12 @@ class _PVTBase(SoftFreeBackbone):
         for k, v in cfg.items():
             if len(v) != 4:
                 raise ValueError(f'{owner}: {k} must have 4 entries (one per stage), got {v}')
-        out_indices = tuple(out_indices)
-        if not out_indices or any(not 0 <= i < 4 for i in out_indices):
-            raise ValueError(f'{owner}: out_indices must be stage indices in [0, 3], got {out_indices}')
-        if not -1 <= frozen_stages <= 4:
-            raise ValueError(f'{owner}: frozen_stages must be in [-1, 4], got {frozen_stages}')
-        self.arch = arch
-        self.embed_dims = cfg['embed_dims']
-        self.depths = cfg['depths']
-        self.num_heads = cfg['num_heads']
-        self.sr_ratios = cfg['sr_ratios']
+        self.out_indices = self.check_out_indices(out_indices, 4)
+        self.frozen_stages = self.check_frozen_stages(frozen_stages, 4)
+        self.embed_dims, self.depths, self.num_heads, self.sr_ratios = (
+            cfg[k] for k in ('embed_dims', 'depths', 'num_heads', 'sr_ratios'))
         self.linear = linear
-        self.out_indices = out_indices
-        self.frozen_stages = frozen_stages
-        self.with_cp = with_cp
-        self.out_channels = self.num_features = tuple(self.embed_dims[i] for i in out_indices)
+        self.out_channels = self.num_features = tuple(self.embed_dims[i] for i in self.out_indices)
         attn_cfgs = expand_attn_cfg(attn_cfg, 4, 'stage', owner)
         v2 = self.VERSION == 2
         dpr = [float(r) for r in torch.linspace(0, drop_path_rate, sum(self.depths))]
@@ -245,7 +226,7 @@ class _PVTBase(SoftFreeBackbone):
             cur += self.depths[i]
             cin = dim
         self.stages = nn.ModuleList(stages)
-        self._init_params()
+        self._init_default()
         self._freeze_stages()
 
     def _check_mmdet_args(self, args: dict) -> None:
@@ -269,35 +250,8 @@ class _PVTBase(SoftFreeBackbone):
                              'True or False: checkpoints are always converted'))
         check_foreign_args(self.OWNER, checks)
 
-    # ------------------------------------------------------------------ init / freeze
-    def _init_params(self):
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                trunc_normal_(m.weight, std=.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Conv2d):
-                fan_out = m.kernel_size[0] * m.kernel_size[1] * m.out_channels // m.groups
-                nn.init.normal_(m.weight, 0, math.sqrt(2.0 / fan_out))
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-        for s in self.stages:
-            if s.pos_embed is not None:
-                trunc_normal_(s.pos_embed, std=.02)
-
-    def _freeze_stages(self):
-        for s in self.stages[:max(self.frozen_stages, 0)]:
-            s.eval()
-            for p in s.parameters():
-                p.requires_grad = False
-
-    def train(self, mode: bool = True):
-        super().train(mode)
-        self._freeze_stages()
-        return self
+    def _frozen(self):
+        return list(self.stages[:max(self.frozen_stages, 0)])
 
     # ------------------------------------------------------------------ forward
     def forward(self, x):
@@ -307,10 +261,7 @@ class _PVTBase(SoftFreeBackbone):
             if stage.pos_embed is not None:
                 x = x + stage.positions(hw)
             for blk in stage.blocks:
-                if self.with_cp and self.training and x.requires_grad:
-                    x = cp.checkpoint(blk, x, hw, use_reentrant=False)
-                else:
-                    x = blk(x, hw)
+                x = checkpointed(self, blk, x, hw)
             if stage.norm is not None:
                 x = stage.norm(x)
             x = grid_view(x, hw)  # the next patch embedding's conv runs channels-last
@@ -318,23 +269,9 @@ class _PVTBase(SoftFreeBackbone):
                 outs.append(x.contiguous())
         return tuple(outs)
 
-    def get_layer_depth(self, param_name: str, prefix: str = ''):
-        """(layer_id, max_layer_id) as mmpretrain's Swin: stem 0, block j of stage i -> sum(depths[:i]) + j + 1,
-        a stage's patch embedding / positions -> sum(depths[:i]) (before its first block), a stage's norm ->
-        sum(depths[:i + 1]), anything else (neck, head) -> the last id."""
-        num_layers = sum(self.depths) + 2
-        if not param_name.startswith(prefix):
-            return num_layers - 1, num_layers
-        name = param_name[len(prefix):]
-        if name.startswith('stages.'):
-            parts = name.split('.')
-            i = int(parts[1])
-            if parts[2] in ('patch_embed', 'pos_embed'):
-                return sum(self.depths[:i]), num_layers
-            if parts[2] == 'blocks':
-                return sum(self.depths[:i]) + int(parts[3]) + 1, num_layers
-            return sum(self.depths[:i + 1]), num_layers
-        return num_layers - 1, num_layers
+    def _stage_part_layer(self, i, part):
+        """A stage's patch embedding / positions just before its first block, its norm just after its last."""
+        return sum(self.depths[:i + (part not in ('patch_embed', 'pos_embed'))])
 
 
 class SoftFreePVT(_PVTBase):
@@ -342,8 +279,9 @@ class SoftFreePVT(_PVTBase):
 
     Args:
         arch: 'tiny' | 'small' | 'medium' | 'large', or the official InLine models 'inline_tiny' | 'inline_small' |
-            'inline_medium' | 'inline_large' (heads 2-4-10-16, sr_ratios 1-1-1-1, InLine everywhere); explicit
-            per-stage tuples override the preset.
+            'inline_medium' | 'inline_large' (heads 2-4-10-16, sr_ratios 1-1-1-1, InLine everywhere), or a dict with
+            embed_dims, depths, num_heads, mlp_ratios, sr_ratios (and attn_cfg); explicit per-stage tuples override
+            the preset.
         attn_cfg: one kernel config for all stages or a list of four. Default: the preset's, else 'softmax'.
         sr_ratios: (8, 4, 2, 1) by default; (1, 1, 1, 1) gives the InLine set-up (no spatial reduction).
         pretrain_img_size: the image size the positional tables were learned at, an int or (H, W) as in mmdet
@@ -361,6 +299,7 @@ class SoftFreePVT(_PVTBase):
     """
     OWNER = 'SoftFreePVT'
     VERSION = 1
+    arch_options = ('attn_cfg',)
     _convert = staticmethod(lambda sd: convert_pvt(sd))
     MMDET_LAYOUT = dict(patch_sizes=(4, 2, 2, 2), strides=(4, 2, 2, 2), paddings=(0, 0, 0, 0), use_abs_pos_embed=True,
                         norm_after_stage=False, use_conv_ffn=False)
@@ -379,36 +318,21 @@ class SoftFreePVT(_PVTBase):
         'inline_large': dict(_inline, depths=(3, 8, 27, 3)),
     }
 
-    def __init__(self,
-                 arch: str = 'tiny',
-                 in_channels: int = 3,
-                 embed_dims: Optional[Sequence[int]] = None,
-                 depths: Optional[Sequence[int]] = None,
-                 num_heads: Optional[Sequence[int]] = None,
-                 mlp_ratios: Optional[Sequence[float]] = None,
-                 sr_ratios: Optional[Sequence[int]] = None,
-                 qkv_bias: bool = True,
-                 attn_cfg: Union[str, dict, Sequence, None] = None,
-                 out_indices: Sequence[int] = (0, 1, 2, 3),
-                 drop_path_rate: float = 0.1,
-                 frozen_stages: int = -1,
-                 with_cp: bool = False,
+    def __init__(self, arch: Union[str, dict] = 'tiny', in_channels: int = 3,
+                 embed_dims: Optional[Sequence[int]] = None, depths: Optional[Sequence[int]] = None,
+                 num_heads: Optional[Sequence[int]] = None, mlp_ratios: Optional[Sequence[float]] = None,
+                 sr_ratios: Optional[Sequence[int]] = None, qkv_bias: bool = True,
+                 attn_cfg: Union[str, dict, Sequence, None] = None, out_indices: Sequence[int] = (0, 1, 2, 3),
+                 drop_path_rate: float = 0.1, frozen_stages: int = -1, with_cp: bool = False,
                  pretrain_img_size: Union[int, Sequence[int]] = 224,
-                 init_cfg: Optional[dict] = None,
-                 pretrained: Optional[str] = None,
-                 num_layers: Optional[Sequence[int]] = None,
-                 num_stages: int = 4,
-                 patch_sizes: Optional[Sequence[int]] = None,
-                 strides: Optional[Sequence[int]] = None,
-                 paddings: Optional[Sequence[int]] = None,
-                 use_abs_pos_embed: Optional[bool] = None,
-                 norm_after_stage: Optional[bool] = None,
-                 use_conv_ffn: Optional[bool] = None,
-                 drop_rate: float = 0.,
-                 attn_drop_rate: float = 0.,
-                 act_cfg: Optional[dict] = None,
-                 norm_cfg: Optional[dict] = None,
-                 convert_weights: bool = True):
+                 init_cfg: Optional[dict] = None, pretrained: Optional[str] = None,
+                 # mmdet's PyramidVisionTransformer arguments
+                 num_layers: Optional[Sequence[int]] = None, num_stages: int = 4,
+                 patch_sizes: Optional[Sequence[int]] = None, strides: Optional[Sequence[int]] = None,
+                 paddings: Optional[Sequence[int]] = None, use_abs_pos_embed: Optional[bool] = None,
+                 norm_after_stage: Optional[bool] = None, use_conv_ffn: Optional[bool] = None,
+                 drop_rate: float = 0., attn_drop_rate: float = 0., act_cfg: Optional[dict] = None,
+                 norm_cfg: Optional[dict] = None, convert_weights: bool = True):
         mmdet_args = dict(num_stages=num_stages, patch_sizes=patch_sizes, strides=strides, paddings=paddings,
                           use_abs_pos_embed=use_abs_pos_embed, norm_after_stage=norm_after_stage,
                           use_conv_ffn=use_conv_ffn, drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
@@ -422,7 +346,8 @@ class SoftFreePVTv2(_PVTBase):
     """PVT v2 (b0-b5, b2_li): overlapping patch embeddings, depthwise conv in the MLP, per-stage LayerNorm,
     SRA (or linear SRA for 'b2_li': 7x7 adaptive pool + 1x1 conv + LN + GELU, with a ReLU in the MLP).
 
-    Args: as ``SoftFreePVT`` (no positional tables), plus ``linear`` to override the preset's SRA kind.
+    Args: as ``SoftFreePVT`` (no positional tables; an arch dict may add ``linear``), plus ``linear`` to override
+    the preset's SRA kind.
 
     mmdet's ``PyramidVisionTransformerV2`` arguments are accepted with their meanings (``type='SoftFreePVTv2'`` is the
     only change an mmdet config needs): ``num_layers`` (= depths), an int ``embed_dims`` (stage i gets
@@ -433,6 +358,7 @@ class SoftFreePVTv2(_PVTBase):
     """
     OWNER = 'SoftFreePVTv2'
     VERSION = 2
+    arch_options = ('linear',)
     _convert = staticmethod(lambda sd: convert_pvt_v2(sd))
     MMDET_LAYOUT = dict(strides=(4, 2, 2, 2))
     _wide = dict(embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8), mlp_ratios=(8, 8, 4, 4),
@@ -447,31 +373,17 @@ class SoftFreePVTv2(_PVTBase):
         'b2_li': dict(_wide, depths=(3, 4, 6, 3), linear=True),
     }
 
-    def __init__(self,
-                 arch: str = 'b0',
-                 in_channels: int = 3,
-                 embed_dims: Optional[Sequence[int]] = None,
-                 depths: Optional[Sequence[int]] = None,
-                 num_heads: Optional[Sequence[int]] = None,
-                 mlp_ratios: Optional[Sequence[float]] = None,
-                 sr_ratios: Optional[Sequence[int]] = None,
-                 linear: Optional[bool] = None,
-                 qkv_bias: bool = True,
-                 attn_cfg: Union[str, dict, Sequence] = 'softmax',
-                 out_indices: Sequence[int] = (0, 1, 2, 3),
-                 drop_path_rate: float = 0.1,
-                 frozen_stages: int = -1,
-                 with_cp: bool = False,
-                 init_cfg: Optional[dict] = None,
-                 pretrained: Optional[str] = None,
-                 num_layers: Optional[Sequence[int]] = None,
-                 num_stages: int = 4,
-                 strides: Optional[Sequence[int]] = None,
-                 drop_rate: float = 0.,
-                 attn_drop_rate: float = 0.,
-                 act_cfg: Optional[dict] = None,
-                 norm_cfg: Optional[dict] = None,
-                 convert_weights: bool = True,
+    def __init__(self, arch: Union[str, dict] = 'b0', in_channels: int = 3,
+                 embed_dims: Optional[Sequence[int]] = None, depths: Optional[Sequence[int]] = None,
+                 num_heads: Optional[Sequence[int]] = None, mlp_ratios: Optional[Sequence[float]] = None,
+                 sr_ratios: Optional[Sequence[int]] = None, linear: Optional[bool] = None, qkv_bias: bool = True,
+                 attn_cfg: Union[str, dict, Sequence] = 'softmax', out_indices: Sequence[int] = (0, 1, 2, 3),
+                 drop_path_rate: float = 0.1, frozen_stages: int = -1, with_cp: bool = False,
+                 init_cfg: Optional[dict] = None, pretrained: Optional[str] = None,
+                 # mmdet's PyramidVisionTransformerV2 arguments
+                 num_layers: Optional[Sequence[int]] = None, num_stages: int = 4,
+                 strides: Optional[Sequence[int]] = None, drop_rate: float = 0., attn_drop_rate: float = 0.,
+                 act_cfg: Optional[dict] = None, norm_cfg: Optional[dict] = None, convert_weights: bool = True,
                  pretrain_img_size: Union[int, Sequence[int]] = 224):
         mmdet_args = dict(num_stages=num_stages, strides=strides, drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
                           act_cfg=act_cfg, norm_cfg=norm_cfg, convert_weights=convert_weights)

@@ -32,13 +32,14 @@ from typing import Dict, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
-import torch.utils.checkpoint as cp
 from mmcv.cnn import build_norm_layer
-from timm.layers import DropPath, trunc_normal_
+from timm.layers import DropPath
 from torch import nn
 
-from ...attention import AttentionKernel, build_attention, kernel_class, list_attentions
-from ..layers import Mlp, SoftFreeBackbone, expand_attn_cfg, require_kernel_fit
+from ...attention.fit import require_kernel_fit
+from ..attention import KernelAttention
+from ..layers import Mlp, expand_attn_cfg
+from .base import SoftFreeBackbone, checkpointed
 
 __all__ = ['SoftFreeSOFT']
 
@@ -87,27 +88,13 @@ class ConvEmbed(nn.Module):
         return x.flatten(2).transpose(1, 2), (x.shape[2], x.shape[3])
 
 
-class SoftAttentionLayer(nn.Module):
-    """SOFT's attention module: W_q, W_v (no key projection: the kernel gets k = q), kernel, output projection."""
+class SoftAttentionLayer(KernelAttention):
+    """SOFT's attention module: W_q, W_v (no key projection: the kernel gets k = q) on the grid, kernel, output
+    projection."""
 
     def __init__(self, dim, num_heads, attn_cfg, where):
-        super().__init__()
-        if dim % num_heads:
-            raise ValueError(f'{OWNER}: {where}: embed dim {dim} must be divisible by num_heads={num_heads}')
-        self.num_heads, self.head_dim = num_heads, dim // num_heads
-        self.q = nn.Linear(dim, dim)
-        self.v = nn.Linear(dim, dim)
         require_kernel_fit(attn_cfg, OWNER, f'{where} (attention over the whole grid)', varying_length=True)
-        self.kernel = build_attention(attn_cfg, num_heads=num_heads, head_dim=self.head_dim)
-        self.proj = nn.Linear(dim, dim)
-
-    def forward(self, x, hw):
-        b, n, c = x.shape
-        q = self.q(x).view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
-        v = self.v(x).view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
-        context = x.mean(1) if self.kernel.takes_context else None
-        out = self.kernel(q, q, v, hw=tuple(hw), scale=None, bias=None, mask=None, context=context)
-        return self.proj(out.transpose(1, 2).reshape(b, n, c))
+        super().__init__(dim, num_heads, attn_cfg, owner=OWNER, where=where, inputs='q_v')
 
 
 class SoftBlock(nn.Module):
@@ -123,36 +110,18 @@ class SoftBlock(nn.Module):
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x, hw):
-        x = self.norm1(x + self.drop1(self.attn(x, hw)))
+        x = self.norm1(x + self.drop1(self.attn(x, tuple(hw))))
         return self.norm2(x + self.drop2(self.mlp(x)))
 
 
-class GlobalAttentionLayer(nn.Module):
+class GlobalAttentionLayer(KernelAttention):
     """Stage 4: q, kv, kernel over the class token and the grid (no spatial reduction), output projection."""
 
     def __init__(self, dim, num_heads, attn_cfg, qkv_bias, where):
-        super().__init__()
-        if dim % num_heads:
-            raise ValueError(f'{OWNER}: {where}: embed dim {dim} must be divisible by num_heads={num_heads}')
-        self.num_heads, self.head_dim = num_heads, dim // num_heads
-        self.q = nn.Linear(dim, dim, bias=qkv_bias)
-        self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
         require_kernel_fit(attn_cfg, OWNER, f'{where} (class token + grid)', varying_length=True)
-        self.kernel = build_attention(attn_cfg, num_heads=num_heads, head_dim=self.head_dim)
-        if self.kernel.needs_hw:
-            fits = ', '.join(n for n in list_attentions() if not kernel_class(n).needs_hw)
-            raise ValueError(f"{OWNER}: attention kernel '{attn_cfg['type']}' cannot be used in {where}: the class "
-                             'token joins the grid there, so there is no (H, W) token grid and the kernel needs one '
-                             f'(needs_hw=True); kernels that fit: {fits}')
-        self.proj = nn.Linear(dim, dim)
-
-    def forward(self, x):
-        b, n, c = x.shape
-        q = self.q(x).view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
-        k, v = self.kv(x).view(b, n, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        context = x.mean(1) if self.kernel.takes_context else None
-        out = self.kernel(q, k, v, hw=None, scale=None, bias=None, mask=None, context=context)
-        return self.proj(out.transpose(1, 2).reshape(b, n, c))
+        super().__init__(dim, num_heads, attn_cfg, owner=OWNER, where=where, inputs='q_kv', qkv_bias=qkv_bias)
+        require_kernel_fit(attn_cfg, OWNER, where, kernel=self.kernel,
+                           no_grid='the class token joins the grid there, so there is no (H, W) token grid')
 
 
 class GlobalBlock(nn.Module):
@@ -205,13 +174,17 @@ class SoftFreeSOFT(SoftFreeBackbone):
         drop_path_rate: stochastic depth over all blocks: the official SOFT blocks turn their share into dropout on
             both residual branches, stage 4 into DropPath.
         frozen_stages: -1 none; k >= 1 freezes stages 0..k-1 (embedding, positions, blocks).
-        with_cp: activation checkpointing per block. init_cfg: ``dict(type='Pretrained', checkpoint=...)`` loads
-            the official release (converted by :func:`convert_soft`; the EMA weights, which the official code
-            evaluates, when the file has them); ``pretrained=PATH`` is its deprecated alias (as mmdet's and mmseg's
-            backbones).
+        with_cp: activation checkpointing per block (in training). init_cfg: ``dict(type='Pretrained',
+            checkpoint=...)`` loads the official release (converted by :func:`convert_soft`; the EMA weights, which
+            the official code evaluates, when the file has them); ``pretrained=PATH`` is its deprecated alias (as
+            mmdet's and mmseg's backbones).
+        norm_eval: keep the embeddings' BatchNorms in eval mode (frozen statistics) while training.
     """
 
     arch_zoo = ARCH_ZOO
+    arch_keys = ('embed_dims', 'depths', 'num_heads')
+    arch_options = ('normalized',)
+    trunc_normal_params = ('pos_embed', 'cls_token')  # as the official model; convs and BN keep torch's defaults
     _convert = staticmethod(lambda sd: convert_soft(sd))
     _prefer_ema = True
 
@@ -225,46 +198,24 @@ class SoftFreeSOFT(SoftFreeBackbone):
                  qkv_bias: bool = True,
                  norm_cfg: dict = dict(type='BN', requires_grad=True),
                  drop_path_rate: float = 0.1,
-                 frozen_stages: int = -1,
-                 with_cp: bool = False,
-                 init_cfg: Optional[dict] = None,
-                 pretrained: Optional[str] = None):
-        super().__init__(init_cfg=init_cfg, pretrained=pretrained)
-        if isinstance(arch, str):
-            if arch not in ARCH_ZOO:
-                raise ValueError(f'{OWNER}: unknown arch {arch!r}; valid archs: {", ".join(ARCH_ZOO)} (or a dict '
-                                 'with embed_dims, depths, num_heads)')
-            preset = dict(ARCH_ZOO[arch])
-        elif isinstance(arch, dict):
-            need, allowed = {'embed_dims', 'depths', 'num_heads'}, {'embed_dims', 'depths', 'num_heads', 'normalized'}
-            if not need <= set(arch) <= allowed:
-                raise ValueError(f'{OWNER}: an arch dict needs the keys {sorted(need)} (and optionally '
-                                 f"'normalized'), got {sorted(arch)}")
-            preset = dict(arch)
-        else:
-            raise TypeError(f'{OWNER}: arch must be a name ({", ".join(ARCH_ZOO)}) or a dict, got {arch!r}')
+                 frozen_stages: int = -1, with_cp: bool = False, norm_eval: bool = False,
+                 init_cfg: Optional[dict] = None, pretrained: Optional[str] = None):
+        super().__init__(init_cfg=init_cfg, pretrained=pretrained, with_cp=with_cp, norm_eval=norm_eval)
+        self.arch = arch
+        preset = self.resolve_arch(arch)
         dims, depths, heads = (tuple(preset[k]) for k in ('embed_dims', 'depths', 'num_heads'))
         if not len(dims) == len(depths) == len(heads) == 4:
             raise ValueError(f'{OWNER}: embed_dims {dims}, depths {depths} and num_heads {heads} need 4 entries each')
         if out_type not in OUT_TYPES:
             raise ValueError(f'{OWNER}: unknown out_type {out_type!r}; valid: {", ".join(OUT_TYPES)}')
-        out_indices = tuple(out_indices)
-        if not out_indices or any(not isinstance(i, int) or not 0 <= i < 4 for i in out_indices):
-            raise ValueError(f'{OWNER}: out_indices must be stage indices in [0, 3], got {out_indices}')
-        if not isinstance(frozen_stages, int) or not -1 <= frozen_stages <= 4:
-            raise ValueError(f'{OWNER}: frozen_stages must be an int in [-1, 4], got {frozen_stages!r}')
+        self.out_indices = self.check_out_indices(out_indices, 4)
+        self.frozen_stages = self.check_frozen_stages(frozen_stages, 4)
         attn_cfg = default_attn_cfg(preset.get('normalized', False)) if attn_cfg is None else attn_cfg
-        cfgs = expand_attn_cfg(attn_cfg, 4, 'stage', OWNER)
-
-        self.arch = arch
+        self.attn_cfgs = cfgs = expand_attn_cfg(attn_cfg, 4, 'stage', OWNER)
         self.embed_dims, self.depths, self.num_heads = dims, depths, heads
         self.out_type = out_type
-        self.out_indices = out_indices
-        self.frozen_stages = frozen_stages
-        self.with_cp = with_cp
-        self.attn_cfgs = cfgs
         self.num_features = dims
-        self.out_channels = (dims[3],) if out_type == 'cls_token' else tuple(dims[i] for i in out_indices)
+        self.out_channels = (dims[3],) if out_type == 'cls_token' else tuple(dims[i] for i in self.out_indices)
 
         dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
         stages, cur, cin = [], 0, in_channels
@@ -285,47 +236,11 @@ class SoftFreeSOFT(SoftFreeBackbone):
         self._init_default()
         self._freeze_stages()
 
-    # ------------------------------------------------------------------ init / freeze
-    def _init_default(self):
-        """As the official model: trunc-normal(0.02) positions, class token and Linear weights, zero biases, unit
-        LayerNorms; convs and BN keep torch's defaults; kernels keep their own initialisation."""
-        kernel_modules = {id(m) for k in self.modules() if isinstance(k, AttentionKernel) for m in k.modules()}
-        for m in self.modules():
-            if id(m) in kernel_modules:
-                continue
-            if isinstance(m, nn.Linear):
-                trunc_normal_(m.weight, std=.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-        for s in self.stages:
-            trunc_normal_(s.pos_embed, std=.02)
-        trunc_normal_(self.cls_token, std=.02)
-
-    def _freeze_stages(self):
-        for s in self.stages[:max(self.frozen_stages, 0)]:
-            s.eval()
-            for p in s.parameters():
-                p.requires_grad = False
-        if self.frozen_stages >= 4:
-            self.cls_token.requires_grad = False
-            self.norm.eval()
-            for p in self.norm.parameters():
-                p.requires_grad = False
-
-    def train(self, mode: bool = True):
-        super().train(mode)
-        self._freeze_stages()
-        return self
+    def _frozen(self):
+        frozen = list(self.stages[:max(self.frozen_stages, 0)])
+        return frozen + [self.cls_token, self.norm] if self.frozen_stages >= 4 else frozen
 
     # ------------------------------------------------------------------ forward
-    def _run(self, blk, x, hw):
-        if self.with_cp and self.training and x.requires_grad:
-            return cp.checkpoint(blk, x, hw, use_reentrant=False)
-        return blk(x, hw)
-
     def forward(self, x):
         if x.dim() != 4:
             raise ValueError(f'{OWNER}: expected images (B, C, H, W), got shape {tuple(x.shape)}')
@@ -337,7 +252,7 @@ class SoftFreeSOFT(SoftFreeBackbone):
             if stage.with_cls:  # the class token with its own position (the table's first row)
                 x = torch.cat([self.cls_token.expand(b, -1, -1) + stage.pos_embed[:, :1], x], dim=1)
             for blk in stage.blocks:
-                x = self._run(blk, x, hw)
+                x = checkpointed(self, blk, x, hw)
             if stage.with_cls:
                 x = self.norm(x)
                 if self.out_type == 'cls_token':
@@ -349,22 +264,10 @@ class SoftFreeSOFT(SoftFreeBackbone):
         return tuple(outs)
 
     # ------------------------------------------------------------------ optimiser helpers
-    def get_layer_depth(self, param_name: str, prefix: str = ''):
-        """(layer_id, max_layer_id) as the other backbones: a stage's embedding and positions -> the blocks before
-        it, block j of stage i -> sum(depths[:i]) + j + 1, the class token with stage 4's embedding, the rest last."""
-        num_layers = sum(self.depths) + 2
-        if not param_name.startswith(prefix):
-            return num_layers - 1, num_layers
-        name = param_name[len(prefix):]
-        if name.startswith('stages.'):
-            parts = name.split('.')
-            i = int(parts[1])
-            if parts[2] == 'blocks':
-                return sum(self.depths[:i]) + int(parts[3]) + 1, num_layers
-            return sum(self.depths[:i]), num_layers
-        if name.startswith('cls_token'):
-            return sum(self.depths[:3]), num_layers
-        return num_layers - 1, num_layers
+    def _layer_id(self, name):
+        """As the other backbones (a stage's embedding and positions just before its blocks); the class token with
+        stage 4's embedding."""
+        return sum(self.depths[:3]) if name.startswith('cls_token') else super()._layer_id(name)
 
     def no_weight_decay_keys(self):
         """Parameter-name fragments to exclude from weight decay (mmengine paramwise_cfg custom_keys)."""

@@ -33,15 +33,16 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
-import torch.utils.checkpoint as cp
 from mmengine.logging import print_log
-from timm.layers import DropPath, trunc_normal_
+from timm.layers import DropPath
 from torch import nn
 
-from ...attention import build_attention
 from ...attention.base import ceil_div
-from ..layers import (Mlp, StagedBackbone, WindowLayout, check_foreign_args, expand_per_block, identity_mask, is_cfg,
-                      pretrain_hw, require_kernel_fit, _to_windows)
+from ...attention.fit import require_kernel_fit
+from ..attention import KernelAttention
+from ..layers import (Mlp, WindowLayout, check_foreign_args, expand_per_block, identity_mask, is_cfg, pretrain_hw,
+                      _to_windows)
+from .base import StagedBackbone, checkpointed
 
 __all__ = ['SoftFreeSwin']
 
@@ -61,7 +62,6 @@ ARCH_ZOO: Dict[str, dict] = {
     'inline_base': dict(_B, attn_cfg=('inline', 'inline', ('inline',) * 2 + ('softmax',) * 16, 'softmax'),
                         global_window=(True, True, (True,) * 2 + (False,) * 16, False)),
 }
-_ARCH_KEYS = ('embed_dims', 'depths', 'num_heads')
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -188,20 +188,15 @@ class PatchMerging(nn.Module):
         return self.reduction(self.norm(x))
 
 
-class WindowAttention(nn.Module):
-    """qkv -> kernel (with relative position bias when there is a table) -> proj, on (B*nW, N, C) windows."""
+class WindowAttention(KernelAttention):
+    """The kernel step of window attention: windows of the qkv projection -> kernel (with the relative position
+    bias when there is a table, and the keep-mask of pads and shifted regions); the block's window layout
+    (:meth:`SwinBlock._attend`) projects, gathers and projects back."""
 
     def __init__(self, dim: int, num_heads: int, window: Optional[int], attn_cfg: dict, qkv_bias: bool,
-                 with_bias_table: bool, proj_drop: float, qk_scale: Optional[float] = None):
-        super().__init__()
-        self.scale = qk_scale  # the factor on q.k; None: head_dim ** -0.5
-        if dim % num_heads:
-            raise ValueError(f'SoftFreeSwin: embed dims {dim} must be divisible by num_heads {num_heads}')
-        self.num_heads = num_heads
-        self.head_dim = dim // num_heads
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        self.kernel = build_attention(attn_cfg, num_heads=num_heads, head_dim=self.head_dim)
-        self.proj = nn.Linear(dim, dim)
+                 with_bias_table: bool, proj_drop: float, qk_scale: Optional[float] = None, where: str = ''):
+        super().__init__(dim, num_heads, attn_cfg, owner='SoftFreeSwin', where=where, inputs='qkv',
+                         qkv_bias=qkv_bias, scale=qk_scale)  # scale: the factor on q.k; None: head_dim ** -0.5
         self.proj_drop = nn.Dropout(proj_drop)
         if with_bias_table:
             self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * window - 1) ** 2, num_heads))
@@ -210,36 +205,39 @@ class WindowAttention(nn.Module):
         else:
             self.relative_position_bias_table = None
 
+    def position_bias(self, n: int) -> Optional[torch.Tensor]:
+        """(1, heads, N, N) relative position bias of a window of N tokens, or None without a table."""
+        if self.relative_position_bias_table is None:
+            return None
+        bias = self.relative_position_bias_table[self.relative_position_index.view(-1)]
+        return bias.view(n, n, self.num_heads).permute(2, 0, 1).unsqueeze(0)
+
     def forward(self, qkv, mask=None, hw=None, context=None):
         """qkv (B*nW, N, 3C): windows of the qkv projection; mask (B*nW, 1, N, N) keep-mask or None; context
-        (B*nW, C) or None. Returns the heads' outputs (B*nW, N, C) *before* the output projection, which the block
-        applies to the real tokens only, after un-windowing (a per-token layer: the same values, no work on pads)."""
-        b, n, c3 = qkv.shape
-        q, k, v = qkv.view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        bias = None
-        if self.relative_position_bias_table is not None:
-            bias = self.relative_position_bias_table[self.relative_position_index.view(-1)]
-            bias = bias.view(n, n, self.num_heads).permute(2, 0, 1).unsqueeze(0)
-        out = self.kernel(q, k, v, hw=hw, scale=self.scale, bias=bias, mask=mask, context=context)
-        return out.transpose(1, 2).reshape(b, n, c3 // 3)
+        (B*nW, C) or None. Returns the heads' outputs (B*nW, N, C) *before* the output projection."""
+        q, k, v = self.split_qkv(qkv)
+        out = self.attend(q, k, v, hw=hw, bias=self.position_bias(qkv.shape[1]), mask=mask, context=context)
+        return self.merge(out)
 
 
 class SwinBlock(nn.Module):
     def __init__(self, dim, num_heads, window, shifted, attn_cfg, mlp_ratio, qkv_bias, drop, drop_path,
-                 with_bias_table, with_cp, qk_scale=None):
+                 with_bias_table, with_cp, qk_scale=None, where=''):
         super().__init__()
         self.shifted = shifted
         self.with_cp = with_cp
         self.norm1 = nn.LayerNorm(dim)
-        self.attn = WindowAttention(dim, num_heads, window, attn_cfg, qkv_bias, with_bias_table, drop, qk_scale)
+        self.attn = WindowAttention(dim, num_heads, window, attn_cfg, qkv_bias, with_bias_table, drop, qk_scale,
+                                    where)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
 
     def _attend(self, x, geo: WindowGeometry):
-        """x (B, H, W, C) normed tokens. The qkv projection runs on the real tokens; its windows (pad slots
-        holding qkv(0) = the qkv bias, as if zero tokens had been padded) are gathered in one step, and the
-        output projection runs after the real tokens are gathered back."""
+        """The window layout. x (B, H, W, C) normed tokens: the qkv projection runs on the real tokens; its windows
+        (pad slots holding qkv(0) = the qkv bias, as if zero tokens had been padded) are gathered in one step, and
+        the output projection runs on the real tokens after they are gathered back (a per-token layer: the same
+        values, no work on pads)."""
         attn = self.attn
         layout = geo.layout(self.shifted, x.shape[0])
         mask = geo.mask(self.shifted)
@@ -255,21 +253,19 @@ class SwinBlock(nn.Module):
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
     def forward(self, x, geo: WindowGeometry):
-        if self.with_cp and x.requires_grad:
-            return cp.checkpoint(self._forward, x, geo, use_reentrant=False)
-        return self._forward(x, geo)
+        return checkpointed(self, self._forward, x, geo)
 
 
 class SwinStage(nn.Module):
     def __init__(self, in_dim, dim, num_heads, windows, attn_cfgs, mlp_ratio, qkv_bias, drop, drop_paths,
-                 with_bias_tables, with_cp, downsample: bool, qk_scale=None):
+                 with_bias_tables, with_cp, downsample: bool, qk_scale=None, where=''):
         super().__init__()
         self.windows = tuple(windows)  # one per block; None = global window
         self.downsample = PatchMerging(in_dim, dim) if downsample else None
         self.blocks = nn.ModuleList([
             SwinBlock(dim, num_heads, window, shifted=(window is not None and j % 2 == 1), attn_cfg=cfg,
                       mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop=drop, drop_path=drop_paths[j],
-                      with_bias_table=with_bias, with_cp=with_cp, qk_scale=qk_scale)
+                      with_bias_table=with_bias, with_cp=with_cp, qk_scale=qk_scale, where=where)
             for j, (window, cfg, with_bias) in enumerate(zip(windows, attn_cfgs, with_bias_tables))])
 
     def forward(self, x):
@@ -287,7 +283,7 @@ class SoftFreeSwin(StagedBackbone):
 
     Args:
         arch: 'tiny' | 'small' | 'base' | 'large' | 'inline_tiny' | 'inline_small' | 'inline_base', or a dict with
-            embed_dims, depths, num_heads.
+            embed_dims, depths, num_heads (and attn_cfg, global_window).
         embed_dims, depths, num_heads: override the preset.
         attn_cfg: one kernel config (name or dict) for every stage, or a list with one per stage, where a stage's
             entry may itself be a list with one config per block. Default: the preset's, else 'softmax'.
@@ -298,7 +294,7 @@ class SoftFreeSwin(StagedBackbone):
         out_indices: which stage outputs to return (NCHW, strides 4, 8, 16, 32), each through ``norm{i}``.
         frozen_stages: -1 none; 0 the patch embedding; k >= 1 also stages 0..k-1, the patch merging after each
             and their output norms (as mmdet's SwinTransformer).
-        with_cp: activation checkpointing per block (``use_reentrant=False``).
+        with_cp: activation checkpointing per block in training (``use_reentrant=False``).
         init_cfg: ``dict(type='Pretrained', checkpoint=..., prefix=None)`` loads official / timm / mmdet
             Swin files through :func:`convert_swin`; ``pretrained=PATH`` is its deprecated alias.
 
@@ -313,38 +309,26 @@ class SoftFreeSwin(StagedBackbone):
     """
 
     arch_zoo = ARCH_ZOO
+    arch_keys = ('embed_dims', 'depths', 'num_heads')
+    arch_options = ('attn_cfg', 'global_window')
+    trunc_normal_params = ('absolute_pos_embed',)
+    stem = ('patch_embed', 'absolute_pos_embed')
     _convert = staticmethod(lambda sd: convert_swin(sd))
     freeze_next_downsample = True
 
-    def __init__(self,
-                 arch: Union[str, dict] = 'tiny',
-                 embed_dims: Optional[int] = None,
-                 depths: Optional[Sequence[int]] = None,
-                 num_heads: Optional[Sequence[int]] = None,
-                 attn_cfg: Union[str, dict, Sequence, None] = None,
-                 global_window: Union[bool, Sequence, None] = None,
-                 window_size: int = 7,
-                 mlp_ratio: float = 4.0,
-                 qkv_bias: bool = True,
-                 in_channels: int = 3,
-                 patch_size: int = 4,
-                 patch_norm: bool = True,
-                 drop_rate: float = 0.0,
-                 drop_path_rate: float = 0.1,
-                 out_indices: Sequence[int] = (0, 1, 2, 3),
-                 frozen_stages: int = -1,
-                 with_cp: bool = False,
-                 init_cfg: Optional[Union[dict, List[dict]]] = None,
-                 pretrained: Optional[str] = None,
-                 qk_scale: Optional[float] = None,
-                 strides: Optional[Sequence[int]] = None,
-                 convert_weights: bool = True,
-                 pretrain_img_size: Union[int, Sequence[int]] = 224,
-                 use_abs_pos_embed: bool = False,
-                 attn_drop_rate: float = 0.0,
-                 act_cfg: dict = dict(type='GELU'),
+    def __init__(self, arch: Union[str, dict] = 'tiny', embed_dims: Optional[int] = None,
+                 depths: Optional[Sequence[int]] = None, num_heads: Optional[Sequence[int]] = None,
+                 attn_cfg: Union[str, dict, Sequence, None] = None, global_window: Union[bool, Sequence, None] = None,
+                 window_size: int = 7, mlp_ratio: float = 4.0, qkv_bias: bool = True, in_channels: int = 3,
+                 patch_size: int = 4, patch_norm: bool = True, drop_rate: float = 0.0, drop_path_rate: float = 0.1,
+                 out_indices: Sequence[int] = (0, 1, 2, 3), frozen_stages: int = -1, with_cp: bool = False,
+                 init_cfg: Optional[Union[dict, List[dict]]] = None, pretrained: Optional[str] = None,
+                 # mmdet's SwinTransformer arguments
+                 qk_scale: Optional[float] = None, strides: Optional[Sequence[int]] = None,
+                 convert_weights: bool = True, pretrain_img_size: Union[int, Sequence[int]] = 224,
+                 use_abs_pos_embed: bool = False, attn_drop_rate: float = 0.0, act_cfg: dict = dict(type='GELU'),
                  norm_cfg: dict = dict(type='LN')):
-        super().__init__(init_cfg=init_cfg, pretrained=pretrained)
+        super().__init__(init_cfg=init_cfg, pretrained=pretrained, with_cp=with_cp)
         check_foreign_args('SoftFreeSwin', dict(
             strides=(strides, strides is None or tuple(strides) == (patch_size,) + (2,) * (len(tuple(strides)) - 1),
                      f'patch embedding stride patch_size={patch_size}, then 2 per stage'),
@@ -358,19 +342,7 @@ class SoftFreeSwin(StagedBackbone):
             convert_weights=(convert_weights, isinstance(convert_weights, bool), 'True or False'),
         ))
         pretrain_size = pretrain_hw('SoftFreeSwin', pretrain_img_size)
-        if isinstance(arch, str):
-            if arch not in ARCH_ZOO:
-                raise ValueError(f'SoftFreeSwin: unknown arch {arch!r}; valid archs: {", ".join(ARCH_ZOO)} '
-                                 '(or a dict with embed_dims, depths, num_heads)')
-            preset = dict(ARCH_ZOO[arch])
-        elif isinstance(arch, dict):
-            need = set(_ARCH_KEYS)
-            if set(arch) != need:
-                raise ValueError(f'SoftFreeSwin: an arch dict needs exactly the keys {sorted(need)}, '
-                                 f'got {sorted(arch)}')
-            preset = dict(arch)
-        else:
-            raise TypeError(f'SoftFreeSwin: arch must be a name ({", ".join(ARCH_ZOO)}) or a dict, got {arch!r}')
+        preset = self.resolve_arch(arch)
         embed_dims = preset['embed_dims'] if embed_dims is None else embed_dims
         depths = tuple(preset['depths'] if depths is None else depths)
         num_heads = tuple(preset['num_heads'] if num_heads is None else num_heads)
@@ -379,26 +351,8 @@ class SoftFreeSwin(StagedBackbone):
             raise ValueError(f'SoftFreeSwin: depths {depths} and num_heads {num_heads} must have the same length')
         if not isinstance(window_size, int) or window_size < 1:
             raise ValueError(f'SoftFreeSwin: window_size must be a positive int, got {window_size!r}')
-        out_indices = tuple(out_indices)
-        bad = [i for i in out_indices if not (isinstance(i, int) and 0 <= i < num_stages)]
-        if bad or not out_indices:
-            raise ValueError(f'SoftFreeSwin: out_indices {out_indices} must be non-empty stage indices in '
-                             f'0..{num_stages - 1}')
-        if not isinstance(frozen_stages, int) or not -1 <= frozen_stages <= num_stages:
-            raise ValueError(f'SoftFreeSwin: frozen_stages must be an int in -1..{num_stages}, '
-                             f'got {frozen_stages!r}')
-
-        self.arch = arch
-        self.depths = depths
-        self.num_heads = num_heads
+        dims = self._stages_from(arch, depths, num_heads, embed_dims, out_indices, frozen_stages)
         self.window_size = window_size
-        self.out_indices = out_indices
-        self.frozen_stages = frozen_stages
-        self.with_cp = with_cp
-        dims = tuple(embed_dims * 2 ** i for i in range(num_stages))
-        self.embed_dims = dims
-        self.num_features = dims
-        self.out_channels = tuple(dims[i] for i in out_indices)
 
         attn_cfg = preset.get('attn_cfg', 'softmax') if attn_cfg is None else attn_cfg
         global_window = preset.get('global_window', False) if global_window is None else global_window
@@ -445,23 +399,18 @@ class SoftFreeSwin(StagedBackbone):
             self.stages.append(SwinStage(
                 dims[i - 1] if i else dims[0], dims[i], num_heads[i], windows, cfgs[i], mlp_ratio,
                 qkv_bias, drop_rate, dpr[start:start + depths[i]], with_bias, with_cp, downsample=i > 0,
-                qk_scale=qk_scale))
+                qk_scale=qk_scale, where=f'stage {i}'))
         if no_bias:
             print_log('SoftFreeSwin: no relative position bias table in ' + ', '.join(no_bias), logger='current')
-        for i in out_indices:
-            self.add_module(f'norm{i}', nn.LayerNorm(dims[i]))
+        self._add_out_norms(dims)
         self._init_default()
         self._freeze_stages()
 
-    def _init_default(self):
-        super()._init_default()
-        if self.absolute_pos_embed is not None:
-            trunc_normal_(self.absolute_pos_embed, std=0.02)
-
-    def _freeze_stages(self):
-        super()._freeze_stages()
+    def _frozen(self):
+        frozen = super()._frozen()
         if self.frozen_stages >= 0 and self.absolute_pos_embed is not None:  # frozen with the patch embedding
-            self.absolute_pos_embed.requires_grad = False
+            frozen.append(self.absolute_pos_embed)
+        return frozen
 
     def _embed(self, x):
         x = self.patch_embed(x)
@@ -478,11 +427,6 @@ class SoftFreeSwin(StagedBackbone):
             return pos
         grid = F.interpolate(pos.permute(0, 3, 1, 2).float(), size=tuple(hw), mode='bicubic', align_corners=False)
         return grid.to(pos.dtype).permute(0, 2, 3, 1)
-
-    def get_layer_depth(self, param_name: str, prefix: str = '') -> Tuple[int, int]:
-        if param_name == prefix + 'absolute_pos_embed':  # part of the stem
-            return 0, sum(self.depths) + 2
-        return super().get_layer_depth(param_name, prefix)
 
 
 # ---------------------------------------------------------------------------------------------- conversion

@@ -31,14 +31,15 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
-import torch.utils.checkpoint as cp
 from mmcv.cnn import build_norm_layer
-from timm.layers import DropPath, trunc_normal_
+from timm.layers import DropPath
 from torch import nn
 
-from ...attention import build_attention, kernel_class, list_attentions
 from ...attention.base import ceil_div
-from ..layers import Mlp, SoftFreeBackbone, expand_attn_cfg, gelu_inference, grid_view, token_view
+from ...attention.fit import probe, refusal, require_kernel_fit
+from ..attention import KernelAttention
+from ..layers import Mlp, expand_attn_cfg, gelu_inference, grid_view, token_view
+from .base import SoftFreeBackbone, checkpointed
 
 __all__ = ['SoftFreeXCiT']
 
@@ -154,20 +155,35 @@ class LPI(nn.Module):
         return token_view(x)
 
 
-class XCA(nn.Module):
-    """Cross-covariance attention with a swappable kernel over the d_h x d_h channel matrix."""
+class XCA(KernelAttention):
+    """Cross-covariance attention: the channel layout, whose kernel attends over the d_h x d_h channel matrix of a
+    head (its "tokens" are the channels, its "head_dim" the token count)."""
 
     def __init__(self, dim: int, num_heads: int, attn_cfg: dict, qkv_bias: bool = True, where: str = ''):
-        super().__init__()
-        if dim % num_heads:
-            raise ValueError(f'{OWNER}: embed_dims={dim} must be divisible by num_heads={num_heads}')
-        self.num_heads = num_heads
-        self.head_channels = dim // num_heads
+        super().__init__(dim, num_heads, attn_cfg, owner=OWNER, where=where, inputs='qkv', qkv_bias=qkv_bias,
+                         build_kernel=False, scale=1.0)
+        self.head_channels = self.head_dim
         # per-head temperature; excluded from weight decay by name (paramwise_cfg custom_keys={'temperature': ...})
         self.temperature = nn.Parameter(torch.ones(num_heads, 1, 1))
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim)
-        self.kernel = _build_xca_kernel(attn_cfg, num_heads, self.head_channels, where)
+        self._add_xca_kernel(attn_cfg, where)
+
+    def _add_xca_kernel(self, cfg: dict, where: str):
+        """The kernel built with head_dim=None (its "head_dim" is the token count, which follows the input size),
+        refused when it needs a grid, and run once on the XCA geometry so that e.g. a length-limited kernel fails
+        here, not mid-training."""
+        place = f'{where} (cross-covariance attention)'
+        try:
+            kern = self.add_kernel(cfg, head_dim=None)
+        except (ValueError, TypeError, KeyError) as e:
+            why = ('XCA builds kernels with head_dim=None because its "head_dim" is the token count, which varies '
+                   f'with the input size; building failed with: {e}')
+            raise ValueError(f"{OWNER}: {refusal(cfg['type'], why, place)}") from None
+        require_kernel_fit(cfg, OWNER, place, kernel=kern,
+                           no_grid=f'XCA attends over the {self.head_channels} channels of a head, which have no grid')
+        why = probe(kern, self.num_heads, 4, self.head_channels, self.head_channels, scale=1.0)
+        if why:
+            raise ValueError(f"{OWNER}: {refusal(cfg['type'], why, place)} (the {self.head_channels} channels of an "
+                             'XCA head as tokens)')
 
     def forward(self, x):
         b, n, c = x.shape
@@ -180,38 +196,8 @@ class XCA(nn.Module):
         # (B, h, d_h, N) tensor for q instead of two)
         q = q * (self.temperature / q.norm(dim=-1, keepdim=True).clamp_min(1e-12))
         k = F.normalize(k, dim=-1)
-        out = self.kernel(q, k, v, hw=None, scale=1.0, bias=None, mask=None)
-        out = out.permute(0, 3, 1, 2).reshape(b, n, c)
-        return self.proj(out)
-
-
-def _build_xca_kernel(cfg: dict, num_heads: int, head_channels: int, where: str):
-    name = cfg['type']
-    fitting = 'kernels that need no token grid, e.g. ' + ', '.join(
-        n for n in list_attentions() if not _class_needs_hw(n))
-    try:
-        kern = build_attention(cfg, num_heads=num_heads, head_dim=None)
-    except (ValueError, TypeError, KeyError) as e:
-        raise ValueError(f"{OWNER}: attention kernel '{name}' ({where}) cannot be used in cross-covariance "
-                         'attention: XCA builds kernels with head_dim=None because its "head_dim" is the token '
-                         f'count, which varies with the input size; building failed with: {e}') from None
-    if kern.needs_hw:
-        raise ValueError(f"{OWNER}: attention kernel '{name}' ({where}) needs the token grid (needs_hw=True), but "
-                         f'XCA attends over the {head_channels} channels of a head, which have no grid; use one of '
-                         f'the {fitting}')
-    # probe the exact XCA geometry once (d_h "tokens"), so e.g. a length-limited kernel fails here, not mid-training
-    probe = torch.randn(1, num_heads, head_channels, 4)
-    try:
-        with torch.no_grad():
-            kern(probe, probe, probe, hw=None, scale=1.0, bias=None, mask=None)
-    except (ValueError, TypeError, RuntimeError) as e:
-        raise ValueError(f"{OWNER}: attention kernel '{name}' ({where}) cannot attend over the "
-                         f'{head_channels} channels of an XCA head: {e}') from None
-    return kern
-
-
-def _class_needs_hw(name: str) -> bool:
-    return bool(kernel_class(name).needs_hw)
+        out = self.attend(q, k, v)
+        return self.proj(out.permute(0, 3, 1, 2).reshape(b, n, c))
 
 
 class XCABlock(nn.Module):
@@ -287,17 +273,19 @@ class SoftFreeXCiT(SoftFreeBackbone):
     """XCiT backbone whose XCA layers use any attention kernel of ``softfree_mm.attention`` that fits XCA.
 
     Args:
-        arch: 't12' | 's12' | 's24' | 'm24' (embed dims / depth / heads / LayerScale eta); explicit arguments
-            below override the preset.
+        arch: 't12' | 's12' | 's24' | 'm24' (embed dims / depth / heads / LayerScale eta), or a dict with
+            embed_dims, depth, num_heads, eta; explicit arguments below override the preset.
         patch_size: 16 or 8.
         attn_cfg: one kernel config for every XCA layer, or a list with one per layer.
         out_type: 'featmap' (four NCHW maps at strides 4/8/16/32) or 'cls_token' (class token, for classifiers).
-        out_indices: the four blocks feeding strides 4, 8, 16, 32 (featmap mode); default per depth.
+        out_indices: the four blocks feeding strides 4, 8, 16, 32 (featmap mode; negative ones count from the
+            end); default per depth.
         frozen_stages: -1 none; 0 the patch embedding and positions; k >= 1 also blocks 0..k-1.
         norm_cfg: norm of the conv stem, LPI and adapter (default SyncBN, as the official detection code).
-        with_cp: activation checkpointing per block.
+        with_cp: activation checkpointing per block (in training).
         init_cfg: ``dict(type='Pretrained', checkpoint=...)`` loads official / timm XCiT files through
             :func:`convert_xcit`; ``pretrained=PATH`` is its deprecated alias (as mmdet's and mmseg's backbones).
+        norm_eval: keep the BatchNorms (stem, LPI, adapter) in eval mode (frozen statistics) while training.
     """
 
     arch_zoo = {
@@ -306,12 +294,15 @@ class SoftFreeXCiT(SoftFreeBackbone):
         's24': dict(embed_dims=384, depth=24, num_heads=8, eta=1e-5),
         'm24': dict(embed_dims=512, depth=24, num_heads=8, eta=1e-5),
     }
+    arch_keys = ('embed_dims', 'depth', 'num_heads', 'eta')
     default_out_indices = {12: (3, 5, 7, 11), 24: (7, 11, 15, 23)}
     OUT_TYPES = ('featmap', 'cls_token')
+    trunc_normal_params = ('cls_token',)
+    stem = ('patch_embed', 'pos_embed', 'cls_token')
     _convert = staticmethod(lambda sd: convert_xcit(sd))
 
     def __init__(self,
-                 arch: str = 's12',
+                 arch: Union[str, dict] = 's12',
                  patch_size: int = 16,
                  in_channels: int = 3,
                  embed_dims: Optional[int] = None,
@@ -327,14 +318,11 @@ class SoftFreeXCiT(SoftFreeBackbone):
                  tokens_norm: bool = True,
                  drop_path_rate: float = 0.,
                  norm_cfg: dict = dict(type='SyncBN', requires_grad=True),
-                 frozen_stages: int = -1,
-                 with_cp: bool = False,
-                 init_cfg: Optional[dict] = None,
-                 pretrained: Optional[str] = None):
-        super().__init__(init_cfg=init_cfg, pretrained=pretrained)
-        if arch not in self.arch_zoo:
-            raise ValueError(f'{OWNER}: unknown arch {arch!r}; valid archs: {", ".join(self.arch_zoo)}')
-        preset = self.arch_zoo[arch]
+                 frozen_stages: int = -1, with_cp: bool = False, norm_eval: bool = False,
+                 init_cfg: Optional[dict] = None, pretrained: Optional[str] = None):
+        super().__init__(init_cfg=init_cfg, pretrained=pretrained, with_cp=with_cp, norm_eval=norm_eval)
+        self.arch = arch
+        preset = self.resolve_arch(arch)
         embed_dims = preset['embed_dims'] if embed_dims is None else embed_dims
         depth = preset['depth'] if depth is None else depth
         num_heads = preset['num_heads'] if num_heads is None else num_heads
@@ -351,23 +339,15 @@ class SoftFreeXCiT(SoftFreeBackbone):
                 raise ValueError(f'{OWNER}: no default out_indices for depth={depth} (defaults exist for '
                                  f'{sorted(self.default_out_indices)}); pass four block indices')
             out_indices = self.default_out_indices.get(depth, ())
-        out_indices = tuple(int(i) for i in out_indices)
-        if out_type == 'featmap' and (len(out_indices) != 4 or list(out_indices) != sorted(set(out_indices))
-                                      or not all(0 <= i < depth for i in out_indices)):
-            raise ValueError(f'{OWNER}: out_indices must be four increasing block indices in [0, {depth - 1}] '
-                             f'(the blocks feeding strides 4, 8, 16, 32), got {out_indices}')
-        if not -1 <= frozen_stages <= depth:
-            raise ValueError(f'{OWNER}: frozen_stages must be in [-1, {depth}], got {frozen_stages}')
-
-        self.arch = arch
+        # the four blocks feeding strides 4, 8, 16, 32 (no maps in cls_token mode)
+        self.out_indices = self.check_out_indices(out_indices, depth, 'block', count=4) if out_type == 'featmap' \
+            else tuple(out_indices)
+        self.frozen_stages = self.check_frozen_stages(frozen_stages, depth)
         self.patch_size = patch_size
         self.embed_dims = embed_dims
         self.depth = self.num_layers = depth
         self.num_heads = num_heads
         self.out_type = out_type
-        self.out_indices = out_indices
-        self.frozen_stages = frozen_stages
-        self.with_cp = with_cp
         attn_cfgs = expand_attn_cfg(attn_cfg, depth, 'layer', OWNER)
         self.attn_cfgs = attn_cfgs
 
@@ -401,44 +381,15 @@ class SoftFreeXCiT(SoftFreeBackbone):
                 self.fpn4 = nn.MaxPool2d(4, stride=4, ceil_mode=True)
             self.out_channels = (d,) * 4
         self.num_features = self.out_channels
-        self._init_params()
+        self._init_default()
         self._freeze_stages()
 
-    # ------------------------------------------------------------------ init / freeze
-    def _init_params(self):
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                trunc_normal_(m.weight, std=.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-        if self.out_type == 'cls_token':
-            trunc_normal_(self.cls_token, std=.02)
-
-    def _frozen_modules(self):
+    def _frozen(self):
         if self.frozen_stages < 0:
             return []
         return [self.patch_embed, self.pos_embed, *self.blocks[:self.frozen_stages]]
 
-    def _freeze_stages(self):
-        for m in self._frozen_modules():
-            m.eval()
-            for p in m.parameters():
-                p.requires_grad = False
-
-    def train(self, mode: bool = True):
-        super().train(mode)
-        self._freeze_stages()
-        return self
-
     # ------------------------------------------------------------------ forward
-    def _run_block(self, blk, x, hw):
-        if self.with_cp and self.training and x.requires_grad:
-            return cp.checkpoint(blk, x, hw, use_reentrant=False)
-        return blk(x, hw)
-
     def forward(self, x):
         b, img_hw = x.shape[0], x.shape[-2:]
         x, hw = self.patch_embed(x)
@@ -447,7 +398,7 @@ class SoftFreeXCiT(SoftFreeBackbone):
         x = (x + self.pos_embed(b, hw[0], hw[1]).flatten(2).transpose(1, 2)).contiguous()
         feats = []
         for i, blk in enumerate(self.blocks):
-            x = self._run_block(blk, x, hw)
+            x = checkpointed(self, blk, x, hw)
             if self.out_type == 'featmap' and i in self.out_indices:
                 # a channels-last view of the tokens (no copy): the adapter's first layers read it as it is, so
                 # autograd keeps the tokens the next block keeps anyway; the outputs are made NCHW below
@@ -457,8 +408,7 @@ class SoftFreeXCiT(SoftFreeBackbone):
         if self.out_type == 'cls_token':
             x = torch.cat([self.cls_token.expand(b, -1, -1), x], dim=1)
             for blk in self.cls_attn_blocks:
-                x = cp.checkpoint(blk, x, use_reentrant=False) if (
-                    self.with_cp and self.training and x.requires_grad) else blk(x)
+                x = checkpointed(self, blk, x)
             return (self.norm(x)[:, 0],)
         ops = (self.fpn1, self.fpn2, self.fpn3, self.fpn4)
         # the upsampled maps of a partial last patch reach past the image: crop to ceil(H / stride) like the other
@@ -468,19 +418,14 @@ class SoftFreeXCiT(SoftFreeBackbone):
                      for op, f, s in zip(ops, feats, (4, 8, 16, 32)))
 
     # ------------------------------------------------------------------ optimiser helpers
-    def get_layer_depth(self, param_name: str, prefix: str = ''):
-        """(layer_id, max_layer_id) as mmpretrain's VisionTransformer: stem 0, block i -> i + 1, rest last."""
-        num_layers = self.depth + 2
-        if not param_name.startswith(prefix):
-            return num_layers - 1, num_layers
-        name = param_name[len(prefix):]
-        if name.startswith(('patch_embed', 'pos_embed', 'cls_token')):
-            depth = 0
-        elif name.startswith('blocks.'):
-            depth = int(name.split('.')[1]) + 1
-        else:
-            depth = num_layers - 1
-        return depth, num_layers
+    def _layer_count(self):
+        return self.depth
+
+    def _layer_id(self, name):
+        """As mmpretrain's VisionTransformer: stem 0, block i -> i + 1, the rest last."""
+        if name.startswith('blocks.'):
+            return int(name.split('.')[1]) + 1
+        return super()._layer_id(name)
 
     def no_weight_decay_keys(self):
         """Parameter-name fragments to exclude from weight decay (mmengine paramwise_cfg custom_keys)."""
