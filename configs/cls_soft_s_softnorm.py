@@ -3,6 +3,10 @@
 # Recipe (the official config/SOFT_Small_norm.yaml): AdamW lr 1e-3, 300 epochs, 10 warm-up epochs, gradient clipping 1,
 # 8 GPUs x 128 images (total batch 1024), 224x224.
 # Reported: top-1 82.4 (SOFT README, SOFT-Small-Norm; SOFT-Small 82.2).
+# Parameters / FLOPs (tools/analysis/get_flops.py, 224x224): ours 38.858M, 7.444 GFLOPs; reported 24M, 3.3G: SOFT
+#   README (fudan-zvg/SOFT). README and code disagree: the official soft_small / soft_norm_small code (depths 1-3-20-4)
+#   builds 38.9M, 7.4 GFLOPs; the preset follows the code. It follows the code because a user loading the official
+#   checkpoint must get the model it was trained as.
 _base_ = './cls_pvt_v2_b2_softmax.py'
 model = dict(
     backbone=dict(

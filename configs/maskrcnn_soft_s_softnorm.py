@@ -5,6 +5,10 @@
 # Reported (SOFT README): SOFT-Small-Norm Mask R-CNN 1x box/mask AP 43.8/40.1.
 # Backbone start: the official SOFT-Small-Norm release (Google Drive, fudan-zvg/SOFT README; its EMA weights, which
 # the official evaluation uses), fetched and converted on load.
+# Parameters / FLOPs (tools/analysis/get_flops.py, 512x512): ours 58.513M, 280.894 GFLOPs; reported 44M: SOFT README
+#   (Mask R-CNN table). README and code disagree: 44M means a backbone near the README's 24M, the code's 38.9M backbone
+#   gives 58.5M; the preset follows the code, and the release file may hold another depth. It follows the code because a
+#   user loading the official checkpoint must get the model it was trained as.
 _base_ = './maskrcnn_pvt_v2_b2_softmax.py'
 model = dict(
     backbone=dict(

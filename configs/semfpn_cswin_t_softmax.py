@@ -1,7 +1,9 @@
 # Semantic FPN, CSwin-T backbone, softmax attention (the baseline), ADE20K 150 classes, crop 512x512.
 # Recipe (ADE20K): AdamW lr 6e-5, wd 0.01, 80k iterations, warm-up + poly, 8 GPUs x 2 images (total batch 16).
-# Reported: no SemanticFPN number in the anchors for CSwin-T.
+# Reported: Semantic FPN CSwin-T mIoU 48.2 (CSWin README, 80k iterations).
 # Backbone start: the official CSWin-T release (ImageNet-1k), fetched and converted on load.
+# Parameters / FLOPs (tools/analysis/get_flops.py, 512x2048): ours 26.059M, 204.587 GFLOPs; reported 26M, 202G:
+#   CSWin README.
 _base_ = [
     './_base_/models/semfpn.py', './_base_/datasets/ade20k_512.py',
     './_base_/schedules/seg_80k_adamw.py', './_base_/default_runtime_seg.py'
