@@ -3,7 +3,9 @@
 Guards: the device check picks CUDA; the detector's mmcv ops run on CUDA through torchvision where mmcv has no CUDA
 ops, with the detections of mmcv's own CPU ops; an --amp float16 run whose kernel overflows float16 stops with one
 line naming the iteration and float16 (the overflow is inf, so it is seen), while bfloat16 (where the GPU has it)
-trains; the SOFT detection set-ups' backbones fit a GPU at 1333x800, 2 images, with activation checkpointing.
+trains; the SOFT detection set-ups' backbones fit a GPU at 1333x800, 2 images, with activation checkpointing; the
+pointwise kernels' CUDA dispatch takes the fused kernel beyond the explicit budget, with the explicit path's numbers
+and memory linear in N; the kernel benchmark times with CUDA events and reports the device's ceilings.
 """
 import os.path as osp
 import sys
@@ -181,3 +183,55 @@ def test_softmax_paths_on_cuda_match_float64_in_outputs_and_gradients(case, reco
     torch.testing.assert_close(out.double().cpu(), ref.detach(), rtol=1e-4, atol=2e-5)
     for a, b in zip(got, want):
         torch.testing.assert_close(a.double().cpu(), b, rtol=1e-4, atol=5e-5)
+
+
+@pytest.mark.parametrize('name', ['poly', 'relu', 'sigmoid'])
+def test_cuda_auto_dispatch_takes_the_fused_kernel_beyond_the_budget_with_the_explicit_numbers(name):
+    """bf16, 4 heads, N = 4096, d = 64: beyond a 64 MiB budget the call runs fused (its launches counted), within the
+    default budget explicitly; the two agree to bf16 rounding in the output and the gradients."""
+    from softfree_mm.attention import build_attention, dispatch
+    from softfree_mm.attention import fused_pointwise as fp
+    g = torch.Generator(device='cuda').manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 4096, 64, device='cuda', generator=g, dtype=torch.bfloat16) for _ in range(3))
+    fused = build_attention(dict(type=name, explicit_mib=64))
+    explicit = build_attention(dict(type=name, impl='explicit'))
+    assert fused.path(q, k, v) == 'fused' and dispatch.rule('cuda', 4, 4096, 4096, 64 * 2 ** 20) == 'fused'
+    dout = torch.randn(1, 4, 4096, 64, device='cuda', generator=g, dtype=torch.bfloat16)
+    results = []
+    for kern in (fused, explicit):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        before = fp.LAUNCHES['forward']
+        out = kern(*leaves)
+        launched = fp.LAUNCHES['forward'] - before
+        results.append((out, torch.autograd.grad(out, leaves, dout), launched))
+    assert results[0][2] == 1 and results[1][2] == 0
+    for a, b in zip([results[0][0], *results[0][1]], [results[1][0], *results[1][1]]):
+        err = float((a.float() - b.float()).abs().max() / b.float().abs().max())
+        assert err < 3e-2, err
+
+
+def test_fused_kernel_memory_grows_linearly_in_the_tokens():
+    """Forward + backward of poly3 at N = 16384 in bf16 (1 head): the peak beyond the inputs is a few (N, d) tensors,
+    far below the 1 GiB one fp32 score matrix would take."""
+    from softfree_mm.analysis.benchmark import peak_memory
+    from softfree_mm.attention import build_attention
+    kern = build_attention(dict(type='poly', degree=3, impl='fused'))
+    leaves = [torch.randn(1, 1, 16384, 64, device='cuda', dtype=torch.bfloat16).requires_grad_(True) for _ in range(3)]
+
+    def step():
+        kern(*leaves).float().sum().backward()
+
+    step()  # the first-use check and the compile
+    peak = peak_memory(step, 'cuda')
+    unit = 16384 * 64 * 2
+    assert peak < 16 * unit, f'{peak / 2 ** 20:.1f} MiB'
+
+
+def test_kernel_benchmark_on_cuda_times_with_events_and_reports_the_ceilings():
+    from softfree_mm.analysis import benchmark as bm
+    ceilings = bm.device_ceilings('cuda', torch.bfloat16, n=2048, copy_mib=64, repeats=3)
+    assert ceilings['timer'] == 'cuda-events' and ceilings['matrix_TFLOP_per_s'] > 1
+    rows = bm.run_kernels(['softmax', 'poly'], [1024], heads=2, dtype=torch.bfloat16, device='cuda', repeats=2,
+                          ceilings=ceilings)
+    for r in rows:
+        assert r['timer'] == 'cuda-events' and 0 < r['of_matrix_rate'] < 2 and r['peak_MiB'] >= 0

@@ -1,9 +1,13 @@
 """What of tools/gpu_check.sh (make gpu-check) and the GPU set-ups runs without a GPU.
 
-Guards: without CUDA the check stops at once with one line and exit status 2, before any set-up; the 8-minute
-budget: a step past its cap or the budget is stopped and reported, later steps are skipped, the summary still comes;
-the kernel benchmark runs in the half dtypes the check uses; the SOFT detection set-ups keep activation checkpointing, and the
-saved-bytes figure the README's memory estimate rests on (about 21.5 bytes per token x landmark x head) holds.
+Guards: without CUDA the check stops at once with one line and exit status 2, before any set-up; the budget: a step
+past its cap or the budget is stopped and reported, later steps are skipped, the summary still comes; the kernel
+benchmark runs as the check calls it (N = 1k..64k, forward + backward, the device ceilings), in the half dtypes;
+the offline set-up (a node without a package index): the wheel list it installs is what --fetch-wheels fetches,
+its errors are one line, mmcv's background build is awaited within the budget and recorded, and the transformers
+metadata shadow turns mmpretrain's multimodal switch off; the SOFT detection set-ups keep activation checkpointing,
+and the saved-bytes figure the README's memory estimate rests on (about 21.5 bytes per token x landmark x head)
+holds.
 """
 import math
 import os
@@ -66,16 +70,105 @@ finish
 
 
 def test_benchmark_runs_as_the_gpu_check_calls_it(capsys):
-    """The gpu check's benchmark command and the table row its summary reads (on CPU, small N, bf16)."""
+    """The gpu check's kernel benchmark command (its arguments but the device and the sizes) and the table rows its
+    summary reads (on CPU, small N, bf16): the ceilings line and a row per kernel with its fractions of them."""
     sys.path.insert(0, osp.join(ROOT, 'tools'))
     import benchmark
     text = open(osp.join(ROOT, 'tools', 'gpu_check.sh')).read()
-    assert 'tools/benchmark.py kernels --device cuda --dtype fp32 --tokens 1024 4096 16384 --backward' in text
+    assert 'GPU_CHECK_TOKENS:-1024 4096 16384 65536' in text
+    assert 'tools/benchmark.py kernels --device cuda --dtype "$HALF" \\\n        --tokens $TOKENS --backward --heads 4 ' \
+           '--head-dim 64 --ceilings --kernels "${KERNELS[@]}"' in text
+    kernels = 'softmax poly relu sigmoid linear inline poly:degree=1 soft:num_landmarks=64'
+    assert f'KERNELS=({kernels})' in text
     assert benchmark.main(['kernels', '--device', 'cpu', '--dtype', 'bf16', '--tokens', '16', '--backward',
-                           '--heads', '4', '--head-dim', '32', '--repeats', '1', '--no-memory',
-                           '--kernels', 'softmax', 'poly', 'soft']) == 0
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith('| soft | 16 | fwdbwd ')]
-    assert len(rows) == 1 and float(rows[0].split('|')[4]) > 0
+                           '--heads', '4', '--head-dim', '64', '--repeats', '1', '--no-memory', '--ceilings',
+                           '--kernels', *kernels.split()]) == 0
+    out = capsys.readouterr().out.splitlines()
+    ceil = [line for line in out if line.startswith('ceilings: ')]
+    assert len(ceil) == 1 and 'matrix_TFLOP_per_s=' in ceil[0] and 'copy_GB_per_s=' in ceil[0]
+    for name in kernels.split():
+        rows = [line for line in out if line.startswith(f'| {name} | 16 | fwdbwd ')]
+        assert len(rows) == 1 and float(rows[0].split('|')[4]) > 0, name
+
+
+def _source(script, tmp_path):
+    return subprocess.run(['bash', '-c', f"source {osp.join(ROOT, 'tools', 'gpu_check.sh')!r}\n{script}"],
+                          capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+
+
+def test_offline_setup_installs_what_fetch_wheels_fetches_and_says_what_is_missing(tmp_path):
+    """The offline set-up installs OFFLINE_BASE, then (after mmcv) OFFLINE_MM, from the folder that --fetch-wheels
+    fills with exactly those two lists and mmcv's source; a Python without torch, or a folder without mmcv's source,
+    is one error line, before anything is installed."""
+    text = open(osp.join(ROOT, 'tools', 'gpu_check.sh')).read()
+    fetch = text[text.index('fetch_wheels() {'):text.index('offline_setup() {')]
+    assert '"${OFFLINE_BASE[@]}" "${OFFLINE_MM[@]}"' in fetch and "'mmcv==2.1.0'" in fetch
+    proc = _source('printf "%s\\n" "${OFFLINE_BASE[@]}" "${OFFLINE_MM[@]}"', tmp_path)
+    names = proc.stdout.split()
+    assert 'mmengine==0.10.7' in names and 'mmdet==3.3.0' in names and 'setuptools<82' in names
+    # mmengine's, mmdet's, mmseg's and mmpretrain's own requirements that a CUDA image lacks are in the list
+    for need in ('addict', 'termcolor', 'yapf', 'pycocotools', 'shapely', 'terminaltables', 'prettytable', 'ftfy',
+                 'mat4py', 'modelindex', 'importlib-metadata'):
+        assert need in names, need
+    no_torch = tmp_path / 'python'
+    no_torch.write_text('#!/bin/sh\nexit 1\n')
+    no_torch.chmod(0o755)
+    proc = _source(f'GPU_CHECK_PYTHON={no_torch} offline_setup {tmp_path} {tmp_path / "venv"}', tmp_path)
+    assert proc.returncode == 2 and proc.stdout.strip() == (
+        f'error: {no_torch} cannot import torch and triton: set GPU_CHECK_PYTHON to the Python that holds them')
+    proc = _source(f'GPU_CHECK_PYTHON={sys.executable} offline_setup {tmp_path} {tmp_path / "venv"}', tmp_path)
+    if proc.returncode == 2 and 'cannot import torch and triton' in proc.stdout:
+        pytest.skip('this Python has no triton')
+    assert proc.returncode == 2 and proc.stdout.strip().startswith(f'error: no mmcv-2.1.0.tar.gz in GPU_CHECK_WHEELS=')
+    assert not (tmp_path / 'venv').exists()
+    usage = subprocess.run(['bash', osp.join(ROOT, 'tools', 'gpu_check.sh'), '--fetch-wheels'], capture_output=True,
+                           text=True, timeout=60)
+    assert usage.returncode == 2 and 'usage: bash tools/gpu_check.sh --fetch-wheels DIR' in usage.stderr
+
+
+def test_the_background_mmcv_build_is_awaited_within_the_budget_and_recorded(tmp_path):
+    """A build that ends in time is a PASS with its last line; one that fails, a FAIL with its error; one that
+    outlives the budget is stopped and a FAIL saying so; the later steps then do not run (finish)."""
+    script = f"""
+GPU_CHECK_BUDGET=3 begin {str(tmp_path / 'out')!r}
+( echo 'mm stack ready' ) > "$OUT/mmcv-build.log" 2>&1 & MMCV_PID=$!
+await_mmcv; echo "ok=$?"
+( echo 'error: Command failed: c++'; exit 2 ) > "$OUT/mmcv-build.log" 2>&1 & MMCV_PID=$!
+await_mmcv; echo "failed=$?"
+sleep 30 & MMCV_PID=$!
+await_mmcv; echo "late=$?"
+"""
+    t0 = time.time()
+    proc = _source(script, tmp_path)
+    assert time.time() - t0 < 20
+    assert 'ok=0' in proc.stdout and 'failed=1' in proc.stdout and 'late=1' in proc.stdout, proc.stdout + proc.stderr
+    lines = (tmp_path / 'out' / 'summary.txt').read_text().splitlines()
+    assert lines[0].split()[:2] == ['mmcv', 'PASS'] and lines[0].endswith('built in the background; mm stack ready')
+    assert lines[1].split()[:2] == ['mmcv', 'FAIL'] and 'error: Command failed: c++' in lines[1]
+    assert lines[2].split()[:2] == ['mmcv', 'FAIL'] and 'not built within the 3s budget' in lines[2]
+
+
+def test_gpu_check_steps_runs_only_the_named_steps():
+    text = open(osp.join(ROOT, 'tools', 'gpu_check.sh')).read()
+    for name in ('cuda', 'fused', 'bench-bf16', 'bench-fp32', 'detector', 'tests'):
+        assert f'wanted {name} ' in text or name == 'cuda', name
+    proc = subprocess.run(['bash', '-c', f"source {osp.join(ROOT, 'tools', 'gpu_check.sh')!r}; "
+                           'GPU_CHECK_STEPS="detector tests"; for s in fused detector tests; do wanted $s && echo $s; '
+                           'done'], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split() == ['detector', 'tests']
+
+
+def test_transformers_metadata_shadow_turns_mmpretrains_multimodal_switch_off(tmp_path):
+    """With the shadow entry first on the path, mmpretrain's own requirement check finds transformers 0.0.0 (below
+    its 4.28), so its multimodal code (which fails to import beside a current transformers) stays off."""
+    site = tmp_path / 'site'
+    proc = _source(f'shadow_transformers {site}', tmp_path)
+    assert proc.returncode == 0 and 'version 0.0.0' in proc.stdout
+    code = ('import sys; sys.path.insert(0, sys.argv[1]); import importlib_metadata as m; '
+            'from mmpretrain.utils.dependency import satisfy_requirement as s; '
+            "print(m.version('transformers'), s('transformers>=4.28.0'))")
+    out = subprocess.run([sys.executable, '-c', code, str(site)], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ['0.0.0', 'False'], out.stderr[-2000:]
 
 
 def test_setup_refuses_a_bad_mmcv_cuda_value_and_its_op_check_runs_the_ops(tmp_path, monkeypatch, capsys):

@@ -151,3 +151,79 @@ def test_bad_input_is_one_line_and_exit_status_2(argv, message, capsys):
     assert _tool().main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith('error: ') and message in err and '\n' not in err
+
+
+# ------------------------------------------------------------------------------------------- the CUDA additions
+def test_timer_is_cuda_events_on_cuda_and_the_process_clock_only_when_asked():
+    assert bm.timer('cuda') == bm.timer('cuda:1') == 'cuda-events'
+    assert bm.timer('cpu') == 'perf-counter' and bm.timer('cpu', 'cpu') == 'process-time'
+
+
+def test_device_ceilings_measure_a_matrix_rate_and_a_copy_bandwidth():
+    """On CPU at small sizes (the GPU check runs n = 8192 and 1 GiB): positive rates, the flop and byte counts the
+    formulas say (2 n^3 for the product; read + write for the copy)."""
+    c = bm.device_ceilings('cpu', torch.float32, n=128, copy_mib=8, repeats=2)
+    assert c['matrix_n'] == 128 and c['copy_MiB'] == 8 and c['timer'] == 'perf-counter'
+    assert c['matrix_TFLOP_per_s'] > 0 and c['copy_GB_per_s'] > 0
+    assert bm.io_bytes('fwd', 2, 3, 100, 64, torch.bfloat16) == 4 * 2 * 3 * 100 * 64 * 2
+    assert bm.io_bytes('fwdbwd', 1, 1, 10, 8, torch.float32) == 11 * 10 * 8 * 4
+
+
+def test_kernel_rows_report_the_fractions_of_the_ceilings():
+    ceilings = dict(matrix_TFLOP_per_s=2.0, copy_GB_per_s=10.0)
+    rows = bm.run_kernels(['softmax', 'linear'], [64], head_dim=8, repeats=1, memory=False, ceilings=ceilings)
+    for r in rows:
+        assert r['of_matrix_rate'] == pytest.approx(r['TFLOP_per_s'] / 2.0)
+        assert r['of_copy_bandwidth'] == pytest.approx(r['GB_per_s'] / 10.0)
+        assert r['GB_per_s'] == pytest.approx(bm.io_bytes(r['pass'], 1, 1, 64, 8, torch.float32) / r['ms'] * 1e-6)
+
+
+def test_detector_configs_differ_from_mmdets_only_in_the_backbone():
+    """So that the detector mode compares backbones: each backbone's ours / mmdet pair has the same neck, heads and
+    preprocessor; mmdet's side is mmdet's own class; no pretrained weights are fetched; no SyncBN (one process)."""
+    assert set(bm.DETECTORS) == {f'{b}:{k}' for b in ('swin_t', 'pvt_v2_b2')
+                                 for k in ('softmax', 'poly3', 'inline', 'mmdet')}
+    for backbone, ref_type in (('swin_t', 'mmdet.SwinTransformer'), ('pvt_v2_b2', 'mmdet.PyramidVisionTransformerV2')):
+        ref = bm.detector_config(f'{backbone}:mmdet').model
+        for kernel in ('softmax', 'poly3', 'inline'):
+            ours = bm.detector_config(f'{backbone}:{kernel}').model
+            assert ours.backbone.type.startswith('SoftFree') and 'init_cfg' not in ours.backbone
+            for part in ('neck', 'rpn_head', 'roi_head', 'data_preprocessor', 'train_cfg', 'test_cfg'):
+                assert ours[part] == ref[part], (backbone, kernel, part)
+        assert ref.backbone.type == ref_type and ref.backbone.init_cfg is None
+        assert 'SyncBN' not in str(ref)
+    with pytest.raises(ValueError, match="unknown detector 'swin_t:poly2'; valid: swin_t:softmax"):
+        bm.detector_config('swin_t:poly2')
+
+
+def test_detector_point_runs_a_training_step_and_reports_speed_and_memory():
+    """One step (loss, backward, AdamW) of the PVTv2-b2 poly3 Mask R-CNN on one 64 x 96 image, in-process (the mode
+    runs each detector in a subprocess of its own): the row has what the table reads."""
+    row = bm.detector_point('pvt_v2_b2:poly3', size=(64, 96), batch=1, repeats=1, warmup=0)
+    assert row['detector'] == 'pvt_v2_b2:poly3' and row['impl'] == 'ours' and row['size'] == '64x96'
+    assert row['images_per_s'] == pytest.approx(1e3 / row['step_ms'])
+    assert row['peak_MiB'] > 0 and 40 < row['params_M'] < 50 and math.isfinite(row['loss'])
+
+
+def test_detector_ratios_are_to_mmdets_backbone_and_to_our_softmax():
+    rows = [dict(detector='swin_t:mmdet', kernel='mmdet', images_per_s=10.0, peak_MiB=100.0),
+            dict(detector='swin_t:softmax', kernel='softmax', images_per_s=12.0, peak_MiB=90.0),
+            dict(detector='swin_t:poly3', kernel='poly3', images_per_s=9.0, peak_MiB=80.0),
+            dict(detector='pvt_v2_b2:softmax', error='CUDA out of memory')]
+    out = {r['detector']: r for r in bm.detector_ratios(rows)}
+    assert out['swin_t:softmax']['speed_vs_mmdet'] == pytest.approx(1.2)
+    assert out['swin_t:softmax']['memory_vs_mmdet'] == pytest.approx(0.9)
+    assert out['swin_t:poly3']['speed_vs_softmax'] == pytest.approx(0.75)
+    assert 'speed_vs_mmdet' not in out['swin_t:mmdet'] and 'speed_vs_softmax' not in out['swin_t:softmax']
+    assert 'speed_vs_mmdet' not in out['pvt_v2_b2:softmax']
+
+
+@pytest.mark.parametrize('argv,message', [
+    (['detector', '--detectors', 'swin_t:flash'], "detector: unknown detector(s) ['swin_t:flash']"),
+    (['detector', '--size', '800x1200'], 'detector: --size must be a multiple of 32 each way'),
+    (['detector', '--batch', '0'], '--batch must be >= 1, got 0'),
+])
+def test_detector_mode_bad_input_is_one_line_and_exit_status_2(argv, message, capsys):
+    assert _tool().main(argv + ['--device', 'cpu']) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith('error: ') and message in err and '\n' not in err

@@ -8,6 +8,9 @@
     python tools/benchmark.py compare --backbones swin_t pvt_v2_b2 xcit_s12 --size 512x768 [--repeats 11]
     python tools/benchmark.py flops --backbones swin_t pvt_v2_b2 xcit_s12 cswin_t --kernels softmax poly
         --sizes 224x224 800x1216
+    python tools/benchmark.py detector --detectors swin_t:softmax swin_t:mmdet ... [--size 800x1216] [--batch 2]
+        [--dtype fp32|bf16] [--repeats 3]
+    python tools/benchmark.py kernels --ceilings ...   (also the device's matrix rate and copy bandwidth)
 
 kernels: one attention call per kernel and N (B x heads x N x head_dim): forward latency (no grad) and, with
   --backward, forward + backward; peak memory beyond the inputs (CPU: torch profiler's allocation record; CUDA:
@@ -21,6 +24,12 @@ compare: our softmax backbones against mmdet's SwinTransformer / PyramidVisionTr
   median over repeats of reference time / ours within each repeat (>= 1: ours at least as fast), with the range
   of those per-repeat ratios; memory ratio = ours / reference (<= 1: no more).
 flops: GFLOPs (attention included) and parameters of backbone x kernel x size, no timing.
+detector: one Mask R-CNN training step (loss, backward, AdamW step) on 2 random images of 800x1216 with our
+  backbones (swin_t / pvt_v2_b2 with softmax, poly3, inline) and with mmdet's own SwinTransformer /
+  PyramidVisionTransformerV2 in the same detector (backbone:mmdet), each in a fresh subprocess: images/s, peak
+  memory, and the ratios to mmdet's backbone and to our softmax one. Names: backbone:kernel, default all.
+--ceilings (kernels): measures the device's dense matrix rate (n = 8192, the run's dtype) and copy bandwidth first,
+  and reports each kernel's fraction of them (of_matrix_rate, of_copy_bandwidth). On CUDA, times are CUDA events.
 
 Kernel specs: a name, or name:arg=value,... (poly:degree=1, soft:num_landmarks=64). Bad input: one line, exit 2.
 CUDA is used when available (--device cpu to force the CPU); threads are torch's default (set OMP_NUM_THREADS).
@@ -34,7 +43,7 @@ import tool_warnings  # noqa: E402,F401  (tools/tool_warnings.py: before the Ope
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 
-MODES = ('kernels', 'backbone', 'compare', 'flops')
+MODES = ('kernels', 'backbone', 'compare', 'flops', 'detector')
 
 
 def parse_kernel(text):
@@ -76,12 +85,15 @@ def build_parser(default_device):
     p.add_argument('--sides', nargs='+', type=int, default=None, help='kernels: token grid sides (N = side^2)')
     p.add_argument('--heads', type=int, default=None)
     p.add_argument('--head-dim', type=int, default=None)
-    p.add_argument('--batch', type=int, default=1)
+    p.add_argument('--batch', type=int, default=None, help='images / sequences (default 1; detector: 2)')
     p.add_argument('--backward', action='store_true', help='kernels: also forward + backward')
     p.add_argument('--no-memory', action='store_true', help='kernels: skip the memory measurements')
     p.add_argument('--backbones', nargs='+', default=None)
     p.add_argument('--sizes', nargs='+', default=None, help='backbone / flops: image sizes HxW')
-    p.add_argument('--size', default='512x768', help='compare: image size HxW')
+    p.add_argument('--size', default=None, help='compare (default 512x768) / detector (default 800x1216): HxW')
+    p.add_argument('--detectors', nargs='+', default=None, help='detector: backbone:kernel names (default all)')
+    p.add_argument('--ceilings', action='store_true', help="kernels: measure the device's matrix rate and copy "
+                                                           'bandwidth and report the fractions reached')
     p.add_argument('--no-flops', action='store_true', help='backbone: skip the FLOP count')
     p.add_argument('--dtype', default='fp32', help='fp32, bf16 or fp16 (backbones: autocast)')
     p.add_argument('--repeats', type=int, default=3)
@@ -118,6 +130,9 @@ def main(argv=None):
         return fail('--clock cpu measures CPU time: use it with --device cpu')
     if args.repeats < 1:
         return fail(f'--repeats must be >= 1, got {args.repeats}')
+    if args.batch is not None and args.batch < 1:
+        return fail(f'--batch must be >= 1, got {args.batch}')
+    args.batch = args.batch or (2 if args.mode == 'detector' else 1)
     try:
         kernels = [parse_kernel(k) for k in (args.kernels or [])]
         for k in kernels:
@@ -148,10 +163,16 @@ def main(argv=None):
             return fail(f'token counts must be >= 1, got {tokens}')
         kernels = kernels or ['softmax', 'poly', 'relu', 'sigmoid', 'linear', 'taylor', 'inline']
         passes = ('fwd', 'fwdbwd') if args.backward else ('fwd',)
+        ceilings = None
+        if args.ceilings:
+            ceilings = bm.device_ceilings(args.device, bm.DTYPES[args.dtype],
+                                          **({} if args.device.startswith('cuda') else dict(n=512, copy_mib=64)))
+            print('ceilings: ' + ', '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}'
+                                           for k, v in ceilings.items()))
         rows = bm.run_kernels(kernels, tokens, heads=args.heads or 1, head_dim=args.head_dim or 64,
                               batch=args.batch, dtype=bm.DTYPES[args.dtype], device=args.device,
                               repeats=args.repeats, passes=passes, memory=not args.no_memory, log=progress,
-                              clock=args.clock)
+                              clock=args.clock, ceilings=ceilings)
         r0 = rows[0]
         show(rows, bm.KERNEL_COLUMNS, f"kernels: B={r0['batch']} heads={r0['heads']} head_dim={r0['head_dim']} "
                                       f"{r0['dtype']}")
@@ -175,13 +196,28 @@ def main(argv=None):
                                     device=args.device, repeats=args.repeats, flops=not args.no_flops, log=progress,
                                     clock=args.clock)
             show(rows, bm.BACKBONE_COLUMNS, f'backbones: batch={args.batch} {args.dtype}, one subprocess a point')
+    elif args.mode == 'detector':
+        names = args.detectors or list(bm.DETECTORS)
+        bad = [n for n in names if n not in bm.DETECTORS]
+        if bad:
+            return fail(f'detector: unknown detector(s) {bad}; valid: {", ".join(bm.DETECTORS)}')
+        try:
+            size = parse_size(args.size or 'x'.join(map(str, bm.DETECTOR_SIZE)))
+        except ValueError as e:
+            return fail(str(e))
+        if size[0] % 32 or size[1] % 32:
+            return fail(f'detector: --size must be a multiple of 32 each way (the FPN strides), got {args.size}')
+        rows = bm.run_detectors(names, size=size, batch=args.batch, dtype=args.dtype,
+                                device=args.device, repeats=args.repeats, log=progress)
+        show(rows, bm.DETECTOR_COLUMNS, f'Mask R-CNN training step, batch {args.batch}, {args.dtype}, one '
+                                        'subprocess a detector')
     else:
         backbones = args.backbones or ['swin_t', 'pvt_v2_b2', 'xcit_s12']
         bad = [b for b in backbones if b not in bm.REFERENCES]
         if bad:
             return fail(f'compare: no reference for {bad}; valid: {", ".join(bm.REFERENCES)}')
         try:
-            size = parse_size(args.size)
+            size = parse_size(args.size or '512x768')
         except ValueError as e:
             return fail(str(e))
         rows = bm.compare(backbones, size=size, batch=args.batch, repeats=args.repeats, device=args.device,

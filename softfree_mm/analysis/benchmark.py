@@ -1,6 +1,6 @@
 """Speed, memory and FLOPs of attention kernels and backbones: the code behind ``tools/benchmark.py``.
 
-Three modes, each measured so that the ratios come from one run on one machine:
+The modes, each measured so that the ratios come from one run on one machine:
 
 * ``kernels``: one attention call (B, h, N, d) per kernel and token count: forward (no grad) and forward + backward
   latency (median over repeats, the kernels alternating within each repeat), the peak memory a call adds on top of
@@ -11,6 +11,12 @@ Three modes, each measured so that the ratios come from one run on one machine:
   latency, images/s, peak memory, parameters and GFLOPs (``analysis/flops.py``).
 * ``compare``: our softmax backbones against the reference implementations (mmdet's Swin and PVTv2, timm's XCiT)
   with the same weights, outputs checked equal, the two models alternating in one process.
+* ``detector``: one full Mask R-CNN training step (loss, backward, AdamW step) with our backbones (softmax, poly3,
+  inline) and with mmdet's own Swin-T / PVTv2-b2 in the same detector, each in a fresh subprocess: images/s and
+  peak memory, and the ratios the GPU targets read.
+
+On CUDA, times come from CUDA events around each call; ``device_ceilings`` measures the GPU's own matrix rate
+and copy bandwidth, against which the kernels' TFLOP/s and GB/s are reported.
 
 Peak memory: on CUDA the allocator's ``max_memory_allocated``; on CPU the allocations torch's profiler records
 (``profile_memory=True``: every allocation and free of the CPU allocator), whose running sum's maximum is the peak.
@@ -42,14 +48,37 @@ def synchronize(device) -> None:
 CLOCKS = ('wall', 'cpu')
 
 
-def timed(fn: Callable, device, clock: str = 'wall') -> float:
-    """Seconds of one call: wall time (device work included), or ``clock='cpu'``: this process's CPU time (on a
-    machine shared with other jobs, with one thread, it counts only our own work; with several threads it also
-    counts their spinning; CPU devices only)."""
+def timer(device, clock: str = 'wall') -> str:
+    """What :func:`timed` measures with: 'cuda-events' on a CUDA device, else 'process-time' (clock='cpu') or
+    'perf-counter'."""
     if clock == 'cpu':
+        return 'process-time'
+    return 'cuda-events' if torch.device(device).type == 'cuda' else 'perf-counter'
+
+
+def cuda_event_seconds(fn: Callable, device) -> float:
+    """Seconds of the GPU work of one call between two CUDA events on the current stream (the queue is drained
+    first, so the start event is not waiting behind earlier work)."""
+    synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def timed(fn: Callable, device, clock: str = 'wall') -> float:
+    """Seconds of one call: wall time (device work included; on CUDA between CUDA events), or ``clock='cpu'``:
+    this process's CPU time (on a machine shared with other jobs, with one thread, it counts only our own work;
+    with several threads it also counts their spinning; CPU devices only)."""
+    how = timer(device, clock)
+    if how == 'process-time':
         t0 = time.process_time()
         fn()
         return time.process_time() - t0
+    if how == 'cuda-events':
+        return cuda_event_seconds(fn, device)
     synchronize(device)
     t0 = time.perf_counter()
     fn()
@@ -172,10 +201,44 @@ def _side(n: int) -> Tuple[int, int]:
     return h, n // h
 
 
+# tensors of (B, h, N, d) a pass must read or write at the least: q, k, v, out (forward); then dout, q, k, v in and
+# dq, dk, dv out (backward). Their bytes over the time give the kernels' achieved bandwidth (a lower bound).
+IO_TENSORS = {'fwd': 4, 'fwdbwd': 11}
+
+
+def io_bytes(p: str, batch: int, heads: int, n: int, head_dim: int, dtype: torch.dtype) -> int:
+    return IO_TENSORS[p] * batch * heads * n * head_dim * torch.empty(0, dtype=dtype).element_size()
+
+
+def device_ceilings(device, dtype: torch.dtype = torch.bfloat16, n: int = 8192, copy_mib: int = 1024,
+                    repeats: int = 10) -> Dict:
+    """The device's own ceilings, measured here: the dense matrix rate of an n x n x n product in ``dtype``
+    (TFLOP/s, 2 n^3 flops) and the bandwidth of a device-to-device copy of ``copy_mib`` MiB (GB/s, bytes read
+    and written), each the median of ``repeats`` timed calls after two warm-ups."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    src = torch.empty(copy_mib * 2 ** 20, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+
+    def best(fn):
+        for _ in range(2):
+            fn()
+        return statistics.median(timed(fn, device) for _ in range(repeats))
+
+    mm = best(lambda: a @ b)
+    cp = best(lambda: dst.copy_(src))
+    return dict(device=str(device), dtype=str(dtype).replace('torch.', ''), matrix_n=n,
+                matrix_TFLOP_per_s=2 * n ** 3 / mm / 1e12, copy_MiB=copy_mib,
+                copy_GB_per_s=2 * src.numel() / cp / 1e9, timer=timer(device))
+
+
 def run_kernels(kernels: Sequence, tokens: Sequence[int], heads: int = 1, head_dim: int = 64, batch: int = 1,
                 dtype: torch.dtype = torch.float32, device='cpu', repeats: int = 3, passes=PASSES,
-                memory: bool = True, reference='softmax', log=None, clock: str = 'wall') -> List[Dict]:
-    """Rows of {kernel, N, pass, ms, peak_MiB, saved_MiB, GFLOPs, GFLOP_per_s, time_ratio, memory_ratio}.
+                memory: bool = True, reference='softmax', log=None, clock: str = 'wall',
+                ceilings: Optional[Dict] = None) -> List[Dict]:
+    """Rows of {kernel, N, pass, ms, peak_MiB, saved_MiB, GFLOPs, GFLOP_per_s, TFLOP_per_s, GB_per_s,
+    time_ratio, memory_ratio}; with ``ceilings`` (:func:`device_ceilings`) also ``of_matrix_rate`` and
+    ``of_copy_bandwidth``: the fractions of the device's measured matrix rate and copy bandwidth reached.
 
     At each N every kernel is warmed up, then timed ``repeats`` times with the kernels alternating (the order
     rotates every repeat); memory is measured once (it is deterministic). Ratios are against ``reference`` at the
@@ -219,6 +282,12 @@ def run_kernels(kernels: Sequence, tokens: Sequence[int], heads: int = 1, head_d
                            clock=clock, **{'pass': p}, ms=sec * 1e3, GFLOPs=2 * macs / 1e9 * (1 if p == 'fwd' else 3),
                            _times=times[(i, p)])
                 row['GFLOP_per_s'] = row['GFLOPs'] / sec
+                row['TFLOP_per_s'] = row['GFLOP_per_s'] / 1e3
+                row['GB_per_s'] = io_bytes(p, batch, heads, n, head_dim, dtype) / sec / 1e9
+                if ceilings:
+                    row['of_matrix_rate'] = row['TFLOP_per_s'] / ceilings['matrix_TFLOP_per_s']
+                    row['of_copy_bandwidth'] = row['GB_per_s'] / ceilings['copy_GB_per_s']
+                row['timer'] = timer(device, clock)
                 if memory:
                     row['peak_MiB'] = peak_memory(lambda: fns[p](kern), device) / 2 ** 20
                     if p == 'fwdbwd':
@@ -227,6 +296,8 @@ def run_kernels(kernels: Sequence, tokens: Sequence[int], heads: int = 1, head_d
                 if log:
                     log(row)
         del kerns, q, k, v, leaves
+        if torch.device(device).type == 'cuda':
+            torch.cuda.empty_cache()  # the next N starts from the allocator's base again
     _add_ratios(rows, reference)
     for r in rows:
         del r['_times']
@@ -289,7 +360,7 @@ def markdown(rows: List[Dict], columns: Sequence[str]) -> str:
 
 
 KERNEL_COLUMNS = ('kernel', 'N', 'pass', 'ms', 'time_ratio', 'time_ratio_range', 'peak_MiB', 'memory_ratio', 'saved_MiB',
-                  'GFLOP_per_s')
+                  'GFLOP_per_s', 'of_matrix_rate', 'GB_per_s', 'of_copy_bandwidth')
 
 
 def write_csv(rows: List[Dict], path: str) -> None:
@@ -655,10 +726,191 @@ def kept_for_backward(model: torch.nn.Module, x: torch.Tensor) -> int:
         model.train(was)
 
 
-if __name__ == '__main__':  # python -m softfree_mm.analysis.benchmark point '{json}' (one backbone point)
-    if len(sys.argv) != 3 or sys.argv[1] != 'point':
-        sys.exit('usage: python -m softfree_mm.analysis.benchmark point JSON')
+# ------------------------------------------------------------------------------------------- detector
+# Mask R-CNN + FPN as configs/maskrcnn_*.py build it; 'mmdet' is the same detector (neck, heads, recipe) with
+# mmdet's own backbone in place of ours, so the ratios compare backbones only. mmdet's Swin-T is its config's
+# (mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py) backbone; its PVTv2-b2 is PyramidVisionTransformerV2 with b2's layers.
+MMDET_BACKBONES = {
+    'swin_t': dict(type='mmdet.SwinTransformer', embed_dims=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24],
+                   window_size=7, mlp_ratio=4, qkv_bias=True, qk_scale=None, drop_rate=0.0, attn_drop_rate=0.0,
+                   drop_path_rate=0.2, patch_norm=True, out_indices=(0, 1, 2, 3), with_cp=False,
+                   convert_weights=True, init_cfg=None),
+    'pvt_v2_b2': dict(type='mmdet.PyramidVisionTransformerV2', embed_dims=64, num_layers=[3, 4, 6, 3],
+                      drop_path_rate=0.1, init_cfg=None),
+}
+DETECTOR_KERNELS = ('softmax', 'poly3', 'inline')
+DETECTORS = tuple(f'{b}:{k}' for b in MMDET_BACKBONES for k in DETECTOR_KERNELS + ('mmdet',))
+DETECTOR_SIZE = (800, 1216)  # the official Mask R-CNN scale (1333 x 800) as the pipelines pad it, landscape
+
+
+def detector_config(name: str):
+    """The model config of a ``backbone:kernel`` detector (one of DETECTORS), without pretrained weights, with
+    BatchNorm in place of SyncBN (one process)."""
+    import os.path as osp
+
+    from ..engine.launch import load_config
+
+    backbone, _, kernel = name.partition(':')
+    if name not in DETECTORS:
+        raise ValueError(f"detector: unknown detector {name!r}; valid: {', '.join(DETECTORS)}")
+    root = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+    own = 'softmax' if kernel == 'mmdet' else kernel
+    cfg = load_config(osp.join(root, 'configs', f'maskrcnn_{backbone}_{own}.py'))
+    if kernel == 'mmdet':
+        cfg.model.backbone = dict(MMDET_BACKBONES[backbone])
+    else:
+        cfg.model.backbone.pop('init_cfg', None)
+
+    def no_sync(node):
+        if isinstance(node, dict):
+            for key, val in node.items():
+                if key == 'norm_cfg' and isinstance(val, dict) and val.get('type') == 'SyncBN':
+                    node[key] = dict(val, type='BN')
+                else:
+                    no_sync(val)
+        elif isinstance(node, (list, tuple)):
+            for val in node:
+                no_sync(val)
+
+    no_sync(cfg.model)
+    return cfg
+
+
+def detector_batch(size: Tuple[int, int], batch: int, seed: int = 0):
+    """``batch`` random images of ``size`` (uint8, as the pipelines give them) with 5 ground-truth boxes each and
+    masks that do not fill their boxes."""
+    import numpy as np
+    from mmdet.structures import DetDataSample
+    from mmdet.structures.mask import BitmapMasks
+    from mmengine.structures import InstanceData
+
+    g = torch.Generator().manual_seed(seed)
+    h, w = size
+    inputs, samples = [], []
+    for _ in range(batch):
+        inputs.append(torch.randint(0, 256, (3, h, w), generator=g, dtype=torch.uint8))
+        s = DetDataSample(metainfo=dict(img_shape=(h, w), ori_shape=(h, w), scale_factor=(1.0, 1.0),
+                                        pad_shape=(h, w), batch_input_shape=(h, w)))
+        xy = torch.rand(5, 2, generator=g) * torch.tensor([w * 0.6, h * 0.6])
+        wh = (0.1 + 0.3 * torch.rand(5, 2, generator=g)) * torch.tensor([w, h])
+        boxes = torch.cat([xy, xy + wh], 1)
+        masks = np.zeros((5, h, w), np.uint8)
+        for i, (x1, y1, x2, y2) in enumerate(boxes.round().int().tolist()):
+            masks[i, y1:y2, x1:(x1 + x2) // 2 + 1] = 1
+        s.gt_instances = InstanceData(bboxes=boxes, labels=torch.randint(0, 80, (5,), generator=g),
+                                      masks=BitmapMasks(masks, h, w))
+        samples.append(s)
+    return dict(inputs=inputs, data_samples=samples)
+
+
+def detector_point(name: str, size: Tuple[int, int] = DETECTOR_SIZE, batch: int = 2, dtype: str = 'fp32',
+                   device='cpu', repeats: int = 3, warmup: int = 2) -> Dict:
+    """One training step of a detector, measured in this process (``detector`` mode runs each in a fresh one):
+    data preprocessing, the loss, backward and an AdamW step (lr 1e-4, wd 0.05), ``warmup`` steps first;
+    the median step time over ``repeats``, images/s, and the allocator's peak over the timed steps (weights,
+    optimizer state and activations: everything the step holds; CPU: the profiler's peak of one step beyond what
+    was allocated before it)."""
+    import importlib
+
+    import softfree_mm  # noqa: F401  (registers, applies compat)
+
+    cfg = detector_config(name)
+    importlib.import_module('mmdet.utils').register_all_modules(init_default_scope=True)
+    from mmdet.registry import MODELS
+
+    torch.manual_seed(0)
+    model = MODELS.build(cfg.model)
+    model.init_weights()
+    model = model.to(device).train()
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05)
+    dt = DTYPES[dtype]
+    amp = (torch.autocast(torch.device(device).type, dtype=dt) if dt in (torch.bfloat16, torch.float16)
+           else contextlib.nullcontext())
+    raw = detector_batch(size, batch)
+    last = [float('nan')]
+
+    def step():
+        data = model.data_preprocessor(raw, True)
+        with amp:
+            losses = model(**data, mode='loss')
+        total = sum(v.sum() if torch.is_tensor(v) else sum(x.sum() for x in v)
+                    for k, v in losses.items() if 'loss' in k)
+        optim.zero_grad(set_to_none=True)
+        total.float().backward()
+        optim.step()
+        last[0] = float(total.detach())
+
+    for _ in range(warmup):
+        step()
+    dev = torch.device(device)
+    if dev.type == 'cuda':
+        synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+    times = [timed(step, device) for _ in range(repeats)]
+    if dev.type == 'cuda':
+        peak = torch.cuda.max_memory_allocated(dev)
+    else:
+        peak = peak_memory(step, device)
+    backbone, _, kernel = name.partition(':')
+    sec = statistics.median(times)
+    return dict(detector=name, backbone=backbone, kernel=kernel, impl='mmdet' if kernel == 'mmdet' else 'ours',
+                size=f'{size[0]}x{size[1]}', batch=batch, dtype=dtype, device=str(device), timer=timer(device),
+                step_ms=sec * 1e3, images_per_s=batch / sec, peak_MiB=peak / 2 ** 20,
+                params_M=sum(p.numel() for p in model.parameters()) / 1e6, loss=last[0])
+
+
+def run_detectors(names: Sequence[str], size: Tuple[int, int] = DETECTOR_SIZE, batch: int = 2, dtype='fp32',
+                  device='cpu', repeats: int = 3, log=None) -> List[Dict]:
+    """Every detector in a fresh Python process (one's peak memory and caches do not reach the next), then the
+    ratios (:func:`detector_ratios`)."""
+    rows = []
+    for name in names:
+        spec = dict(name=name, size=list(size), batch=batch, dtype=dtype, device=str(device), repeats=repeats)
+        proc = subprocess.run([sys.executable, '-m', 'softfree_mm.analysis.benchmark', 'detector',
+                               json.dumps(spec)], capture_output=True, text=True,
+                              env=dict(os.environ, PYTHONWARNINGS='ignore'))
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith('{')]
+        if proc.returncode != 0 or not lines:
+            err = (proc.stderr.strip().splitlines() or ['no output'])[-1]
+            row = dict(detector=name, size=f'{size[0]}x{size[1]}', error=err)
+        else:
+            row = json.loads(lines[-1])
+        rows.append(row)
+        if log:
+            log(row)
+    return detector_ratios(rows)
+
+
+def detector_ratios(rows: List[Dict]) -> List[Dict]:
+    """Per row: ``speed_vs_mmdet`` (its images/s over mmdet's backbone's in the same detector) and
+    ``memory_vs_mmdet`` (its peak over mmdet's); ``speed_vs_softmax`` (over our softmax backbone's). The targets:
+    softmax >= 1.0 of mmdet with no more memory; poly3 >= 0.8 of our softmax."""
+    by = {r['detector']: r for r in rows if 'images_per_s' in r}
+    for r in rows:
+        if 'images_per_s' not in r:
+            continue
+        backbone = r['detector'].split(':')[0]
+        ref, soft = by.get(f'{backbone}:mmdet'), by.get(f'{backbone}:softmax')
+        if ref is not None and r is not ref:
+            r['speed_vs_mmdet'] = r['images_per_s'] / ref['images_per_s']
+            r['memory_vs_mmdet'] = r['peak_MiB'] / ref['peak_MiB']
+        if soft is not None and r is not soft and r['kernel'] != 'mmdet':
+            r['speed_vs_softmax'] = r['images_per_s'] / soft['images_per_s']
+    return rows
+
+
+DETECTOR_COLUMNS = ('detector', 'size', 'batch', 'dtype', 'step_ms', 'images_per_s', 'peak_MiB', 'speed_vs_mmdet',
+                    'memory_vs_mmdet', 'speed_vs_softmax', 'params_M', 'error')
+
+
+if __name__ == '__main__':  # python -m softfree_mm.analysis.benchmark point|detector '{json}' (one point)
+    if len(sys.argv) != 3 or sys.argv[1] not in ('point', 'detector'):
+        sys.exit('usage: python -m softfree_mm.analysis.benchmark point|detector JSON')
     spec = json.loads(sys.argv[2])
-    res = backbone_point(spec['name'], spec['kernel'], tuple(spec['size']), spec['batch'], spec['dtype'],
-                         spec['device'], spec['repeats'], spec['flops'], spec.get('clock', 'wall'))
+    if sys.argv[1] == 'detector':
+        res = detector_point(spec['name'], tuple(spec['size']), spec['batch'], spec['dtype'], spec['device'],
+                             spec['repeats'])
+    else:
+        res = backbone_point(spec['name'], spec['kernel'], tuple(spec['size']), spec['batch'], spec['dtype'],
+                             spec['device'], spec['repeats'], spec['flops'], spec.get('clock', 'wall'))
     print(json.dumps(res))
