@@ -137,7 +137,8 @@ def test_study_tables_equal_the_runs_logs_and_a_refused_kernel_is_a_failed_row(d
         assert s['n'] == '1' and s['top1_final'] == r['top1_final'] and s['top1_final_std'] == ''
         p = float(r['top1_final'])
         se = 100 * math.sqrt(p / 100 * (1 - p / 100) / VAL_IMAGES)
-        line = (f"| {what} | `{kernel}` | 1 | {p:.1f} | {float(r['top1_best']):.1f} | {se:.1f} | "
+        diff = 'reference' if kernel == 'softmax' else f"{p - float(rows['softmax']['top1_final']):+.1f}"
+        line = (f"| {what} | `{kernel}` | 1 | {p:.1f} | {float(r['top1_best']):.1f} | {se:.1f} | {diff} | "
                 f"{float(r['loss_final']):.3f} | {float(r['s_per_iter']):.3f} | {float(r['peak_mem_mib']):.0f} |")
         assert line in table, (line, table)
     assert "| SOFT | `soft` | 0 | failed: SoftFreeXCiT: attention kernel 'soft'" in table
@@ -184,7 +185,10 @@ def test_summary_is_mean_and_sample_std_over_seeds_and_failed_seeds_are_counted(
                                      (2, 55.0, 58.6, 1.7, 0.6, 920.0))]
     rows.append(dict(config='c', kernel='poly', seed=3, status='failed', error='error: x.py: NaN loss',
                      top1_final=None, top1_best=None, loss_final=None, s_per_iter=None, peak_mem_mib=None))
-    e, = summarise(rows, {'poly': 'poly x^3'})
+    rows += [dict(config='c', kernel='softmax', seed=s, status='ok', error='', top1_final=f, top1_best=f,
+                  loss_final=1.0, s_per_iter=0.5, peak_mem_mib=900.0) for s, f in ((0, 66.0), (1, 69.0))]
+    e, ref = summarise(rows, {'poly': 'poly x^3'})
+    assert ref['kernel'] == 'softmax' and ref['what'] == 'softmax' and ref['n'] == 2
     finals = [61.2, 70.4, 55.0]
     mean = sum(finals) / 3
     std = math.sqrt(sum((x - mean) ** 2 for x in finals) / 2)  # n - 1
@@ -193,9 +197,11 @@ def test_summary_is_mean_and_sample_std_over_seeds_and_failed_seeds_are_counted(
     assert e['top1_best_std'] == pytest.approx(statistics.stdev([64.0, 70.4, 58.6]))
     assert e['s_per_iter'] == pytest.approx(0.6) and e['peak_mem_mib'] == pytest.approx(910.0)
     assert standard_error(mean, 500) == pytest.approx(100 * math.sqrt(mean / 100 * (1 - mean / 100) / 500))
-    table = markdown([e], {'c': 500})
+    table = markdown([e, ref], {'c': 500})
+    d_se = math.sqrt(std ** 2 / 3 + statistics.stdev([66.0, 69.0]) ** 2 / 2)
     assert (f'| poly x^3 | `poly` | 3 (1 failed) | {mean:.1f} ± {std:.1f} | 64.3 ± 5.9 | '
-            f'{standard_error(mean, 500):.1f} | 1.500 ± 0.200 | 0.600 | 910 |') in table
+            f'{standard_error(mean, 500):.1f} | {mean - 67.5:+.1f} ± {d_se:.1f} | 1.500 ± 0.200 | 0.600 | 910 |') in table
+    assert '| softmax | `softmax` | 2 | 67.5 ± 2.1 | 67.5 ± 2.1 | 2.1 | reference |' in table
     assert 'validation set 500 images' in table and '2.2 points at p = 50 %' in table
 
 

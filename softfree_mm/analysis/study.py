@@ -257,35 +257,54 @@ def _f(v, digits):
     return '' if v is None else f'{v:.{digits}f}'
 
 
+def difference(e: dict, ref: dict):
+    """Final top-1 of ``e`` minus that of ``ref`` and the standard error of that difference from the seeds' spreads,
+    sqrt(s_e^2 / n_e + s_ref^2 / n_ref) (None without two seeds on each side)."""
+    delta = e['top1_final'] - ref['top1_final']
+    if e['top1_final_std'] is None or ref['top1_final_std'] is None:
+        return delta, None
+    return delta, math.sqrt(e['top1_final_std'] ** 2 / e['n'] + ref['top1_final_std'] ** 2 / ref['n'])
+
+
 def markdown(summary: List[dict], val_images: Dict[str, Optional[int]], titles: Optional[Dict[str, str]] = None,
-             chance: float = CHANCE) -> str:
+             chance: float = CHANCE, reference: str = 'softmax') -> str:
     """One table per config: mean ± sample std over seeds; the chance level and the validation set's standard
-    error stated above each table, the standard error at each row's mean in its own column."""
+    error stated above each table, the standard error at each row's mean in its own column, and each kernel's
+    difference to ``reference`` (final top-1) with the standard error of that difference."""
     out = []
     for config in dict.fromkeys(e['config'] for e in summary):
         n_val = val_images.get(config)
+        ref = next((e for e in summary if e['config'] == config and e['kernel'] == reference and e['n']), None)
         out.append(f'### {(titles or {}).get(config, config)}')
         out.append('')
         se = (f'; validation set {n_val} images: the standard error of one top-1 measurement is '
               f'sqrt(p (1 - p) / {n_val}), {standard_error(50.0, n_val):.1f} points at p = 50 %' if n_val else '')
         out.append(f'Chance: {chance:.1f} % top-1{se}. Mean ± sample standard deviation over the seeds that trained '
-                   '(n); s/iter and peak memory: means.')
+                   f'(n); s/iter and peak memory: means. Δ: final top-1 minus {reference}\'s, ± the standard error '
+                   'of that difference from the two spreads, sqrt(s1^2 / n1 + s2^2 / n2).')
         out.append('')
-        out.append('| kernel | spec | n | final top-1 % | best top-1 % | val SE at the mean | final loss | '
-                   's/iter | peak MiB |')
-        out.append('|---|---|---|---|---|---|---|---|---|')
+        out.append(f'| kernel | spec | n | final top-1 % | best top-1 % | val SE at the mean | Δ vs {reference} | '
+                   'final loss | s/iter | peak MiB |')
+        out.append('|---|---|---|---|---|---|---|---|---|---|')
         for e in summary:
             if e['config'] != config:
                 continue
             if not e['n']:
-                out.append(f"| {e['what']} | `{e['kernel']}` | 0 | failed: {short_error(e['error'])} | | | | | |")
+                out.append(f"| {e['what']} | `{e['kernel']}` | 0 | failed: {short_error(e['error'])} | | | | | | |")
                 continue
             se_row = _f(standard_error(e['top1_final'], n_val), 1) if n_val else ''
             note = f" ({e['failed']} failed)" if e['failed'] else ''
+            if ref is None:
+                diff = ''
+            elif e is ref:
+                diff = 'reference'
+            else:
+                delta, d_se = difference(e, ref)
+                diff = f'{delta:+.1f}' + ('' if d_se is None else f' ± {d_se:.1f}')
             out.append(f"| {e['what']} | `{e['kernel']}` | {e['n']}{note} | "
                        f"{_pm(e['top1_final'], e['top1_final_std'])} | {_pm(e['top1_best'], e['top1_best_std'])} | "
-                       f"{se_row} | {_pm(e['loss_final'], e['loss_final_std'], 3)} | {_f(e['s_per_iter'], 3)} | "
-                       f"{_f(e['peak_mem_mib'], 0)} |")
+                       f"{se_row} | {diff} | {_pm(e['loss_final'], e['loss_final_std'], 3)} | "
+                       f"{_f(e['s_per_iter'], 3)} | {_f(e['peak_mem_mib'], 0)} |")
         out.append('')
     return '\n'.join(out).rstrip() + '\n'
 
