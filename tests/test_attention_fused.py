@@ -339,3 +339,15 @@ def test_linear_forward_holds_no_temporary_beyond_its_feature_maps_and_output():
             kern(q, k, v)
 
     assert peak_memory(fwd, 'cpu') < 3.1 * q.numel() * 4
+
+
+def test_under_jit_trace_fused_becomes_tiles_and_auto_the_cpu_rule(monkeypatch):
+    """A traced graph (ONNX export, FLOP counters) cannot hold a Triton launch: impl='fused' traces the tiled path
+    (same numbers as the explicit one), and the trace runs without a fused launch."""
+    monkeypatch.delenv(dispatch.IMPL_ENV, raising=False)
+    kern = build_attention(_cfg('poly3', impl='fused'), num_heads=2)
+    q, k, v = (torch.randn(1, 2, 20, 8) for _ in range(3))
+    before = fp.LAUNCHES['forward']
+    traced = torch.jit.trace(lambda a, b, c: kern(a, b, c), (q, k, v), check_trace=False)
+    assert fp.LAUNCHES['forward'] == before
+    torch.testing.assert_close(traced(q, k, v), build_attention(_cfg('poly3', impl='explicit'))(q, k, v))

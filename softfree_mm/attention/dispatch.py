@@ -89,10 +89,15 @@ def rule(device_type: str, pairs: int, nq: int, nk: int, budget: int) -> str:
 
 
 def choose(impl: str, q, k, explicit_mib: Optional[float] = None) -> str:
-    """'explicit' | 'tiled' | 'fused' for one call with an already resolved ``impl`` (see :func:`resolve`)."""
+    """'explicit' | 'tiled' | 'fused' for one call with an already resolved ``impl`` (see :func:`resolve`). Under
+    ``torch.jit.trace`` (ONNX export, FLOP counters) no Triton launch can be recorded: 'fused' becomes 'tiled' and
+    'auto' follows the CPU rule on any device."""
+    tracing = torch.jit.is_tracing()
     if impl != 'auto':
-        return impl
+        return 'tiled' if tracing and impl == 'fused' else impl
     dev = q.device
+    if tracing:
+        return rule('cpu', q.shape[0] * q.shape[1], q.shape[2], k.shape[2], 0)
     budget = explicit_budget(dev, explicit_mib) if dev.type == 'cuda' else 0
     return rule(dev.type, q.shape[0] * q.shape[1], q.shape[2], k.shape[2], budget)
 
