@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...attention import AttentionKernel
-from ..layers import init_from_cfg, resolve_pretrained
+from ..layers import init_from_cfg, is_cfg, resolve_pretrained
 
 
 def checkpointed(owner: nn.Module, fn: Callable, *args):
@@ -26,6 +26,20 @@ def checkpointed(owner: nn.Module, fn: Callable, *args):
 def kernel_owned(module: nn.Module) -> set:
     """The ids of every module inside an attention kernel of ``module`` (kernels initialise their own)."""
     return {id(m) for k in module.modules() if isinstance(k, AttentionKernel) for m in k.modules()}
+
+
+def mmdet_checks(attn_drop_rate, act_cfg, norm_cfg, convert_weights, ln_eps: Optional[float] = None) -> dict:
+    """``check_foreign_args`` entries for what mmdet's backbones take that has one meaning here: no attention
+    dropout, GELU, LayerNorm (``ln_eps``), checkpoints always converted; None means the default."""
+    eps = {} if ln_eps is None else dict(eps=ln_eps)
+    norms = "dict(type='LN'" + ('' if ln_eps is None else ', eps=' + str(ln_eps).replace('e-0', 'e-')) + ')'
+    return dict(
+        attn_drop_rate=(attn_drop_rate, attn_drop_rate == 0,
+                        'no dropout on attention weights: a kernel may never form them'),
+        act_cfg=(act_cfg, act_cfg is None or is_cfg(act_cfg, 'GELU'), "the MLP's activation is dict(type='GELU')"),
+        norm_cfg=(norm_cfg, norm_cfg is None or is_cfg(norm_cfg, 'LN', **eps), f'the norms are {norms}'),
+        convert_weights=(convert_weights, isinstance(convert_weights, bool),
+                         'True or False: checkpoints are always converted'))
 
 
 class SoftFreeBackbone(BaseModule):

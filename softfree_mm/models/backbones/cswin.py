@@ -1,37 +1,9 @@
 """CSWin Transformer (Dong et al. 2022) whose stripe attention runs through any softfree_mm attention kernel.
 
-Each block splits its heads (and channels) in two: the first half attends inside vertical stripes (full height,
-``stripe_width`` columns), the second half inside horizontal stripes (``stripe_width`` rows, full width); the last
-stage, and any stage with ``global_window``, attends over the whole grid with ONE branch holding all heads (as the
-official code: its last stage, and InLine-CSwin's 'I' stages). LePE, a depthwise 3x3 conv on v inside each stripe,
-is added to the attention output. Conv stem 7x7 stride 4 (+LN), 3x3 stride 2 merges (+LN).
-
-Layout (ours): ``patch_embed.{proj,norm}``, ``stages.{i}.downsample.{conv,norm}`` (merge at the *start* of stage
-i > 0), ``stages.{i}.blocks.{j}.{norm1,qkv,branches.{b}.lepe,branches.{b}.kernel.*,proj,norm2,mlp.fc1,mlp.fc2}``,
-one LayerNorm per output ``norm{i}``.
-
-Geometry, masks and padding:
-
-* A stripe never exceeds its grid: a stripe width >= the grid side covers the whole side (no padding).
-* Otherwise the grid is padded *symmetrically* across the stripes (as the official detection code) to a stripe
-  multiple, after the qkv projection, with zeros. ``pad_keys='mask'`` (default, ours): pad tokens are masked as keys
-  (a pad query sees itself only and is cropped), and LePE sees zeros there, exactly its own zero padding at an
-  image border: padding changes nothing. ``pad_keys='zeros'`` (the official segmentation code): the zero pad
-  tokens stay in the attention as keys (score 0, value 0), so they take weight from the real keys; use it to
-  fine-tune or evaluate official segmentation weights exactly as they were trained.
-* Stripe width 1 (stage 0 of the presets) never pads, so any kernel fits there; a kernel without mask support in
-  a stripe stage that may pad is refused at build time (``layers.require_kernel_fit``) under ``pad_keys='mask'``,
-  unless that stage uses ``global_window`` (one branch over the whole grid: no stripes, no padding, no mask; the
-  InLine set-up). The last stage is always global.
-* Kernels that need the token grid get ``hw = (stripe_h, stripe_w)``; kernels that take a context (InLine's
-  official residual) get the mean of the block's input (before its norm) over the image, the branch's channels,
-  as the official code.
-
-Presets: ``tiny``, ``small``, ``base``, ``large`` (softmax CSWin) and the official InLine models ``inline_tiny``
-(depths 2-4-18-1), ``inline_small`` (3-6-29-2), ``inline_base`` (dim 96, 3-6-29-2), all 'IISS': InLine with the
-official per-channel residual over the whole grid in stages 1-2 (the official stripes 56-28 at 224 input),
-softmax stripes 7 in stage 3 and global softmax in stage 4.
-"""
+Half the heads attend in vertical, half in horizontal stripes (LePE added); the last stage and ``global_window``
+stages use one branch with all heads over the whole grid. Stripes that do not divide the grid are padded
+symmetrically; ``pad_keys='mask'`` masks the pad keys (kernels with ``supports_mask``), ``'zeros'`` keeps them as the
+official segmentation code. Presets: tiny .. large and the official InLine-CSwin models."""
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch

@@ -1,26 +1,10 @@
-"""Pyramid Vision Transformer v1 and v2 with a swappable attention kernel inside spatial-reduction attention (SRA).
+"""Pyramid Vision Transformer v1 and v2 with a swappable kernel inside spatial-reduction attention (SRA).
 
-SRA: queries come from every token of the (H, W) grid; keys and values from a reduced grid (a strided conv with
-kernel = stride = ``sr_ratio`` + LayerNorm; for PVTv2-li a 7x7 adaptive average pool + 1x1 conv + LayerNorm + GELU).
-The kernel receives ``q (B, h, H*W, d)`` and ``k, v (B, h, Nk, d)``. When keys and queries share the grid
-(``sr_ratio == 1``, no linear SRA: the InLine set-up ``sr_ratios=(1, 1, 1, 1)``) the kernel also gets ``hw=(H, W)``.
-Under spatial reduction Nq != Nk and there is no shared grid: a kernel that needs one (``needs_hw``, e.g. InLine's
-local residual, SOFT's landmarks on tied q/k) is refused at build with an error naming the fix.
-
-Padding: v1 pads the input / feature map bottom-right to a multiple of its patch size before each non-overlapping
-patch embedding, so every token covers at least one real pixel (grid ceil(H / 4), then ceil(./2) per stage). v2's
-overlapping embeddings (7x7/4 pad 3, 3x3/2 pad 1) map any size to ceil(H / 4), ceil(./2) directly. Neither creates
-tokens made only of padding, so no token is masked and every kernel works at any input size.
-The spatial-reduction conv follows the official code (floor: a last partial window feeds no key).
-
-InLine (official code, models/inline_pvt.py): the presets ``inline_tiny`` .. ``inline_large`` of ``SoftFreePVT`` are
-PVT v1 with heads 2-4-10-16, no spatial reduction and InLine in every stage; a kernel that takes a context (InLine's
-official residual) gets the mean over the image's tokens of the normed attention input, as the official code.
-
-Layout (ours, shared by v1 and v2): ``stages.{i}.patch_embed.{proj,norm}``, ``stages.{i}.pos_embed`` (v1),
-``stages.{i}.blocks.{j}.{norm1,attn.{q,kv,sr,norm,proj},norm2,mlp.{fc1,dwconv,fc2}}``, ``stages.{i}.norm`` (v2).
-``convert_pvt`` maps the official v1 release; ``convert_pvt_v2`` the official v2 release and timm's ``pvt_v2_*``.
-"""
+Queries come from every token, keys and values from the grid reduced by a strided conv (PVTv2-li: 7x7 pooling);
+without reduction (the InLine set-up ``sr_ratios=(1, 1, 1, 1)``) the kernel also gets ``hw``, and a kernel that
+needs a grid is refused under reduction. No token is padded, so nothing is masked. Presets: v1 tiny .. large and
+the official InLine-PVT models; v2 b0 .. b5, b2_li. ``convert_pvt`` / ``convert_pvt_v2`` map the official and
+timm releases."""
 import math
 import re
 from collections import OrderedDict
@@ -33,9 +17,9 @@ from torch import nn
 
 from ...attention.fit import require_kernel_fit
 from ..attention import KernelAttention
-from ..layers import (Mlp, check_foreign_args, expand_attn_cfg, gelu_linear, grid_view, is_cfg, pretrain_hw,
+from ..layers import (Mlp, check_foreign_args, expand_attn_cfg, gelu_linear, grid_view, pretrain_hw,
                       token_view)
-from .base import SoftFreeBackbone, checkpointed
+from .base import SoftFreeBackbone, checkpointed, mmdet_checks
 
 __all__ = ['SoftFreePVT', 'SoftFreePVTv2']
 
@@ -240,14 +224,8 @@ class _PVTBase(SoftFreeBackbone):
         checks.update(
             num_stages=(args.get('num_stages', 4), args.get('num_stages', 4) == 4, 'four stages'),
             drop_rate=(args.get('drop_rate', 0.), args.get('drop_rate', 0.) == 0, 'no dropout layers'),
-            attn_drop_rate=(args.get('attn_drop_rate', 0.), args.get('attn_drop_rate', 0.) == 0,
-                            'no dropout on attention weights: a kernel may never form them'),
-            act_cfg=(args.get('act_cfg'), args.get('act_cfg') is None or is_cfg(args['act_cfg'], 'GELU'),
-                     "the MLP's activation is dict(type='GELU')"),
-            norm_cfg=(args.get('norm_cfg'), args.get('norm_cfg') is None or is_cfg(args['norm_cfg'], 'LN', eps=1e-6),
-                      "the norms are dict(type='LN', eps=1e-6)"),
-            convert_weights=(args.get('convert_weights', True), isinstance(args.get('convert_weights', True), bool),
-                             'True or False: checkpoints are always converted'))
+            **mmdet_checks(args.get('attn_drop_rate', 0.), args.get('act_cfg'), args.get('norm_cfg'),
+                           args.get('convert_weights', True), ln_eps=1e-6))
         check_foreign_args(self.OWNER, checks)
 
     def _frozen(self):

@@ -1,31 +1,9 @@
 """SOFT's own backbone (Lu et al., NeurIPS 2021 / IJCV 2024): the official ``SoftmaxFreeVisionTransformer``
-computation with a swappable attention kernel in every stage.
+computation with a swappable kernel in every stage.
 
-Official model (fudan-zvg/SOFT, models/softmax_free_vision_transformer.py), as computed here:
-
-* Stage 1 stem: three 3x3 convs (3 -> 32 stride 2, 32 -> 32, 32 -> C stride 2), each + BatchNorm + ReLU; stages 2-4
-  embed with one 3x3 stride-2 conv + BatchNorm + ReLU. Any input size maps to ceil(H / 4), then ceil(. / 2) per stage.
-* Learned positions per stage (tables of the 224 grids: 56^2, 28^2, 14^2, and 7^2 + 1 for the class token),
-  bilinearly resized to the grid (``align_corners=False``, exact at 224).
-* Stages 1-3: SOFT blocks, POST-norm: ``x = LN(x + attn(x))``, ``x = LN(x + mlp(x))`` with ``mlp`` = fc (C -> 4C),
-  tanh-approximated GELU, fc; the attention has W_q and W_v only (keys tied to queries) and an output projection.
-  The kernel defaults to ``soft`` with landmark ratios 8 / 4 / 2 and convs on v 9 / 5 / 3 (SOFT-Norm for the
-  ``*_norm`` archs). Dropout (the official ``p = drop path rate``) on both residual branches.
-* Stage 4: a class token joins the grid; PVT-style pre-norm blocks with softmax attention (q, kv, proj), no
-  spatial reduction, MLP ratio 4, DropPath; then the final LayerNorm.
-
-Outputs: ``out_type='featmap'`` gives the four stage maps (NCHW, strides 4 / 8 / 16 / 32), stage 4 after the final
-norm and without the class token; ``out_type='cls_token'`` gives the normed class token for a linear head (the
-official classifier).
-
-Any kernel can replace SOFT in stages 1-3 (it gets ``q, k = q, v`` and the grid ``hw``), and any kernel that needs
-no grid the softmax of stage 4 (the class token leaves no (H, W) grid there). No token is padded, so no mask exists.
-
-Layout (ours): ``stages.{i}.patch_embed.proj.{0..8}`` (the official Sequential indices), ``stages.{i}.pos_embed``,
-``stages.{i}.blocks.{j}.{attn.{q,v,proj,kernel.*},norm1,mlp.{fc1,fc2},norm2}`` (stages 0-2),
-``stages.3.blocks.{j}.{norm1,attn.{q,kv,proj},norm2,mlp.{fc1,fc2}}``, ``cls_token``, ``norm``;
-``convert_soft`` maps the official release.
-"""
+Stages 1-3: post-norm SOFT blocks whose attention ties keys to queries (W_q, W_v) and gets the grid ``hw``; stage 4:
+a class token joins the grid, pre-norm blocks with softmax by default (a grid kernel is refused there). Learned
+positions per stage, bilinearly resized. ``convert_soft`` maps the official release (EMA weights preferred)."""
 import re
 from collections import OrderedDict
 from typing import Dict, Optional, Sequence, Union

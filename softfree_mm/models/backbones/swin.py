@@ -1,34 +1,10 @@
 """Swin Transformer (Liu et al. 2021) whose window attention runs through any softfree_mm attention kernel.
 
-Layout (ours): ``patch_embed.{proj,norm}``, ``stages.{i}.downsample.{norm,reduction}`` (patch merging at the
-*start* of stage i > 0, as in timm), ``stages.{i}.blocks.{j}.{norm1,attn.qkv,attn.proj,
-attn.relative_position_bias_table,attn.kernel.*,norm2,mlp.fc1,mlp.fc2}``, one LayerNorm per output ``norm{i}``.
-
-Geometry, masks and padding:
-
-* Window stages pad the token grid bottom/right to a window multiple. Pad tokens are masked as *keys* (a query
-  never looks at them), so the values written into the padding change nothing. A pad query may look at itself
-  only (it is cropped afterwards); that keeps every row of the mask non-empty.
-* Shifted blocks roll by ``window // 2`` along each axis whose grid is larger than the window; the regions that
-  the roll brings together are separated by a boolean mask (True = may attend). Along an axis whose grid fits in
-  one window there is one window only, so no shift is made (as the official code and timm do at 7x7).
-* Both of those need a kernel with ``supports_mask``; a kernel without it in a window stage is refused at build
-  time (``layers.require_kernel_fit``). With ``global_window`` a stage's window is its whole token grid: nothing
-  is padded, nothing is shifted, no mask exists, so every kernel fits (the InLine set-up). The patch-merging
-  and patch-embedding zero padding of odd sizes is not attention padding and is the same as timm/mmdet.
-* The relative position bias ((2W-1)^2 x heads table) exists only in window stages whose kernel takes a bias;
-  global-window stages have no fixed window to index, and kernels that cannot take a bias get none (logged once).
-* Kernels that need the token grid get ``hw = (window_h, window_w)``; kernels that take a context (InLine's official
-  residual) get the mean over the window's real tokens of the normed attention input, as the official code.
-* Attention and window kind can differ block by block within a stage (InLine-Swin-B's stage 3: two InLine blocks
-  with a global window, then softmax blocks in shifted 7x7 windows); the shift alternates with the block index.
-
-Presets: ``tiny``, ``small``, ``base``, ``large`` (softmax Swin) and the official InLine models ``inline_tiny``
-('IIIS'), ``inline_small`` ('IISS'), ``inline_base`` ('IIMS2': stage 3 starts with 2 InLine blocks): InLine
-blocks with the official per-channel residual in global windows (the official window 56 at 224 input), softmax
-blocks in 7x7 windows. Explicit ``attn_cfg`` / ``global_window`` override a preset's.
-"""
-from collections import OrderedDict
+Window stages pad the grid bottom/right to a window multiple and mask pad keys; shifted blocks roll by window // 2
+along each axis larger than one window and mask the regions the roll joins (kernels with ``supports_mask``).
+``global_window`` makes a stage's window its whole grid (no pad, shift, mask or bias table: every kernel fits, the
+InLine set-up). Grid kernels get ``hw`` = the window, context kernels the mean of its real tokens. Presets: tiny ..
+large and the official InLine models. Layout: timm's names, patch merging at the start of stage i > 0."""
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -37,12 +13,11 @@ from mmengine.logging import print_log
 from timm.layers import DropPath
 from torch import nn
 
-from ...attention.base import ceil_div
 from ...attention.fit import require_kernel_fit
 from ..attention import KernelAttention
-from ..layers import (Mlp, WindowLayout, check_foreign_args, expand_per_block, identity_mask, is_cfg, pretrain_hw,
-                      _to_windows)
-from .base import StagedBackbone, checkpointed
+from ..layers import Mlp, check_foreign_args, expand_per_block, pretrain_hw
+from ..utils.windows import _GEOMETRIES, WindowGeometry, geometry, relative_position_index  # noqa: F401  (cache)
+from .base import StagedBackbone, checkpointed, mmdet_checks
 
 __all__ = ['SoftFreeSwin']
 
@@ -62,93 +37,6 @@ ARCH_ZOO: Dict[str, dict] = {
     'inline_base': dict(_B, attn_cfg=('inline', 'inline', ('inline',) * 2 + ('softmax',) * 16, 'softmax'),
                         global_window=(True, True, (True,) * 2 + (False,) * 16, False)),
 }
-
-
-# ---------------------------------------------------------------------------------------------- helpers
-def _relative_position_index(wh: int, ww: int) -> torch.Tensor:
-    """(wh*ww, wh*ww) index into a (2wh-1)(2ww-1) table of relative offsets."""
-    ys, xs = torch.meshgrid(torch.arange(wh), torch.arange(ww), indexing='ij')
-    coords = torch.stack([ys.flatten(), xs.flatten()])  # (2, N)
-    rel = coords[:, :, None] - coords[:, None, :]  # (2, N, N)
-    return (rel[0] + wh - 1) * (2 * ww - 1) + (rel[1] + ww - 1)
-
-
-class WindowGeometry:
-    """How one stage cuts its (H, W) token grid into windows for one forward pass (pure data + masks)."""
-
-    def __init__(self, hw: Tuple[int, int], window: Optional[int], device):
-        h, w = hw
-        self.hw = (h, w)
-        if window is None:  # global window: the whole grid, no padding, no shift, no mask
-            self.window = (h, w)
-            self.padded = (h, w)
-            self.shift = (0, 0)
-        else:
-            self.window = (window, window)
-            self.padded = (ceil_div(h, window) * window, ceil_div(w, window) * window)
-            # no shift along an axis that holds a single window (it would only split that window)
-            self.shift = tuple(window // 2 if n > window else 0 for n in (h, w))
-        self.device = device
-        self._masks = {}
-
-    @property
-    def needs_pad(self) -> bool:
-        return self.padded != self.hw
-
-    def layout(self, shifted: bool, batch: int) -> WindowLayout:
-        """The token <-> window-slot indices of this geometry (shifted or not) for ``batch`` images."""
-        key = ('layout', shifted and any(self.shift), batch)
-        if key not in self._masks:
-            self._masks[key] = WindowLayout(batch, self.hw, self.padded, self.window,
-                                            self.shift if key[1] else (0, 0), self.device)
-        return self._masks[key]
-
-    def mask(self, shifted: bool) -> Optional[torch.Tensor]:
-        """(nW, 1, N, N) bool keep-mask for this geometry, or None when every key may be seen."""
-        shifted = shifted and any(self.shift)
-        if not shifted and not self.needs_pad:
-            return None
-        if shifted in self._masks:
-            return self._masks[shifted]
-        (hp, wp), (wh, ww), (sh, sw) = self.padded, self.window, self.shift
-        valid = torch.zeros(hp, wp, dtype=torch.bool, device=self.device)
-        valid[:self.hw[0], :self.hw[1]] = True
-        region = torch.zeros(hp, wp, dtype=torch.long, device=self.device)
-        if shifted:
-            valid = torch.roll(valid, shifts=(-sh, -sw), dims=(0, 1))
-            # label the regions in the shifted frame: tokens from different regions never meet
-            hs = [slice(0, hp - wh), slice(hp - wh, hp - sh), slice(hp - sh, hp)] if sh else [slice(0, hp)]
-            ws = [slice(0, wp - ww), slice(wp - ww, wp - sw), slice(wp - sw, wp)] if sw else [slice(0, wp)]
-            label = 0
-            for a in hs:
-                for b in ws:
-                    region[a, b] = label
-                    label += 1
-        valid_w = _to_windows(valid[None, :, :, None], wh, ww)[..., 0]  # (nW, N)
-        region_w = _to_windows(region[None, :, :, None], wh, ww)[..., 0]
-        keep = (region_w[:, :, None] == region_w[:, None, :]) & valid_w[:, None, :]
-        keep = keep | identity_mask(wh * ww, self.device)  # a pad query sees itself only
-        self._masks[shifted] = keep.unsqueeze(1)
-        return self._masks[shifted]
-
-
-_GEOMETRIES: 'OrderedDict[tuple, WindowGeometry]' = OrderedDict()
-
-
-def _geometry(hw, window, device) -> WindowGeometry:
-    """The stage's WindowGeometry, kept across forward passes (its masks and gather indices are built once per
-    grid size: on a GPU at batch 1 their dozens of small kernel launches per pass cost more than the attention).
-    Tracers (torch.export, torch.compile, the ONNX exporter) get a fresh one, so that nothing is baked in, and so
-    does inference mode (its tensors could not be saved for a later backward)."""
-    if torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting() or \
-            torch.is_inference_mode_enabled():
-        return WindowGeometry(hw, window, device)
-    key = (hw, window, str(device))
-    geo = _GEOMETRIES.pop(key, None) or WindowGeometry(hw, window, device)
-    _GEOMETRIES[key] = geo  # most recent last
-    while len(_GEOMETRIES) > 64:  # multi-scale training sees many sizes; keep the recent ones
-        _GEOMETRIES.popitem(last=False)
-    return geo
 
 
 # ---------------------------------------------------------------------------------------------- layers
@@ -200,7 +88,7 @@ class WindowAttention(KernelAttention):
         self.proj_drop = nn.Dropout(proj_drop)
         if with_bias_table:
             self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * window - 1) ** 2, num_heads))
-            self.register_buffer('relative_position_index', _relative_position_index(window, window),
+            self.register_buffer('relative_position_index', relative_position_index(window, window),
                                  persistent=False)
         else:
             self.relative_position_bias_table = None
@@ -271,7 +159,7 @@ class SwinStage(nn.Module):
     def forward(self, x):
         if self.downsample is not None:
             x = self.downsample(x)
-        geos = {w: _geometry(tuple(x.shape[1:3]), w, x.device) for w in set(self.windows)}
+        geos = {w: geometry(tuple(x.shape[1:3]), w, x.device) for w in set(self.windows)}
         for blk, window in zip(self.blocks, self.windows):
             x = blk(x, geos[window])
         return x
@@ -333,14 +221,9 @@ class SoftFreeSwin(StagedBackbone):
             strides=(strides, strides is None or tuple(strides) == (patch_size,) + (2,) * (len(tuple(strides)) - 1),
                      f'patch embedding stride patch_size={patch_size}, then 2 per stage'),
             use_abs_pos_embed=(use_abs_pos_embed, isinstance(use_abs_pos_embed, bool), 'True or False'),
-            attn_drop_rate=(attn_drop_rate, attn_drop_rate == 0, 'no dropout on attention weights: a kernel may '
-                            'never form them'),
-            act_cfg=(act_cfg, is_cfg(act_cfg, 'GELU'), "the MLP's activation is dict(type='GELU')"),
-            norm_cfg=(norm_cfg, is_cfg(norm_cfg, 'LN'), "the norms are dict(type='LN')"),
             qk_scale=(qk_scale, qk_scale is None or (isinstance(qk_scale, (int, float)) and qk_scale > 0),
                       'a positive float or None'),
-            convert_weights=(convert_weights, isinstance(convert_weights, bool), 'True or False'),
-        ))
+            **mmdet_checks(attn_drop_rate, act_cfg, norm_cfg, convert_weights)))
         pretrain_size = pretrain_hw('SoftFreeSwin', pretrain_img_size)
         preset = self.resolve_arch(arch)
         embed_dims = preset['embed_dims'] if embed_dims is None else embed_dims

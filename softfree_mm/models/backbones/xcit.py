@@ -1,30 +1,9 @@
-"""XCiT (Cross-Covariance Image Transformer) with a swappable attention kernel inside cross-covariance attention.
+"""XCiT (Cross-Covariance Image Transformer) with a swappable kernel inside cross-covariance attention.
 
-XCA attends over the channels of a head, not over tokens: with q, k, v of shape (B, h, d_h, N) (tokens L2-normalised
-over N), the weights form a d_h x d_h matrix ``softmax(q k^T * temperature)``. Any kernel that takes ``q, k, v`` can
-play that role: its "tokens" are the d_h channels and its "head_dim" is the token count N, which changes with the
-input size. Kernels are therefore built with ``head_dim=None``. The learned per-head ``temperature`` (h, 1, 1)
-multiplies the normalised q and the kernel gets ``scale=1``: for kernels whose score is ``scale * q.k`` (softmax,
-poly, relu, sigmoid, inline) that is exactly ``scale=temperature``; kernels without a score scale (linear,
-efficient) then still feel the temperature through q (taylor re-normalises q, so there it has no effect and a
-zero gradient). A kernel that needs a spatial grid (``needs_hw``) has none to use here and is refused at build.
-
-Two modes:
-- ``out_type='featmap'`` (detection / segmentation, default): the outputs of four blocks (``out_indices``, default
-  [3, 5, 7, 11] for 12 layers, [7, 11, 15, 23] for 24) go through the official stride-fixing adapter to strides
-  4, 8, 16, 32; no class-attention layers.
-- ``out_type='cls_token'`` (classification): two class-attention layers (softmax, as in the official model) and
-  the final norm; the output is the class token ``(B, C)`` for mmpretrain's ``LinearClsHead``.
-
-Padding: the conv patch embedding is a chain of stride-2, padding-1 3x3 convolutions, which maps any size H to
-ceil(H / 2) per step, so the token grid is ceil(H / p) x ceil(W / p) without padding the image. Every token's
-receptive field holds real pixels; there are no pad tokens, so nothing has to be masked (a test checks it).
-The stride-32 (and p8 stride-16/32) max-pools use ``ceil_mode=True`` so an odd grid keeps its last row/column;
-on even grids (224, 512 ...) this equals the official floor pooling.
-
-Parameter names follow timm's ``Xcit`` (which follows the official release), so timm checkpoints load as they are
-and ``convert_xcit`` maps the official layout (``pos_embeder``, fused class-attention ``qkv``).
-"""
+XCA's "tokens" are the d_h channels of a head and its "head_dim" the token count, so kernels are built with
+``head_dim=None``; the learned temperature is folded into the L2-normalised q (``scale=1``). ``out_type='featmap'``
+gives four maps through the official stride adapter, ``'cls_token'`` the class token after two softmax
+class-attention layers. Names follow timm's ``Xcit``; ``convert_xcit`` maps the official release."""
 import math
 from collections import OrderedDict
 from typing import Dict, Optional, Sequence, Tuple, Union
@@ -39,6 +18,7 @@ from ...attention.base import ceil_div
 from ...attention.fit import probe, refusal, require_kernel_fit
 from ..attention import KernelAttention
 from ..layers import Mlp, expand_attn_cfg, gelu_inference, grid_view, token_view
+from ..utils.deconv import BlockDeconv
 from .base import SoftFreeBackbone, checkpointed
 
 __all__ = ['SoftFreeXCiT']
@@ -98,46 +78,6 @@ class ConvPatchEmbed(nn.Module):
     def forward(self, x):
         x = self.proj(x)
         return x.flatten(2).transpose(1, 2), (x.shape[2], x.shape[3])
-
-
-class BlockDeconv(nn.ConvTranspose2d):
-    """``nn.ConvTranspose2d`` (same parameters and state-dict keys) computed as one matrix product on the CPU where
-    its kernel equals its stride (the adapter's 2x2, stride 2): every input pixel then writes its own k x k output
-    block, so the layer is a linear map C_in -> C_out * k * k per pixel (bias added inside the product) followed by
-    one copy that interleaves the blocks. An NCHW or a channels-last input is read as it is, without a copy. The
-    output is a contiguous NCHW tensor, as the convolution's (mmcv's CPU RoIAlign reads its input as contiguous
-    NCHW). On the CPU the adapter's forward then runs ~1.3x and its forward + backward ~1.6x faster than with
-    oneDNN's transposed convolution; other geometries and devices take ``nn.ConvTranspose2d``'s own path."""
-
-    def _blockwise(self, x) -> bool:
-        return (x.device.type == 'cpu' and x.dim() == 4 and tuple(self.kernel_size) == tuple(self.stride)
-                and not any(self.padding) and not any(self.output_padding) and tuple(self.dilation) == (1, 1)
-                and self.groups == 1 and self.padding_mode == 'zeros')
-
-    def forward(self, x, output_size=None):
-        if output_size is not None or not self._blockwise(x):
-            return super().forward(x, output_size)
-        b, c, h, w = x.shape
-        kh, kw = self.kernel_size
-        cout = self.out_channels
-        if not x.is_contiguous() and x.permute(0, 2, 3, 1).is_contiguous():
-            # channels-last input (the blocks' tokens seen as a grid): its pixels are already the rows of a
-            # (B*H*W, C_in) matrix, so no copy of the input is made (nor kept for backward)
-            wt = self.weight.reshape(c, cout * kh * kw)  # columns ordered (channel, row offset, column offset)
-            pix = x.permute(0, 2, 3, 1).reshape(b * h * w, c)
-            y = pix @ wt if self.bias is None else torch.addmm(self.bias.repeat_interleave(kh * kw), pix, wt)
-            # (B, H, W, C_out, kh, kw) -> (B, C_out, H, kh, W, kw): one copy into NCHW order
-            return y.view(b, h, w, cout, kh, kw).permute(0, 3, 1, 4, 2, 5).reshape(b, cout, h * kh, w * kw)
-        # weight (C_in, C_out, kh, kw) -> (C_out * kh * kw, C_in): rows ordered (channel, row offset, column offset)
-        wt = self.weight.permute(1, 2, 3, 0).reshape(cout * kh * kw, c)
-        pix = x.reshape(b, c, h * w)
-        if self.bias is None:
-            y = wt @ pix[0] if b == 1 else torch.bmm(wt.expand(b, -1, -1), pix)  # (matmul would copy pix)
-        else:
-            rows = self.bias.repeat_interleave(kh * kw)[:, None]
-            y = torch.addmm(rows, wt, pix[0])[None] if b == 1 else torch.baddbmm(rows, wt.expand(b, -1, -1), pix)
-        # (B, C_out, kh, kw, H, W) -> (B, C_out, H, kh, W, kw): one copy into NCHW order
-        return y.view(b, cout, kh, kw, h, w).permute(0, 1, 4, 2, 5, 3).reshape(b, cout, h * kh, w * kw)
 
 
 class LPI(nn.Module):
@@ -301,23 +241,12 @@ class SoftFreeXCiT(SoftFreeBackbone):
     stem = ('patch_embed', 'pos_embed', 'cls_token')
     _convert = staticmethod(lambda sd: convert_xcit(sd))
 
-    def __init__(self,
-                 arch: Union[str, dict] = 's12',
-                 patch_size: int = 16,
-                 in_channels: int = 3,
-                 embed_dims: Optional[int] = None,
-                 depth: Optional[int] = None,
-                 num_heads: Optional[int] = None,
-                 eta: Optional[float] = None,
-                 mlp_ratio: float = 4.,
-                 qkv_bias: bool = True,
-                 attn_cfg: Union[str, dict, Sequence] = 'softmax',
-                 out_type: str = 'featmap',
-                 out_indices: Optional[Sequence[int]] = None,
-                 cls_attn_layers: int = 2,
-                 tokens_norm: bool = True,
-                 drop_path_rate: float = 0.,
-                 norm_cfg: dict = dict(type='SyncBN', requires_grad=True),
+    def __init__(self, arch: Union[str, dict] = 's12', patch_size: int = 16, in_channels: int = 3,
+                 embed_dims: Optional[int] = None, depth: Optional[int] = None, num_heads: Optional[int] = None,
+                 eta: Optional[float] = None, mlp_ratio: float = 4., qkv_bias: bool = True,
+                 attn_cfg: Union[str, dict, Sequence] = 'softmax', out_type: str = 'featmap',
+                 out_indices: Optional[Sequence[int]] = None, cls_attn_layers: int = 2, tokens_norm: bool = True,
+                 drop_path_rate: float = 0., norm_cfg: dict = dict(type='SyncBN', requires_grad=True),
                  frozen_stages: int = -1, with_cp: bool = False, norm_eval: bool = False,
                  init_cfg: Optional[dict] = None, pretrained: Optional[str] = None):
         super().__init__(init_cfg=init_cfg, pretrained=pretrained, with_cp=with_cp, norm_eval=norm_eval)
