@@ -239,3 +239,17 @@ def test_soft_saved_bytes_per_token_landmark_head_is_the_readmes_figure():
     # 1344 x 800 (1333 x 800 padded to 32), stage 1 of Swin-T: 67200 tokens, 25 x 42 landmarks, 3 heads, 2 images
     stage1_gib = 67200 * 1050 * 3 * 2 * 21.5 / 2 ** 30
     assert math.isclose(stage1_gib, 8.5, abs_tol=0.1)
+
+
+def test_offline_venv_sees_the_base_pythons_torch_after_its_own_packages(tmp_path):
+    """The GPU images' python3 is itself a venv, whose --system-site-packages would hide its torch: the offline venv
+    lists the base Python's package folders in a .pth file instead, after its own site-packages (so what the set-up
+    installs there, and the transformers shadow, come first)."""
+    venv = tmp_path / 'venv'
+    proc = _source(f'offline_venv {sys.executable} {venv}', tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    code = ('import sys, sysconfig, torch, os; own = sysconfig.get_paths()["purelib"]; '
+            'base = os.path.dirname(os.path.dirname(torch.__file__)); '
+            'print(sys.path.index(own) < sys.path.index(base), base != own)')
+    out = subprocess.run([str(venv / 'bin' / 'python'), '-c', code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ['True', 'True'], out.stderr[-2000:]

@@ -4,7 +4,7 @@
 #   0. a CUDA GPU at all? (nvidia-smi lists one) - else one line and exit status 2, at once, before any set-up;
 #   1. set-up: the project's environment when it is ready; else, with GPU_CHECK_WHEELS=DIR (default
 #      work_dirs/gpu_wheels when it exists: a node without a package index), a venv on the machine's own torch
-#      (--system-site-packages), the OpenMMLab wheels from DIR (--no-index) and mmcv 2.1.0 built from its source in
+#      (its packages seen after the venv's own), the OpenMMLab wheels from DIR (--no-index) and mmcv 2.1.0 built from its source in
 #      DIR with CPU ops on all cores but two, in the background while the steps that need no mmcv run (on CUDA,
 #      nms / roi_align go to torchvision's kernels); without DIR, tools/setup_env.sh (a package index);
 #   2. torch sees CUDA (else the cause in one line: driver too old for the torch build, ...);
@@ -129,6 +129,16 @@ fetch_wheels() {  # fetch_wheels DIR [PYTHON_VERSION]: the offline set-up's whee
          "GPU_CHECK_WHEELS=$dir make gpu-check" >&2
 }
 
+offline_venv() {  # offline_venv BASE_PYTHON VENV: a venv that sees BASE_PYTHON's packages after its own
+    # not --system-site-packages: where BASE_PYTHON is itself a venv (the GPU images' python3 is), that option would
+    # show the interpreter's bare site-packages, without torch; a .pth file lists the folders BASE_PYTHON imports from
+    local base=$1 venv=$2 site
+    [ -x "$venv/bin/python" ] || "$base" -m venv "$venv" || return 2
+    site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') || return 2
+    "$base" -c 'import sys; print("\n".join(p for p in sys.path if p.endswith(("site-packages", "dist-packages"))))' \
+        > "$site/_gpu_check_base.pth" || return 2
+}
+
 offline_setup() {  # offline_setup WHEELS VENV: a venv on this machine's torch, the wheels from WHEELS, no index
     local wheels=$1 venv=$2 base=${GPU_CHECK_PYTHON:-python3}
     "$base" -c 'import torch, triton' 2>/dev/null || {
@@ -136,7 +146,7 @@ offline_setup() {  # offline_setup WHEELS VENV: a venv on this machine's torch, 
     ls "$wheels"/mmcv-2.1.0.tar.gz >/dev/null 2>&1 || {
         echo "error: no mmcv-2.1.0.tar.gz in GPU_CHECK_WHEELS=$wheels (bash tools/gpu_check.sh --fetch-wheels DIR)"
         return 2; }
-    [ -x "$venv/bin/python" ] || "$base" -m venv --system-site-packages "$venv" || return 2
+    offline_venv "$base" "$venv" || return 2
     local py="$venv/bin/python"
     "$py" -m pip install -q --disable-pip-version-check --no-index --find-links "$wheels" --no-deps \
         "${OFFLINE_BASE[@]}" || return 2
