@@ -66,11 +66,9 @@ register_all()
 
 def register_hooks():
     """The tools' reliability hooks, in mmengine's root HOOKS (every scope's HOOKS registry finds them)."""
-    from mmengine.registry import HOOKS
-    from .engine.reliability import NonFiniteLossHook, RNGStateHook
-    for cls in (NonFiniteLossHook, RNGStateHook):
-        if HOOKS.get(cls.__name__) is not cls:
-            HOOKS.register_module(module=cls, force=True)
+    for cls in (hooks.NonFiniteLossHook, hooks.RNGStateHook):
+        if MMENGINE_HOOKS.get(cls.__name__) is not cls:
+            MMENGINE_HOOKS.register_module(module=cls, force=True)
 
 
 register_hooks()

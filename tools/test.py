@@ -64,7 +64,7 @@ def _set_visualization(cfg, show_dir):
 
 
 def _set_format_only(cfg, out_dir):
-    from softfree_mm.engine.launch import UsageError
+    from softfree_mm.engine.errors import UsageError
     evaluators = cfg.test_evaluator if isinstance(cfg.test_evaluator, list) else [cfg.test_evaluator]
     for ev in evaluators:
         kind = ev.get('type', '')
@@ -77,39 +77,41 @@ def _set_format_only(cfg, out_dir):
 
 
 def prepare(args):
-    from softfree_mm.engine import launch
-    launch.check_launcher(args.launcher, 'test')
-    device = launch.select_device(args.device, args.launcher)
-    cfg = launch.load_config(args.config, args.cfg_options)
+    from softfree_mm.engine import config_checks as checks
+    from softfree_mm.engine import device
+    from softfree_mm.engine.errors import UsageError
+    checks.check_launcher(args.launcher, 'test')
+    on = device.select_device(args.device, args.launcher)
+    cfg = checks.load_config(args.config, args.cfg_options)
     cfg.launcher = args.launcher
     if args.work_dir is not None:
         cfg.work_dir = args.work_dir
     elif cfg.get('work_dir') is None:
         cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(args.config))[0])
     if not osp.isfile(args.checkpoint):
-        raise launch.UsageError(f'checkpoint not found: {args.checkpoint}')
+        raise UsageError(f'checkpoint not found: {args.checkpoint}')
     cfg.load_from = args.checkpoint
     cfg.resume = False
-    launch.check_attention(cfg)
-    launch.check_model_types(cfg)
-    launch.check_types(cfg)
+    checks.check_attention(cfg)
+    checks.check_model_types(cfg)
+    checks.check_types(cfg)
     if args.format_only:
         _set_format_only(cfg, osp.join(cfg.work_dir, 'format_only'))
-    for root, subset in launch.demo_roots(cfg, ('test', )):
+    for root, subset in checks.demo_roots(cfg, ('test', )):
         from train import make_demo
         make_demo(root, subset)
-    launch.check_data(cfg, ('test', ))
+    checks.check_data(cfg, ('test', ))
     if args.show_dir:
         _set_visualization(cfg, args.show_dir)
     if args.out is not None:
         if not args.out.endswith(('.pkl', '.pickle')):
-            raise launch.UsageError(f'--out must be a .pkl or .pickle file, got {args.out}')
+            raise UsageError(f'--out must be a .pkl or .pickle file, got {args.out}')
         dump = dict(type='DumpDetResults' if cfg.default_scope == 'mmdet' else 'DumpResults', out_file_path=args.out)
         ev = cfg.test_evaluator
         cfg.test_evaluator = [*ev, dump] if isinstance(ev, list) else [ev, dump]
-    if device == 'cuda':
-        launch.check_cuda_ops(cfg)
-    for note in launch.apply_device_settings(cfg, args.launcher) + launch.apply_cluster_settings(cfg, args.launcher):
+    if on == 'cuda':
+        device.check_cuda_ops(cfg)
+    for note in device.apply_device_settings(cfg, args.launcher) + device.apply_cluster_settings(cfg, args.launcher):
         print(f'[softfree_mm] {note}', file=sys.stderr)
     return cfg
 
@@ -119,33 +121,36 @@ def main(argv=None):
     if (args.device or os.environ.get('SOFTFREE_MM_DEVICE')) == 'cpu':
         os.environ['CUDA_VISIBLE_DEVICES'] = ''  # before anything initialises CUDA
     sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-    from softfree_mm.engine import launch, reliability
-    reliability.name_failing_samples()
+    from softfree_mm.engine.checkpoints import check_checkpoint
+    from softfree_mm.engine.data_errors import name_failing_samples
+    from softfree_mm.engine.errors import BadInput, UsageError, error_line, short_error
+    from softfree_mm.engine.runner import build_runner, finish_dist, print_error, run
+    name_failing_samples()
     try:
         cfg = prepare(args)
-        runner = launch.build_runner(cfg)
+        runner = build_runner(cfg)
         from mmengine.model import is_model_wrapper
-        reliability.check_checkpoint(args.checkpoint, runner.model.module if is_model_wrapper(runner.model)
-                                     else runner.model, 'test')
-    except launch.UsageError as e:
-        launch.print_error(str(e))
+        check_checkpoint(args.checkpoint, runner.model.module if is_model_wrapper(runner.model) else runner.model,
+                         'test')
+    except UsageError as e:
+        print_error(str(e))
         return 2
-    except reliability.BadInput as e:
-        launch.print_error(reliability.error_line(e), every_rank=True)
+    except BadInput as e:
+        print_error(error_line(e), every_rank=True)
         return 2
     except (KeyError, ValueError, TypeError) as e:
         if os.environ.get('SOFTFREE_MM_TRACEBACK'):
             raise
-        print(f'error: {args.config}: {launch.short_error(e)} (SOFTFREE_MM_TRACEBACK=1 shows the traceback)',
+        print(f'error: {args.config}: {short_error(e)} (SOFTFREE_MM_TRACEBACK=1 shows the traceback)',
               file=sys.stderr)
         return 2
     try:
-        metrics = launch.run(runner, 'test', args.config)
-    except launch.UsageError as e:
-        launch.print_error(str(e))
+        metrics = run(runner, 'test', args.config)
+    except UsageError as e:
+        print_error(str(e))
         return 2
-    except reliability.BadInput as e:
-        launch.print_error(reliability.error_line(e), every_rank=True)
+    except BadInput as e:
+        print_error(error_line(e), every_rank=True)
         return 2
     metrics = {k: (float(v) if hasattr(v, '__float__') else v) for k, v in (metrics or {}).items()}
     from mmengine.dist import is_main_process
@@ -153,7 +158,7 @@ def main(argv=None):
         with open(osp.join(cfg.work_dir, 'test_metrics.json'), 'w') as f:
             json.dump(metrics, f, indent=1)
         print('metrics: ' + json.dumps(metrics))
-    launch.finish_dist()
+    finish_dist()
     return 0
 
 

@@ -66,10 +66,13 @@ def parse_args(argv=None):
 
 def prepare(args):
     """The checked config, ready for the Runner (raises UsageError)."""
-    from softfree_mm.engine import launch, reliability
-    launch.check_launcher(args.launcher, 'train')
-    device = launch.select_device(args.device, args.launcher)
-    cfg = launch.load_config(args.config, args.cfg_options)
+    from softfree_mm.engine import config_checks as checks
+    from softfree_mm.engine import device, runner
+    from softfree_mm.engine.checkpoints import latest_checkpoint
+    from softfree_mm.engine.errors import UsageError
+    checks.check_launcher(args.launcher, 'train')
+    on = device.select_device(args.device, args.launcher)
+    cfg = checks.load_config(args.config, args.cfg_options)
     cfg.launcher = args.launcher
     if args.work_dir is not None:
         cfg.work_dir = args.work_dir
@@ -77,31 +80,31 @@ def prepare(args):
         cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(args.config))[0])
     if args.resume == 'auto':
         # the newest checkpoint of the work dir (mmengine's last_checkpoint, else the newest iter_/epoch_ file)
-        cfg.resume, cfg.load_from = True, reliability.latest_checkpoint(cfg.work_dir, check=False)
+        cfg.resume, cfg.load_from = True, latest_checkpoint(cfg.work_dir, check=False)
     elif args.resume is not None:
         if not osp.isfile(args.resume):
-            raise launch.UsageError(f'--resume: checkpoint not found: {args.resume}')
+            raise UsageError(f'--resume: checkpoint not found: {args.resume}')
         cfg.resume, cfg.load_from = True, args.resume
-    launch.check_attention(cfg)
-    launch.check_model_types(cfg)
-    launch.check_types(cfg)
-    launch.check_vis_backends(cfg)
+    checks.check_attention(cfg)
+    checks.check_model_types(cfg)
+    checks.check_types(cfg)
+    checks.check_vis_backends(cfg)
     phases = ('train', 'val') if cfg.get('val_cfg') is not None else ('train', )
     if not getattr(args, 'dry_run', False):  # a dry run reads no data and loads no weights
-        for root, subset in launch.demo_roots(cfg, phases):
+        for root, subset in checks.demo_roots(cfg, phases):
             make_demo(root, subset)
-        launch.check_data(cfg, phases)
+        checks.check_data(cfg, phases)
         if not (cfg.get('resume') and cfg.get('load_from')):  # a resumed checkpoint replaces every weight
-            launch.check_pretrained(cfg)
-    if device == 'cuda':
-        launch.check_cuda_ops(cfg)
+            checks.check_pretrained(cfg)
+    if on == 'cuda':
+        device.check_cuda_ops(cfg)
     if args.amp:
-        launch.enable_amp(cfg, args.amp_dtype)
+        device.enable_amp(cfg, args.amp_dtype)
     if args.auto_scale_lr:
-        launch.enable_auto_scale_lr(cfg)
-    launch.enable_determinism_env(cfg)
-    launch.add_reliability_hooks(cfg, args.skip_nonfinite_loss)
-    for note in launch.apply_device_settings(cfg, args.launcher) + launch.apply_cluster_settings(cfg, args.launcher):
+        runner.enable_auto_scale_lr(cfg)
+    device.enable_determinism_env(cfg)
+    runner.add_reliability_hooks(cfg, args.skip_nonfinite_loss)
+    for note in device.apply_device_settings(cfg, args.launcher) + device.apply_cluster_settings(cfg, args.launcher):
         print(f'[softfree_mm] {note}', file=sys.stderr)
     return cfg
 
@@ -110,37 +113,39 @@ def check_start(runner, cfg, auto_resume):
     """The checkpoint the run starts from is readable and belongs to the model (--resume: exactly); an auto-resume
     whose newest checkpoint is unreadable falls back to the newest readable one."""
     from mmengine.model import is_model_wrapper
-    from softfree_mm.engine import reliability
+    from softfree_mm.engine.checkpoints import check_checkpoint, latest_checkpoint, remove_stale_temporaries
+    from softfree_mm.engine.errors import BadInput
     path = cfg.get('load_from')
     if not path:
         return
     model = runner.model.module if is_model_wrapper(runner.model) else runner.model
     try:
         check_start_arch(path, model)
-        reliability.check_checkpoint(path, model, 'resume' if cfg.get('resume') else 'load')
-    except reliability.BadInput as e:
+        check_checkpoint(path, model, 'resume' if cfg.get('resume') else 'load')
+    except BadInput as e:
         if not auto_resume:
             raise
-        fallback = reliability.latest_checkpoint(cfg.work_dir, check=True)
+        fallback = latest_checkpoint(cfg.work_dir, check=True)
         if not fallback or fallback == path:
             raise
         print(f'[softfree_mm] {e}; resuming from {fallback} instead', file=sys.stderr)
-        reliability.check_checkpoint(fallback, model, 'resume')
+        check_checkpoint(fallback, model, 'resume')
         runner._load_from = fallback
     from mmengine.dist import is_main_process
     if cfg.get('resume') and is_main_process():
-        reliability.remove_stale_temporaries(cfg.work_dir)
+        remove_stale_temporaries(cfg.work_dir)
 
 
 def check_start_arch(path, model):
     """A backbone whose weights in the checkpoint have other depths / widths / heads is one error naming them
     (mmengine would list every weight of another shape)."""
-    from softfree_mm.engine import reliability
+    from softfree_mm.engine.checkpoints import load_state_dict_of
+    from softfree_mm.engine.errors import BadInput
     from softfree_mm.models.converters import check_model_checkpoint
     try:
-        check_model_checkpoint(model, reliability.load_state_dict_of(path), path)
+        check_model_checkpoint(model, load_state_dict_of(path), path)
     except ValueError as e:
-        raise reliability.BadInput(' '.join(str(e).split())) from None
+        raise BadInput(' '.join(str(e).split())) from None
 
 
 def make_demo(root, subset=None):
@@ -159,8 +164,10 @@ def main(argv=None):
     args = parse_args(argv)
     if (args.device or os.environ.get('SOFTFREE_MM_DEVICE')) == 'cpu':
         os.environ['CUDA_VISIBLE_DEVICES'] = ''  # before anything initialises CUDA: every part takes its CPU path
-    from softfree_mm.engine import launch, reliability
-    reliability.name_failing_samples()
+    from softfree_mm.engine.data_errors import name_failing_samples
+    from softfree_mm.engine.errors import BadInput, NonFiniteLoss, UsageError, error_line, short_error
+    from softfree_mm.engine.runner import build_runner, finish_dist, print_error, run
+    name_failing_samples()
     try:
         cfg = prepare(args)
         if args.dry_run:
@@ -169,33 +176,33 @@ def main(argv=None):
                 print(f'[dry-run] {line}')
             print(f'[dry-run] {args.config}: config checked, no data read, nothing trained')
             return 0
-        runner = launch.build_runner(cfg)
+        runner = build_runner(cfg)
         check_start(runner, cfg, auto_resume=args.resume == 'auto')
-    except launch.UsageError as e:
-        launch.print_error(str(e))
+    except UsageError as e:
+        print_error(str(e))
         return 2
-    except reliability.BadInput as e:
-        launch.print_error(reliability.error_line(e), every_rank=True)
+    except BadInput as e:
+        print_error(error_line(e), every_rank=True)
         return 2
     except (KeyError, ValueError, TypeError) as e:
         # building the model / datasets rejected a setting (e.g. a kernel the backbone cannot use)
         if os.environ.get('SOFTFREE_MM_TRACEBACK'):
             raise
-        print(f'error: {args.config}: {launch.short_error(e)} (SOFTFREE_MM_TRACEBACK=1 shows the traceback)',
+        print(f'error: {args.config}: {short_error(e)} (SOFTFREE_MM_TRACEBACK=1 shows the traceback)',
               file=sys.stderr)
         return 2
     try:
-        launch.run(runner, 'train', args.config)
-    except launch.UsageError as e:
-        launch.print_error(str(e))
+        run(runner, 'train', args.config)
+    except UsageError as e:
+        print_error(str(e))
         return 2
-    except reliability.BadInput as e:
-        launch.print_error(reliability.error_line(e), every_rank=True)
+    except BadInput as e:
+        print_error(error_line(e), every_rank=True)
         return 2
-    except reliability.NonFiniteLoss as e:
-        launch.print_error(reliability.error_line(e))
+    except NonFiniteLoss as e:
+        print_error(error_line(e))
         return 2
-    launch.finish_dist()
+    finish_dist()
     return 0
 
 

@@ -1,7 +1,7 @@
 """What the analysis tools share: a model from a config and a checkpoint, images through the config's test pipeline,
 and one backbone forward per image with every attention call captured.
 
-Bad input (config, checkpoint, image, split, layer) raises :class:`softfree_mm.engine.launch.UsageError` with one
+Bad input (config, checkpoint, image, split, layer) raises :class:`softfree_mm.engine.errors.UsageError` with one
 line; the tools print it and exit with status 2.
 """
 import os
@@ -12,7 +12,9 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from ..engine.launch import UsageError
+from ..engine import config_checks as checks
+from ..engine.device import apply_device_settings
+from ..engine.errors import UsageError, short_error
 
 SPLITS = ('train', 'val', 'test')
 
@@ -21,11 +23,10 @@ def load_config(config: str, cfg_options: Optional[dict] = None):
     """The checked config (kernels, model types); its default scope becomes the current one."""
     from mmengine.registry import init_default_scope
 
-    from ..engine import launch
-    cfg = launch.load_config(config, cfg_options)
-    launch.check_attention(cfg)
-    launch.check_model_types(cfg)
-    launch.apply_device_settings(cfg, 'none')
+    cfg = checks.load_config(config, cfg_options)
+    checks.check_attention(cfg)
+    checks.check_model_types(cfg)
+    apply_device_settings(cfg, 'none')
     init_default_scope(cfg.default_scope)
     return cfg
 
@@ -39,8 +40,6 @@ def build_model(cfg, checkpoint: str, config: str = '', device: str = 'cpu'):
     """The config's model in eval mode with the checkpoint's weights (``'none'``: ``init_weights``)."""
     from mmengine.registry import MODELS
     from mmengine.runner import load_checkpoint
-
-    from ..engine import launch
     check_checkpoint(checkpoint)
     model_cfg = cfg.model
     if isinstance(model_cfg, dict) and cfg.get('data_preprocessor') is not None:
@@ -49,14 +48,14 @@ def build_model(cfg, checkpoint: str, config: str = '', device: str = 'cpu'):
         with MODELS.switch_scope_and_registry(cfg.default_scope) as registry:
             model = registry.build(model_cfg)
     except (KeyError, ValueError, TypeError) as e:
-        raise UsageError(f'{config}: the model does not build: {launch.short_error(e)}') from None
+        raise UsageError(f'{config}: the model does not build: {short_error(e)}') from None
     if checkpoint == 'none':
         model.init_weights()
     else:
         try:
             load_checkpoint(model, checkpoint, map_location='cpu', strict=True, logger='silent')
         except Exception as e:  # missing / unexpected keys, shape mismatches, unreadable files
-            raise UsageError(f'checkpoint {checkpoint} does not fit {config}: {launch.short_error(e)}') from None
+            raise UsageError(f'checkpoint {checkpoint} does not fit {config}: {short_error(e)}') from None
     return model.to(device).eval()
 
 
@@ -96,19 +95,17 @@ def load_image(cfg, path: str) -> dict:
 def build_dataset(cfg, split: str, config: str = ''):
     """The split's dataset (demo data written on demand); checked before any model is built."""
     from mmengine.registry import DATASETS
-
-    from ..engine import launch
     if split not in SPLITS:
         raise UsageError(f'--split must be one of {", ".join(SPLITS)}, got {split!r}')
     loader = _pipeline_cfg(cfg, split)
-    for root, subset in launch.demo_roots(cfg, (split, )):
+    for root, subset in checks.demo_roots(cfg, (split, )):
         _make_demo(root, subset)
-    launch.check_data(cfg, (split, ))
+    checks.check_data(cfg, (split, ))
     try:
         with DATASETS.switch_scope_and_registry(cfg.default_scope) as registry:
             ds = registry.build(loader.dataset)
     except Exception as e:
-        raise UsageError(f'{config}: the {split} dataset does not build: {launch.short_error(e)}') from None
+        raise UsageError(f'{config}: the {split} dataset does not build: {short_error(e)}') from None
     if len(ds) == 0:
         raise UsageError(f'{config}: the {split} dataset is empty')
     return ds

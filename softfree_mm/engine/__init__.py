@@ -1,2 +1,3 @@
-"""Training-time helpers: the shared logic of tools/train.py and test.py (``launch``, imported by the tools only)
-and the hooks of ``engine.hooks`` (registered by ``softfree_mm.registry``)."""
+"""What the tools run on: config / data / CLI checks, device and cluster settings, the Runner's set-up, checkpoint
+and data-file checks, the dry run, and the mmengine hooks (``engine.hooks``, registered by ``softfree_mm.registry``).
+"""

@@ -1,19 +1,17 @@
-"""Which device a tool runs on, and why CUDA is not usable when it is not: no silent CPU fallback on a GPU machine.
+"""Which device a tool runs on (no silent CPU fallback on a GPU machine), and the settings a machine or a cluster
+job needs (CPU stand-ins for SyncBN / nccl / DDP device ids, --amp, Slurm's port and CPUs).
 
-A single process on a machine with no GPU allocated runs on CPU by itself (``make demo``). Under a distributed
-launcher, or with GPUs allocated (``CUDA_VISIBLE_DEVICES``, Slurm's GPU variables, a loaded NVIDIA driver), a CUDA
-that does not work is an error naming the cause (a driver too old for the torch build, a CPU-only torch, GPUs
-hidden...), unless the user asks for CPU: ``--device cpu`` or ``SOFTFREE_MM_DEVICE=cpu``. Without that, ``bash
-tools/dist_train.sh CFG 8`` on a node whose driver is too old would train 8 CPU processes over gloo.
-
-``python softfree_mm/engine/device.py [--launcher L] [--device D]`` is the same check as a one-line preflight
-(exit status 2), which tools/dist_*.sh run before torchrun; this file needs torch only (run as a script it loads
-none of the mm stack).
+A CUDA that is expected (a launcher, GPUs allocated, --device cuda) and does not work is an error naming the cause,
+unless CPU is asked for (--device cpu, $SOFTFREE_MM_DEVICE=cpu). Run as a script (tools/dist_*.sh's preflight before
+torchrun) this file loads torch only, so the mm stack and the error classes are imported inside the functions.
 """
 import os
 import re
 import sys
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
+
+if TYPE_CHECKING:
+    from mmengine.config import Config
 
 DEVICES = ('auto', 'cuda', 'cpu')
 DEVICE_ENV = 'SOFTFREE_MM_DEVICE'
@@ -129,6 +127,160 @@ def check(device: str = 'auto', launcher: str = 'none') -> str:
            else 'GPUs are allocated: ' + ', '.join(signs))
     raise DeviceError(f'CUDA is not usable ({why}): {problem}. To run on CPU on purpose, add --device cpu '
                       f'(or set {DEVICE_ENV}=cpu)')
+
+
+def select_device(device: Optional[str], launcher: str) -> str:
+    """'cuda' or 'cpu' as :func:`check` decides; its DeviceError as the tools' UsageError."""
+    from .errors import UsageError
+    try:
+        return check(requested(device), launcher)
+    except DeviceError as e:
+        raise UsageError(str(e)) from None
+
+
+# ------------------------------------------------------------------------------------------ settings per machine
+def _replace_syncbn(node) -> int:
+    n = 0
+    if isinstance(node, dict):
+        if node.get('type') in ('SyncBN', 'MMSyncBN', 'TorchSyncBN'):
+            node['type'] = 'BN'
+            n += 1
+        for v in node.values():
+            n += _replace_syncbn(v)
+    elif isinstance(node, list):
+        for v in node:
+            n += _replace_syncbn(v)
+    return n
+
+
+def apply_device_settings(cfg: 'Config', launcher: str) -> List[str]:
+    """Settings a machine without CUDA needs; returns a note for each change made."""
+    import torch
+    notes = []
+    if torch.cuda.is_available():
+        return notes
+    # SyncBN needs CUDA: plain BN (statistics per process) is the CPU stand-in
+    if _replace_syncbn(cfg._cfg_dict.get('model')):
+        notes.append('no CUDA: SyncBN -> BN')
+    cfg.setdefault('env_cfg', {})
+    cfg.env_cfg.setdefault('dist_cfg', {})
+    if cfg.env_cfg.dist_cfg.get('backend', 'nccl') != 'gloo':
+        cfg.env_cfg.dist_cfg.backend = 'gloo'
+        notes.append('no CUDA: distributed backend gloo')
+    if launcher != 'none':
+        # DDP refuses device_ids for CPU modules
+        wrapper = cfg.get('model_wrapper_cfg') or dict(type='MMDistributedDataParallel')
+        wrapper['device_ids'] = None
+        cfg.model_wrapper_cfg = wrapper
+        notes.append('no CUDA: DDP without device_ids')
+    return notes
+
+
+def check_cuda_ops(cfg: 'Config') -> None:
+    """A detector on CUDA needs nms / roi_align on CUDA: mmcv's own (compiled with CUDA) or torchvision's (the compat
+    route). Names what is missing."""
+    if cfg.default_scope != 'mmdet':
+        return
+    import torch
+
+    from softfree_mm import compat
+
+    from .errors import UsageError
+    if compat.mmcv_has_cuda_ops():
+        return
+    if os.environ.get(compat.ROUTE_ENV) == '0':
+        raise UsageError(f'mmcv {_mmcv_version()} has no CUDA ops and {compat.ROUTE_ENV}=0 turns the torchvision '
+                         'route off: the detector cannot run nms / roi_align on CUDA; unset it, or build mmcv with '
+                         'CUDA ops (MMCV_CUDA=1 bash tools/setup_env.sh)')
+    try:
+        cuda_ops = torch.ops.torchvision._cuda_version() > 0
+    except Exception:
+        cuda_ops = False
+    if not cuda_ops:
+        import torchvision
+        raise UsageError(f'mmcv {_mmcv_version()} has no CUDA ops and torchvision {torchvision.__version__} none '
+                         'either: the detector cannot run nms / roi_align on CUDA; install the torchvision built for '
+                         f'torch {torch.__version__} (CUDA {torch.version.cuda})')
+
+
+def _mmcv_version() -> str:
+    try:
+        import mmcv
+        return mmcv.__version__
+    except ImportError:
+        return '(not installed)'
+
+
+def enable_determinism_env(cfg: 'Config') -> None:
+    """cuBLAS refuses deterministic mode unless its workspace is fixed before its first use."""
+    if (cfg.get('randomness') or {}).get('deterministic'):
+        os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
+
+
+AMP_DTYPES = ('auto', 'float16', 'bfloat16')
+
+
+def amp_dtype(requested: str = 'auto') -> str:
+    """The autocast dtype of --amp: bfloat16 where the GPU has it (no overflow at 65504, the loss scaler idle),
+    else float16 with dynamic loss scaling; or the one asked for."""
+    import torch
+
+    from .errors import UsageError
+    if requested not in AMP_DTYPES:
+        raise UsageError(f'--amp-dtype {requested!r}: valid values are {", ".join(AMP_DTYPES)}')
+    bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if requested == 'auto':
+        return 'bfloat16' if bf16 else 'float16'
+    if requested == 'bfloat16' and not bf16:
+        raise UsageError(f'--amp-dtype bfloat16: {torch.cuda.get_device_name()} has no bfloat16; use float16')
+    return requested
+
+
+def enable_amp(cfg: 'Config', dtype: str = 'auto') -> str:
+    import torch
+
+    from .errors import UsageError
+    if not torch.cuda.is_available():
+        raise UsageError('--amp needs CUDA (mmengine AmpOptimWrapper); this machine has none')
+    wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
+    if wrapper not in ('OptimWrapper', 'AmpOptimWrapper'):
+        raise UsageError(f'--amp works with optim_wrapper.type OptimWrapper, the config has {wrapper!r}')
+    dtype = amp_dtype(dtype)
+    cfg.optim_wrapper.type = 'AmpOptimWrapper'
+    cfg.optim_wrapper.dtype = dtype
+    cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
+    return dtype
+
+
+# ------------------------------------------------------------------------------------------ settings per cluster
+SLURM_PORTS = (20000, 30000)  # below Linux's ephemeral range (32768-60999)
+
+
+def slurm_master_port(job_id: str, step_id: str = '0') -> int:
+    """A port every task of one Slurm job step computes alike and two jobs on one node do not share (unless their
+    ids differ by a multiple of 10000)."""
+    lo, hi = SLURM_PORTS
+    return lo + (int(job_id) * 7 + int(step_id or 0)) % (hi - lo)
+
+
+def apply_cluster_settings(cfg: 'Config', launcher: str) -> List[str]:
+    """What a cluster job needs from the environment: a MASTER_PORT of its own under Slurm (two jobs on one node
+    would both take 29500), and no more data-loading workers than the CPUs Slurm gave each task."""
+    notes = []
+    if launcher == 'slurm' and 'MASTER_PORT' not in os.environ and os.environ.get('SLURM_JOB_ID', '').isdigit():
+        step = os.environ.get('SLURM_STEP_ID', '0')
+        port = slurm_master_port(os.environ['SLURM_JOB_ID'], step if step.isdigit() else '0')
+        os.environ['MASTER_PORT'] = str(port)
+        notes.append(f'MASTER_PORT={port} (from SLURM_JOB_ID)')
+    cpus = os.environ.get('SLURM_CPUS_PER_TASK', '')
+    if cpus.isdigit():
+        most = max(1, int(cpus) - 1)  # one CPU for the training process itself
+        for key in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+            loader = cfg.get(key)
+            if loader and loader.get('num_workers', 0) > most:
+                notes.append(f'{key}.num_workers {loader.num_workers} -> {most} (SLURM_CPUS_PER_TASK={cpus})')
+                loader.num_workers = most
+    return notes
 
 
 def main(argv=None) -> int:

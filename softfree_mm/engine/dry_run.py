@@ -1,13 +1,7 @@
-"""``tools/train.py CONFIG --dry-run``: check a config without its data set.
-
-Builds what training would build and reads no image or annotation file: the model (every attention kernel and its
-fit to the backbone are checked while it is built), one forward of the backbone on a small image (the kernels run),
-the data pipelines of every dataloader (each transform built), the dataset types, the evaluators (without their
-annotation files), the optimizer wrapper with its parameter-wise settings, the visualiser's backends, and the
-checkpoints the run starts from where the files are here (a backbone's Pretrained file read and converted, its
-depths / widths / heads against the backbone's; ``load_from`` / ``--resume`` against the whole model). A problem is
-a :class:`~softfree_mm.engine.launch.UsageError` naming it (one line, exit status 2); success returns one summary
-line per part.
+"""``tools/train.py CONFIG --dry-run``: build what training would build (model and one backbone forward, pipelines,
+dataset types, evaluators, optimizer wrapper, visualiser backends, start checkpoints that are here) without reading
+the data set, so a config is checked in seconds. A problem is a :class:`~softfree_mm.engine.errors.UsageError`;
+success returns one summary line per part.
 """
 import importlib
 import itertools
@@ -18,7 +12,8 @@ from typing import List, Optional, Tuple
 import torch
 from mmengine.config import Config, ConfigDict
 
-from .launch import DATALOADERS, EVALUATORS, UsageError, _datasets, check_vis_backends, short_error
+from .config_checks import DATALOADERS, EVALUATORS, _datasets, check_vis_backends
+from .errors import UsageError, short_error
 
 _RUNS = itertools.count()
 PROBE_SIZE = (64, 64)  # the backbone forward: small, and a multiple of every stride (32)
@@ -151,7 +146,7 @@ def check_start(cfg: Config, model) -> List[str]:
                                                missing_checkpoint_message, placement, read_pretrained)
     from softfree_mm.models.layers import SoftFreeBackbone
 
-    from .reliability import check_checkpoint, load_state_dict_of
+    from .checkpoints import check_checkpoint, load_state_dict_of
     lines = []
     for name, m in model.named_modules():
         init = getattr(m, 'init_cfg', None)

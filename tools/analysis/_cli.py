@@ -41,7 +41,7 @@ def kernel_specs(texts):
 
 def run(main, argv=None):
     """Call ``main``; UsageError -> one line, exit status 2."""
-    from softfree_mm.engine.launch import UsageError
+    from softfree_mm.engine.errors import UsageError
     try:
         return main(argv)
     except UsageError as e:

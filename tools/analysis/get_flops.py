@@ -83,14 +83,16 @@ def main(argv=None):
 
 def count_config(config, shape, cfg_options):
     """Print the OpenMMLab summary of one config's model; return its CSV row (None after a one-line error)."""
-    from softfree_mm.engine import launch
+    from softfree_mm.engine import config_checks as checks
+    from softfree_mm.engine.device import apply_device_settings
+    from softfree_mm.engine.errors import UsageError, short_error
 
     try:
-        cfg = launch.load_config(config, cfg_options)
-        launch.check_attention(cfg)
-        launch.check_model_types(cfg)
-        launch.apply_device_settings(cfg, 'none')
-    except launch.UsageError as e:
+        cfg = checks.load_config(config, cfg_options)
+        checks.check_attention(cfg)
+        checks.check_model_types(cfg)
+        apply_device_settings(cfg, 'none')
+    except UsageError as e:
         print(f'error: {e}', file=sys.stderr)
         return None
     import torch
@@ -106,7 +108,7 @@ def count_config(config, shape, cfg_options):
         with MODELS.switch_scope_and_registry(scope) as registry:
             model = registry.build(cfg.model)
     except (KeyError, ValueError, TypeError) as e:
-        print(f'error: {config}: {launch.short_error(e)}', file=sys.stderr)
+        print(f'error: {config}: {short_error(e)}', file=sys.stderr)
         return None
     model.eval()
     res = count_flops(tensor_forward(model, scope, h, w), inputs=(torch.randn(1, 3, h, w),))

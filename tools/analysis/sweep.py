@@ -44,9 +44,9 @@ def main(argv=None):
     specs = kernel_specs(args.kernels)
     if not args.key or any(not part.isidentifier() for part in args.key.split('.')):
         fail(f'--key must be a dotted path of names such as model.backbone.attn_cfg, got {args.key!r}')
-    from softfree_mm.engine import launch
+    from softfree_mm.engine.config_checks import load_config
     for config in args.configs:  # a bad config or option fails here, before any training
-        cfg = launch.load_config(config, options)
+        cfg = load_config(config, options)
         node = cfg._cfg_dict
         for part in args.key.split('.'):
             node = node.get(part) if isinstance(node, dict) else None

@@ -1,6 +1,10 @@
-"""Forward hooks on the attention kernels: capture of their inputs (any backbone, any kernel) and the mmengine hook
-that records attention norms during training."""
+"""The package's mmengine hooks and what they stand on: capture of every attention kernel's inputs (any backbone,
+any kernel) with their layouts, the attention-norm statistics hook, and the reliability hooks the tools add
+(random states in checkpoints, the non-finite-loss guard)."""
 from .attention_stats import AttentionStatsHook
 from .capture import AttentionCall, AttentionCapture, attention_layers
+from .loss_guard import NonFiniteLossHook
+from .rng_state import RNGStateHook
 
-__all__ = ['AttentionCall', 'AttentionCapture', 'AttentionStatsHook', 'attention_layers']
+__all__ = ['AttentionCall', 'AttentionCapture', 'AttentionStatsHook', 'NonFiniteLossHook', 'RNGStateHook',
+           'attention_layers']
