@@ -9,7 +9,7 @@ padding) carry no mass. The reference is the same measure for uniform rows over 
 """
 import torch
 
-from .layouts import Layout
+from ..engine.hooks.layouts import Layout
 
 
 def neighbour_share(layout: Layout) -> torch.Tensor:

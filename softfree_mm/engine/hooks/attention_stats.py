@@ -1,20 +1,10 @@
-"""``AttentionStatsHook``: the attention norms of the polynomial-attention paper (arXiv 2410.18613), per layer and head, recorded during training.
+"""``AttentionStatsHook``: ||A||_F and the score-Jacobian norm (arXiv 2410.18613's measures) per attention layer
+and head, recorded during training through the runner's visualizer.
 
-Every ``interval`` training iterations the hook watches the forward pass of the current batch (forward pre-hooks on
-the kernels, see :mod:`.capture`) and records, for every attention layer and head, averaged over the batch's
-attention problems (images x windows / stripes; padding queries left out):
-
-* ``{prefix}/{layer}/fro_h{i}``: ||A||_F of head i (and ``fro``: the mean over heads);
-* ``{prefix}/{layer}/jac_h{i}``: the Frobenius norm of the Jacobian of A with respect to its scores, exact closed
-  forms (:mod:`softfree_mm.analysis.norms`); kernels without a score map get no ``jac`` (the log says why once);
-* (for InLine's official per-channel residual, which is no matrix shared by the channels, A is the matrix part);
-* ``{prefix}/{layer}/rows`` and ``keys``: real query rows per problem and valid keys per row (softmax's bounds:
-  ||A||_F <= sqrt(rows), ||J||_F <= 2 sqrt(rows)).
-
-The numbers go through the runner's visualizer: every backend the config names gets them (``LocalVisBackend``:
-``vis_data/scalars.json`` and ``vis_data/attention_stats.json``; ``TensorboardVisBackend`` where tensorboard is
-installed). Between records no hook is attached to the model: the only cost is one modulo per iteration.
-Plot the curves after training with ``tools/analysis/plot_attention_stats.py``.
+Every ``interval`` iterations the forward pass of the batch is watched (:mod:`.capture`) and, averaged over the
+batch's attention problems (padding queries left out), ``{prefix}/{layer}/fro[_h{i}]``, ``jac[_h{i}]`` (kernels
+without a score map get none, the log says why once), ``rows`` and ``keys`` (softmax's bounds: ||A||_F <=
+sqrt(rows), ||J||_F <= 2 sqrt(rows)) are written. Between records no hook is attached to the model.
 
     custom_hooks = [dict(type='AttentionStatsHook', interval=50)]
 """
@@ -24,8 +14,8 @@ from mmengine.dist import is_main_process
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 
-from ...analysis.norms import call_stats
 from .capture import AttentionCapture
+from .matrix_norms import call_stats
 
 
 class AttentionStatsHook(Hook):

@@ -4,7 +4,7 @@ Every kernel is an ``AttentionKernel`` module called with ``(q, k, v, hw, scale,
 pre-hook per kernel reaches every attention layer of every backbone (and of foreign models whose attention was
 swapped for a kernel). Owner modules that know the layer's layout (Swin blocks, CSwin stripe branches, PVT
 spatial-reduction attention, XCiT blocks) get a pre-hook too, so each call also carries its layout in image space
-(:mod:`softfree_mm.analysis.layouts`).
+(:mod:`.layouts`).
 
 >>> with AttentionCapture(model.backbone) as cap:
 ...     model.backbone(images)
@@ -20,8 +20,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple, Union
 import torch
 from torch import nn
 
-from ...analysis.layouts import Layout, adapters, default_layout
 from ...attention import AttentionKernel
+from .layouts import Layout, adapters, default_layout
 
 _ARGS = ('q', 'k', 'v', 'hw', 'scale', 'bias', 'mask', 'context')
 

@@ -158,7 +158,7 @@ def swin_layout(block, args, kwargs, call) -> Layout:
 
 def cswin_layout(branch, args, kwargs, call) -> Layout:
     """StripeBranch(q (B, H, W, c), k, v): stripes of the symmetrically padded grid (or the whole grid)."""
-    from ..models.backbones.cswin import stripe_geometry
+    from ...models.backbones.cswin import stripe_geometry
     q = args[0] if args else kwargs['q']
     h, w = q.shape[1:3]
     (sh, sw), (top, bottom, left, right) = stripe_geometry((h, w), branch.stripe((h, w)))
@@ -242,20 +242,10 @@ def default_layout(call, batch: Optional[int]) -> Layout:
 
 def adapters() -> Dict[type, Callable]:
     """Owner module type -> layout function. Each owner is hooked before its kernel runs."""
-    from ..models.backbones.cswin import StripeBranch
-    from ..models.backbones.pvt import SRAttention
-    from ..models.backbones.soft import GlobalBlock
-    from ..models.backbones.swin import SwinBlock
-    from ..models.backbones.xcit import XCABlock
+    from ...models.backbones.cswin import StripeBranch
+    from ...models.backbones.pvt import SRAttention
+    from ...models.backbones.soft import GlobalBlock
+    from ...models.backbones.swin import SwinBlock
+    from ...models.backbones.xcit import XCABlock
     return {SwinBlock: swin_layout, StripeBranch: cswin_layout, SRAttention: pvt_layout, XCABlock: xcit_layout,
             GlobalBlock: soft_global_layout}
-
-
-def image_stride(image_side: int, grid_side: int) -> float:
-    """Pixels per token along one axis: the power of two s with ceil(image / s) == grid (backbones pad the image
-    bottom / right to a stride multiple), else image / grid."""
-    for e in range(8):
-        s = 2 ** e
-        if -(-image_side // s) == grid_side:
-            return float(s)
-    return image_side / grid_side
