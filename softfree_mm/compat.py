@@ -1,31 +1,7 @@
 """Named repairs of the frozen OpenMMLab stack (mmengine 0.10.7, mmcv 2.1.0) on a current torch.
 
-Each repair is a function, applied once when ``softfree_mm`` is imported, and tested in tests/test_compat.py.
-
-1. ``allow_mmengine_checkpoint_types``: since torch 2.6 ``torch.load`` defaults to ``weights_only=True``, and a
-   checkpoint that mmengine saves holds numpy scalars/dtypes and mmengine's ``HistoryBuffer`` (message hub), so
-   ``--resume``, ``tools/test.py`` and ``init_cfg`` of such files fail. We allow-list exactly those types in torch's
-   safe unpickler; nothing else is unpickled, so files from elsewhere keep the weights-only protection. A
-   HistoryBuffer also pickled its class-level table of statistics functions through ``getattr`` (which must never
-   be allow-listed): its pickled state now leaves that table out (it is rebuilt on load).
-2. ``init_dist_without_cuda``: mmengine's ``_init_dist_pytorch`` and ``_init_dist_slurm`` call
-   ``torch.cuda.set_device`` unconditionally ("Found no NVIDIA driver" on CPU machines). Without CUDA we skip it
-   and use the gloo backend.
-3. ``mmcv_ops_on_torchvision``: mmcv 2.1.0 has no wheel for torch 2.14; the one built here (and by a plain
-   ``pip install`` on a machine without nvcc) has CPU ops only, so a Mask R-CNN on CUDA dies at its first NMS
-   ("nms_impl: implementation for device cuda:0 not found"). The shipped configs call exactly three compiled mmcv
-   ops: ``nms`` (the RPN's and the test-time ``batched_nms``), ``roi_align_forward`` / ``roi_align_backward``
-   (``RoIAlign`` in both RoI extractors, and ``roi_align`` in mmdet's mask targets); UperNet, Semantic FPN and the
-   classifiers call none (tests/test_compat_ops.py checks both). Where mmcv has no CUDA ops, calls on CUDA tensors
-   go to torchvision's kernels, which compute the same thing (tested against mmcv's own ops on CPU by forcing the
-   route); logged once. ``SOFTFREE_MM_TORCHVISION_OPS=1`` routes every call (CPU too; for tests),
-   ``=0`` never routes (an mmcv compiled with CUDA ops is then used as it is).
-4. ``checkpoints_replace_atomically``: mmengine writes a checkpoint straight into its final file, and its
-   CheckpointHook deletes the outdated checkpoint (``max_keep_ckpts``, the previous best) BEFORE it writes the new
-   one: a job killed during the save (a scheduler's SIGKILL, a full disk) keeps no usable checkpoint at all. Local
-   files are now written to a temporary file in the same folder, flushed to disk, then renamed over the final name
-   (an atomic replace), and the outdated checkpoints are deleted only after the new one and ``last_checkpoint``
-   are written.
+Each repair is one function that says what it fixes and why, applied once when ``softfree_mm`` is imported
+(:func:`apply_all`, :data:`APPLIED`), and tested in tests/test_compat.py and tests/test_compat_ops.py.
 """
 import functools
 import os
@@ -49,6 +25,11 @@ def _numpy_safe_globals():
 
 
 def allow_mmengine_checkpoint_types():
+    """Since torch 2.6 ``torch.load`` defaults to ``weights_only=True``, and an mmengine checkpoint holds numpy
+    scalars / dtypes and mmengine's ``HistoryBuffer``, so ``--resume``, tools/test.py and ``init_cfg`` of such files
+    fail. Exactly those types are allow-listed in torch's safe unpickler (files from elsewhere keep the protection);
+    a HistoryBuffer's pickled state leaves out its table of functions (pickled through ``getattr``, which must never
+    be allow-listed), rebuilt on load."""
     from mmengine.logging import HistoryBuffer
 
     def __getstate__(self):
@@ -68,8 +49,8 @@ def allow_mmengine_checkpoint_types():
 
 
 def init_dist_without_cuda():
-    """mmengine's torchrun and slurm start-ups call ``torch.cuda.set_device`` unconditionally; without CUDA we
-    skip that call and use gloo instead of nccl (which cannot run without CUDA)."""
+    """mmengine's torchrun and slurm start-ups call ``torch.cuda.set_device`` unconditionally ("Found no NVIDIA
+    driver" on CPU machines); without CUDA that call is skipped and gloo replaces nccl (which needs CUDA)."""
     from mmengine.dist import utils as dist_utils
 
     def cpu_safe(original):
@@ -192,8 +173,12 @@ TORCHVISION_OPS = None
 
 
 def mmcv_ops_on_torchvision():
-    """Puts one :class:`TorchvisionOps` in place of ``ext_module`` in ``mmcv.ops.nms`` and ``mmcv.ops.roi_align``
-    (every caller, whatever it imported, ends in these two modules' ``ext_module``)."""
+    """mmcv 2.1.0 has no wheel for this torch, and one built without nvcc has CPU ops only, so a Mask R-CNN on CUDA
+    dies at its first NMS. The shipped configs call exactly three compiled ops (``nms``, ``roi_align_forward`` /
+    ``_backward``; UperNet, Semantic FPN and the classifiers none): one :class:`TorchvisionOps` replaces
+    ``ext_module`` in ``mmcv.ops.nms`` and ``mmcv.ops.roi_align`` (where every caller ends), and routes CUDA calls
+    to torchvision's kernels, which compute the same. ``SOFTFREE_MM_TORCHVISION_OPS=1`` routes every call (CPU
+    too; for tests), ``=0`` none."""
     global TORCHVISION_OPS
     import importlib
     try:
@@ -239,6 +224,10 @@ def atomic_write(data: bytes, filepath: str) -> None:
 
 
 def checkpoints_replace_atomically():
+    """mmengine writes a checkpoint straight into its final file, and its CheckpointHook deletes the outdated ones
+    (``max_keep_ckpts``, the previous best) BEFORE writing the new one: a job killed during the save kept no usable
+    checkpoint. Local files are now written by :func:`atomic_write`, and the outdated checkpoints are deleted only
+    after the new one and ``last_checkpoint`` are written."""
     from mmengine.fileio.backends.local_backend import LocalBackend
     from mmengine.hooks import CheckpointHook
 

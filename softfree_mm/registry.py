@@ -1,12 +1,10 @@
 """The one place that touches the OpenMMLab registries.
 
-Every class in ``softfree_mm.models.__all__`` is registered into the MODELS registries of mmdet, mmseg and
-mmpretrain (whichever are installed) and into this package's own scope, ``softfree_mm``, so that
-``dict(type='SoftFreeSwin', ...)`` works in any mmdet, mmseg or mmpretrain config with that config's default scope.
-``SoftFreeSwap`` (a builder function, registered the same way) swaps the attention kernel of any registered model.
-The hooks of ``softfree_mm.engine.hooks`` (``AttentionStatsHook``) go into the HOOKS registries the same way.
-The ``Scratch`` weight initializer (``init_cfg=dict(type='Scratch')``: train from the module's own initialisation,
-on purpose) is registered into mmengine's root WEIGHT_INITIALIZERS, which every scope falls back to.
+Every class of ``softfree_mm.models.__all__`` and the ``SoftFreeSwap`` builder go into the MODELS registries of
+mmdet, mmseg and mmpretrain (those installed) and of this package's scope, so ``dict(type='SoftFreeSwin', ...)``
+works under any of their default scopes; the hooks go into HOOKS the same way (the tools' reliability hooks into
+mmengine's root), ``Scratch`` (train from the module's own initialisation, on purpose) into the root
+WEIGHT_INITIALIZERS, which every scope falls back to.
 """
 import importlib
 

@@ -46,8 +46,7 @@ COCO_DIGIT_PX = (24, 52)
 ADE_SIZE = (128, 160)
 ADE_COUNTS = dict(training=200, validation=50)
 # classification crops: one digit filling most of a 32 px crop (24-32 px, the small half of the detection digits'
-# sizes). A classifier learns these in a few hundred steps; 64 px crops with a digit anywhere in them (the previous
-# layout) stayed at chance for as long as the demo can train (a plain 4-layer CNN too: 14% after 300 steps of 32)
+# sizes), which a classifier learns within the demo's few hundred steps (a digit anywhere in a larger crop is not)
 CLS_SIZE = 32
 CLS_COUNTS = dict(train=450, val=50)  # images per class
 CLS_DIGIT_PX = (24, 32)

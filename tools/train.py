@@ -4,24 +4,9 @@
         [--resume [CKPT]] [--auto-scale-lr] [--device auto|cuda|cpu] [--skip-nonfinite-loss]
         [--cfg-options KEY=VALUE ...] [--launcher none|pytorch|slurm|mpi] [--dry-run]
 
-Device: CUDA when it works. One process on a machine without GPUs runs on CPU by itself (gloo, DDP without
-device_ids, BN for SyncBN); under a launcher or with GPUs allocated, a CUDA that does not work is an error naming
-the cause unless --device cpu (or SOFTFREE_MM_DEVICE=cpu) asks for CPU.
-One line on stderr and exit status 2 for: a missing data root or image folder, an unknown config file or kernel, a
-misspelt type anywhere in the config, --cfg-options that cannot be applied, a --launcher without its environment,
-a visualiser backend whose package is missing (TensorBoard: pip install -e .[tensorboard]),
-a setting the Runner refuses while it builds its parts, an unusable CUDA, an unreadable image or annotation file
-(named), a corrupt checkpoint or one of another model, a NaN / inf loss (the iteration and the loss terms; the last
-checkpoint is kept; --skip-nonfinite-loss skips such updates instead).
-Kill and resume: checkpoints are written atomically and hold the random states; ``--resume`` continues from the
-newest readable checkpoint of the work dir and, with a fixed seed, reproduces the uninterrupted run.
-
-``--dry-run`` checks the config without its data set and trains nothing: it builds the model (kernels and their fit
-to the backbone), runs the backbone once on a small image, builds every data pipeline, the evaluators (without their
-annotation files), the optimizer and the visualiser backends, checks the checkpoints the run starts from where the
-files are here (a backbone's Pretrained file read and converted: depths, widths and heads against the backbone's;
-load_from / --resume against the model), prints one line per part and exits 0 (no data is read, nothing is loaded
-into the model).
+Bad input (config, data, device, a file met while running, a NaN / inf loss) stops with one line on stderr and exit
+status 2; ``--resume`` continues from the newest readable checkpoint and reproduces the uninterrupted run;
+``--dry-run`` checks the config without its data set and trains nothing (docs/training.md, docs/reliability.md).
 Demo data roots (``data/demo/...``) are written on demand by tools/make_demo_data.py.
 """
 import argparse

@@ -1,12 +1,8 @@
-"""A query's attention drawn in image space, for any layout (what tools/vis_attention.py draws).
+"""A query's attention drawn in image space for any layout (what tools/vis_attention.py draws).
 
-Token layouts (global, window, stripe, spatial reduction): the query is the token under a pixel; its row of A is
-put back on the layer's grid (:meth:`Layout.spread`): window and stripe queries light up their own shifted /
-padded window or stripe only, a PVT query spreads each reduced key's weight evenly over the cell that key pools.
-Tokens the query cannot see are NaN. For a kernel whose A is not its whole output (InLine's official per-channel
-local residual is no matrix shared by v's channels) the map is A, and the note says what it leaves out. Channel
-layouts (XCiT): the "tokens" are the d_h channels of a head; query channel c gathers ``sum_c' A[c, c'] v[c', :]``,
-which is a map over the image tokens: that map is drawn.
+Its row of A goes back on the layer's grid (:meth:`Layout.spread`), NaN where the query sees nothing. For channel
+attention (XCiT) query channel c's map is ``sum_c' A[c, c'] v[c', :]`` over the image tokens; for a kernel whose A is
+not its whole output (InLine's per-channel residual) the map is A, and the note says so.
 """
 import math
 from typing import Tuple, Union

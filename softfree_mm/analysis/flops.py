@@ -1,14 +1,9 @@
-"""FLOPs of a model that count its attention (``tools/analysis/get_flops.py`` prints them).
+"""FLOPs of a model that count its attention (what tools/analysis/get_flops.py prints).
 
-mmengine's counter (``mmengine.analysis.FlopAnalyzer``, fvcore's rules: matrix products, convolutions, norms;
-one multiply-add is one "flop", as in OpenMMLab's and the papers' tables) counts the network. It knows nothing of
-``scaled_dot_product_attention`` (0 flops) nor of a custom autograd Function, so every attention variant would cost
-the same. Here forward hooks on the attention kernel modules read each call's shapes and add what the kernel
-declares (``AttentionKernel.flops``: multiply-adds per (batch, head) pair for the call's Nq, Nk, d, dv, mask or bias,
-grid), in place of whatever the counter found inside the kernel modules.
-
-Where mmengine's tracer cannot run a model, torch's dispatch-level counter (``torch.utils.flop_counter``: matrix
-products and convolutions, no norms) counts the rest; the result says which counter it used.
+mmengine's counter (fvcore's rules, one multiply-add one flop, as in the papers' tables) sees nothing in
+``scaled_dot_product_attention`` or a custom autograd Function, so every kernel would cost the same: forward hooks on
+the kernel modules add what each call declares (``AttentionKernel.flops``) instead. Where mmengine's tracer cannot run
+a model, torch's ``flop_counter`` (no norms) counts the rest; the result names the counter.
 """
 from collections import OrderedDict
 from typing import Dict, Sequence, Union

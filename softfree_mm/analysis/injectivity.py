@@ -1,12 +1,8 @@
 """Confusions (InLine, NeurIPS 2024): pairs of distinct queries that an attention function maps to the same row.
 
-InLine counts, per image, the pairs of queries ``q_i != q_j`` whose attention distributions are equal up to an L2
-distance below 1e-3 (two float vectors are rarely exactly equal). Plain linear attention divides by the row sum, so
-``q`` and ``2 q`` (and, with relu features, any two queries with the same positive part up to scale) give the same
-row; softmax and InLine do not. A pair counts when its rows lie closer than ``threshold`` and its queries at least
-``query_threshold`` apart; pairs are counted within each attention problem (a window's queries share its keys) and
-summed per head. Distances are computed in float64 (the float32 Gram-matrix form loses about 1e-4 to cancellation,
-near the threshold).
+Plain linear attention divides by the row sum, so ``q`` and ``2 q`` give the same row; softmax and InLine do not.
+Pairs are counted within each attention problem (a window's queries share its keys) and summed per head; distances
+are float64, as float32's Gram-matrix form loses about 1e-4 to cancellation, near the 1e-3 threshold.
 """
 from typing import Optional
 

@@ -1,11 +1,8 @@
 """Locality (InLine, NeurIPS 2024): the attention mass each query puts on its 3x3 neighbourhood in image space.
 
-For query i at grid position (y, x) the measure is ``sum_j A_ij * share_j``, where ``share_j`` is the part of key
-j that lies in the tokens (y + dy, x + dx), |dy|, |dx| <= 1 (a key that is one token: 1 or 0; a spatially reduced
-PVT key covering a cell of r x r tokens: the fraction of its cell inside the neighbourhood, its mass being spread
-evenly over the cell, as :meth:`Layout.spread` draws it). Keys a query cannot see (other windows, masked regions,
-padding) carry no mass. The reference is the same measure for uniform rows over the keys the query may see
-(InLine's ``9 / N`` for an interior query of a global layer). Channel attention (XCiT) has no token neighbourhood.
+``sum_j A_ij * share_j``, ``share_j`` the part of key j inside the neighbourhood (a spatially reduced PVT key: the
+fraction of its cell), against the same measure for uniform rows over the keys the query may see (InLine's ``9 / N``
+for an interior query of a global layer). Channel attention (XCiT) has no token neighbourhood.
 """
 import torch
 

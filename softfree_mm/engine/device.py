@@ -1,9 +1,10 @@
-"""Which device a tool runs on (no silent CPU fallback on a GPU machine), and the settings a machine or a cluster
-job needs (CPU stand-ins for SyncBN / nccl / DDP device ids, --amp, Slurm's port and CPUs).
+"""Which device a tool runs on, with no silent CPU fallback on a GPU machine, and the settings a machine or a
+cluster job needs (CPU stand-ins for SyncBN / nccl / DDP device ids, --amp, Slurm's port and CPUs).
 
-A CUDA that is expected (a launcher, GPUs allocated, --device cuda) and does not work is an error naming the cause,
-unless CPU is asked for (--device cpu, $SOFTFREE_MM_DEVICE=cpu). Run as a script (tools/dist_*.sh's preflight before
-torchrun) this file loads torch only, so the mm stack and the error classes are imported inside the functions.
+One process on a machine without GPUs runs on CPU by itself; under a launcher, with GPUs allocated or with --device
+cuda, a CUDA that does not work is an error naming the cause unless CPU is asked for (--device cpu,
+$SOFTFREE_MM_DEVICE=cpu): else a node whose driver is too old would train N CPU processes over gloo. Run as a script
+(tools/dist_*.sh's preflight) this file loads torch only, so the mm stack and the errors are imported in functions.
 """
 import os
 import re

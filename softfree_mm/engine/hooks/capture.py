@@ -1,18 +1,13 @@
-"""Record what every attention kernel of a model receives, by forward hooks: no backbone changes.
-
-Every kernel is an ``AttentionKernel`` module called with ``(q, k, v, hw, scale, bias, mask)``, so one forward
-pre-hook per kernel reaches every attention layer of every backbone (and of foreign models whose attention was
-swapped for a kernel). Owner modules that know the layer's layout (Swin blocks, CSwin stripe branches, PVT
-spatial-reduction attention, XCiT blocks) get a pre-hook too, so each call also carries its layout in image space
-(:mod:`.layouts`).
+"""Record what every attention kernel of a model receives, by forward hooks (no backbone changes): one pre-hook per
+``AttentionKernel`` (our backbones' and swapped foreign models'), and one on each module that owns a layout, so that
+each call carries it (:mod:`.layouts`).
 
 >>> with AttentionCapture(model.backbone) as cap:
 ...     model.backbone(images)
 >>> for call in cap.calls.values():
 ...     call.name, call.layout.kind, call.matrix().shape      # explicit A, linear kernels included
 
-The first call of each kernel per capture is kept (gradient checkpointing re-runs a block in the backward pass;
-that repeat is ignored). ``reset()`` starts a new capture with the hooks in place.
+The first call of each kernel per capture is kept (gradient checkpointing re-runs a block in the backward pass).
 """
 import inspect
 from typing import Callable, Dict, Iterable, List, Optional, Tuple, Union

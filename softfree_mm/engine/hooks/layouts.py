@@ -1,21 +1,12 @@
-"""Where the tokens of one kernel call sit in image space: the layout of an attention layer.
+"""Where the tokens of one kernel call sit in image space: the layout of an attention layer, so that rows and columns
+of A can be put back on the token grid. Read from what forward hooks see, the arguments and attributes of the module
+that owns the layout (``SwinBlock``, ``StripeBranch``, ``SRAttention``, ``XCABlock``, SOFT's ``GlobalBlock``); other
+kernels get a plain layout when one problem per image over a grid fits, else ``kind='unknown'``.
 
-A backbone hands its kernel a batch of attention problems: Swin one per shifted, padded window, CSwin one per
-stripe, PVT one per image with keys from a spatially reduced grid, XCiT one per image over the d_h channels of a
-head. To draw a query's attention over the image, or to measure the mass in its 3x3 neighbourhood, each row and
-column of ``A`` must be put back on the layer's token grid. This module does that from what forward hooks see:
-the arguments of the module that owns the layout (``SwinBlock``: its grid geometry; ``StripeBranch``: its q grid;
-``SRAttention``: the token grid; ``XCABlock``: the token grid) and that module's read-only attributes. Nothing in
-the backbones changes. A kernel owned by a module without an adapter gets a plain layout when it can be inferred
-(one problem per image over a grid), else ``kind='unknown'``.
-
-Conventions: the layer's grid is (H, W), tokens row-major; a kernel call's batch dimension is image-major
-(``b * groups + g``); ``query_pos[g, i]`` is the grid index of query i of problem g (``PAD`` = -1: a padding token,
-left out of every measure; ``OFF_GRID`` = -2: a real token without a grid position, such as a class token: it counts
-in norms and confusions, but has no place in maps and neighbourhoods);
-key j of problem g spreads its attention mass over grid tokens ``key_index[g, j, :]`` with weights
-``key_weight[g, j, :]`` (summing to 1; one token for ordinary keys, a cell of the grid for a spatially reduced
-key; index -1 / weight 0 fill unused slots).
+Conventions: grids (H, W) row-major; a call's batch dimension image-major (``b * groups + g``); ``query_pos[g, i]``
+is query i's grid index (``PAD`` = -1: padding, left out of every measure; ``OFF_GRID`` = -2: a token with no grid
+place, such as a class token, counted in norms but not drawn); key j spreads its mass over ``key_index[g, j, :]`` with
+``key_weight`` (summing to 1; index -1 / weight 0 fill unused slots).
 """
 import math
 from dataclasses import dataclass, field
