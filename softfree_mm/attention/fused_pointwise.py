@@ -47,8 +47,8 @@ def interpreting() -> bool:
 def triton_error() -> Optional[str]:
     try:
         from . import _fused_pointwise_kernels  # noqa: F401  (imports triton)
-    except ImportError as e:
-        return f'triton cannot be imported ({e})'
+    except Exception as e:  # noqa: BLE001  (not installed, or a triton that fails at import)
+        return f'triton cannot be imported ({type(e).__name__}: {_first_line(e)})'
     return None
 
 
