@@ -120,10 +120,9 @@ def test_pvt_dwconv_mlp_and_whole_backbones_train_as_with_the_plain_layers(monke
         model.train()
         results = []
         for patched in (False, True):
-            if patched:
-                monkeypatch.setattr(layers, 'gelu_linear', lambda h, act, fc: fc(act(h)))
-                import softfree_mm.models.backbones.pvt as pvt
-                monkeypatch.setattr(pvt, 'gelu_linear', lambda h, act, fc: fc(act(h)))
+            if patched:  # the MLPs (timm's and PVTv2's conv MLP) look it up in models/utils/mlp.py
+                from softfree_mm.models.utils import mlp
+                monkeypatch.setattr(mlp, 'gelu_linear', lambda h, act, fc: fc(act(h)))
             model.zero_grad()
             outs = model(x)
             sum((o * (i + 1)).sum() for i, o in enumerate(outs)).backward()

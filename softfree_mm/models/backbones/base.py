@@ -12,7 +12,8 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...attention import AttentionKernel
-from ..layers import init_from_cfg, is_cfg, resolve_pretrained
+from ..utils.cfg import is_cfg
+from ..utils.pretrained import init_from_cfg, resolve_pretrained
 
 
 def checkpointed(owner: nn.Module, fn: Callable, *args):

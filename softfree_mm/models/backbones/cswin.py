@@ -13,7 +13,10 @@ from torch import nn
 
 from ...attention.fit import require_kernel_fit
 from ..attention import KernelAttention
-from ..layers import Mlp, _from_windows, _to_windows, expand_attn_cfg, identity_mask, per_stage
+from ..utils.cfg import expand_attn_cfg, per_stage
+from ..utils.mlp import Mlp
+from ..utils.tokens import PatchEmbed
+from ..utils.windows import _from_windows, _to_windows, identity_mask
 from .base import StagedBackbone, checkpointed
 
 __all__ = ['SoftFreeCSWin']
@@ -132,19 +135,6 @@ class CSWinBlock(nn.Module):
         return checkpointed(self, self._forward, x)
 
 
-class ConvEmbed(nn.Module):
-    """7x7 stride-4 conv (padding 2) after zero padding bottom/right to a multiple of 4, then LayerNorm."""
-
-    def __init__(self, in_channels, dim):
-        super().__init__()
-        self.proj = nn.Conv2d(in_channels, dim, 7, 4, 2)
-        self.norm = nn.LayerNorm(dim)
-
-    def forward(self, x):
-        x = F.pad(x, (0, (-x.shape[-1]) % 4, 0, (-x.shape[-2]) % 4))  # outputs ceil(H/4) x ceil(W/4)
-        return self.norm(self.proj(x).permute(0, 2, 3, 1))
-
-
 class MergeBlock(nn.Module):
     """3x3 stride-2 conv (padding 1) + LayerNorm on (B, H, W, C) tokens."""
 
@@ -225,7 +215,7 @@ class SoftFreeCSWin(StagedBackbone):
         self.attn_cfgs = cfgs
         self.global_window = tuple(global_window)
 
-        self.patch_embed = ConvEmbed(in_channels, embed_dims)
+        self.patch_embed = PatchEmbed(in_channels, embed_dims, 7, 4, padding=2, pad_to=4)  # ceil(H/4) x ceil(W/4)
         self.drop_after_pos = nn.Dropout(drop_rate)
         dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
         self.stages = nn.ModuleList()

@@ -17,8 +17,9 @@ from torch import nn
 
 from ...attention.fit import require_kernel_fit
 from ..attention import KernelAttention
-from ..layers import (Mlp, check_foreign_args, expand_attn_cfg, gelu_linear, grid_view, pretrain_hw,
-                      token_view)
+from ..utils.cfg import check_foreign_args, expand_attn_cfg, pretrain_hw
+from ..utils.mlp import DWConvMlp, Mlp
+from ..utils.tokens import PatchEmbed, grid_view, token_view
 from .base import SoftFreeBackbone, checkpointed, mmdet_checks
 
 __all__ = ['SoftFreePVT', 'SoftFreePVTv2']
@@ -69,24 +70,6 @@ class SRAttention(KernelAttention):
         return self.proj(self.merge(out))
 
 
-class DWConvMlp(nn.Module):
-    """PVTv2 MLP: fc1 -> (ReLU for linear SRA) -> depthwise 3x3 on the grid -> GELU -> fc2."""
-
-    def __init__(self, dim, hidden, extra_relu):
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.relu = nn.ReLU() if extra_relu else nn.Identity()
-        self.dwconv = nn.Conv2d(hidden, hidden, 3, padding=1, groups=hidden)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(hidden, dim)
-
-    def forward(self, x, hw):
-        x = self.relu(self.fc1(x))
-        b, n, c = x.shape
-        x = token_view(self.dwconv(grid_view(x, hw)))
-        return gelu_linear(x, self.act, self.fc2)  # x: a view of the conv's fresh output
-
-
 class PVTBlock(nn.Module):
     def __init__(self, dim, num_heads, attn_cfg, mlp_ratio, sr_ratio, linear_sra, conv_mlp, qkv_bias, drop_path,
                  owner, where):
@@ -103,26 +86,6 @@ class PVTBlock(nn.Module):
         x = x + self.drop_path(self.attn(self.norm1(x), hw))
         y = self.norm2(x)
         return x + self.drop_path(self.mlp(y, hw) if self.conv_mlp else self.mlp(y))
-
-
-class PatchEmbed(nn.Module):
-    """v1: non-overlapping conv (input padded bottom-right to a patch multiple); v2: overlapping conv. + LayerNorm."""
-
-    def __init__(self, cin, dim, kernel, stride, overlap):
-        super().__init__()
-        self.overlap = overlap
-        self.stride = stride
-        self.proj = nn.Conv2d(cin, dim, kernel, stride=stride, padding=kernel // 2 if overlap else 0)
-        self.norm = nn.LayerNorm(dim)
-
-    def forward(self, x):
-        if not self.overlap:
-            ph, pw = (-x.shape[2]) % self.stride, (-x.shape[3]) % self.stride
-            if ph or pw:
-                x = F.pad(x, (0, pw, 0, ph))
-        x = self.proj(x)
-        hw = (x.shape[2], x.shape[3])
-        return self.norm(token_view(x)), hw
 
 
 class PVTStage(nn.Module):
@@ -196,12 +159,12 @@ class _PVTBase(SoftFreeBackbone):
         stages, cur, cin = [], 0, in_channels
         for i in range(4):
             dim = self.embed_dims[i]
-            if v2:
-                pe = PatchEmbed(cin, dim, 7 if i == 0 else 3, 4 if i == 0 else 2, overlap=True)
-                pos_shape = None
-            else:
-                pe = PatchEmbed(cin, dim, 4 if i == 0 else 2, 4 if i == 0 else 2, overlap=False)
-                pos_shape = tuple(n // (4 * 2 ** i) for n in pretrain_size)
+            # v2: overlapping convs (7x7/4, then 3x3/2, padding k // 2); v1: patches (4x4/4, then 2x2/2), the input
+            # padded to a patch multiple, and learned positions
+            stride = 4 if i == 0 else 2
+            k = (7 if i == 0 else 3) if v2 else stride
+            pe = PatchEmbed(cin, dim, k, stride, padding=k // 2 if v2 else 0, pad_to=1 if v2 else stride, tokens=True)
+            pos_shape = None if v2 else tuple(n // (4 * 2 ** i) for n in pretrain_size)
             blocks = nn.ModuleList([
                 PVTBlock(dim, self.num_heads[i], attn_cfgs[i], cfg['mlp_ratios'][i], self.sr_ratios[i], linear,
                          conv_mlp=v2, qkv_bias=qkv_bias, drop_path=dpr[cur + j], owner=owner,
@@ -253,27 +216,23 @@ class _PVTBase(SoftFreeBackbone):
 
 
 class SoftFreePVT(_PVTBase):
-    """PVT v1 (T/S/M/L): non-overlapping patch embeddings, learned positions resized to the grid, SRA.
+    """PVT v1 (T/S/M/L): non-overlapping patch embeddings, learned positions resized to the grid, SRA; no
+    per-output norm (the official v1 detection backbone has none).
 
     Args:
-        arch: 'tiny' | 'small' | 'medium' | 'large', or the official InLine models 'inline_tiny' | 'inline_small' |
-            'inline_medium' | 'inline_large' (heads 2-4-10-16, sr_ratios 1-1-1-1, InLine everywhere), or a dict with
-            embed_dims, depths, num_heads, mlp_ratios, sr_ratios (and attn_cfg); explicit per-stage tuples override
-            the preset.
+        arch: 'tiny' | 'small' | 'medium' | 'large', the official InLine models 'inline_tiny' .. 'inline_large'
+            (heads 2-4-10-16, sr_ratios 1-1-1-1, InLine everywhere), or a dict with embed_dims, depths, num_heads,
+            mlp_ratios, sr_ratios (and attn_cfg); explicit per-stage tuples override the preset.
         attn_cfg: one kernel config for all stages or a list of four. Default: the preset's, else 'softmax'.
         sr_ratios: (8, 4, 2, 1) by default; (1, 1, 1, 1) gives the InLine set-up (no spatial reduction).
-        pretrain_img_size: the image size the positional tables were learned at, an int or (H, W) as in mmdet
-            (224: grids 56, 28, 14, 7).
-        out_indices, frozen_stages, drop_path_rate, with_cp, init_cfg, pretrained: as every softfree_mm backbone.
-    No per-output norm (the official v1 detection backbone has none).
+        pretrain_img_size: the image size the positional tables were learned at, an int or (H, W) (224: grids 56,
+            28, 14, 7). out_indices, frozen_stages, drop_path_rate, with_cp, init_cfg, pretrained: as every backbone.
 
-    mmdet's ``PyramidVisionTransformer`` arguments are accepted with their meanings (``type='SoftFreePVT'`` is the
-    only change an mmdet config needs): ``num_layers`` (= depths), an int ``embed_dims`` (stage i gets
-    ``embed_dims * num_heads[i]`` channels), ``convert_weights`` (checkpoints are always converted), and the layout
-    arguments at the values that describe this model (``num_stages=4``, ``patch_sizes=strides=(4, 2, 2, 2)``,
-    ``paddings=(0, 0, 0, 0)``, ``use_abs_pos_embed=True``, ``norm_after_stage=False``, ``use_conv_ffn=False``,
-    ``drop_rate=attn_drop_rate=0``, GELU, LN with eps 1e-6); other values have no meaning here and are refused in one
-    error naming them.
+    mmdet's ``PyramidVisionTransformer`` arguments keep their meanings (``type='SoftFreePVT'`` is the only change an
+    mmdet config needs): ``num_layers`` (= depths), an int ``embed_dims`` (stage i gets ``embed_dims *
+    num_heads[i]`` channels), ``convert_weights`` (always converted), and the layout arguments at the values that
+    describe this model (``MMDET_LAYOUT``, ``num_stages=4``, no dropout, GELU, LN eps 1e-6); other values are
+    refused in one error naming them.
     """
     OWNER = 'SoftFreePVT'
     VERSION = 1

@@ -16,7 +16,8 @@ from torch import nn
 
 from ...attention.fit import require_kernel_fit
 from ..attention import KernelAttention
-from ..layers import Mlp, expand_attn_cfg
+from ..utils.cfg import expand_attn_cfg
+from ..utils.mlp import Mlp
 from .base import SoftFreeBackbone, checkpointed
 
 __all__ = ['SoftFreeSOFT']

@@ -15,7 +15,9 @@ from torch import nn
 
 from ...attention.fit import require_kernel_fit
 from ..attention import KernelAttention
-from ..layers import Mlp, check_foreign_args, expand_per_block, pretrain_hw
+from ..utils.cfg import check_foreign_args, expand_per_block, pretrain_hw
+from ..utils.mlp import Mlp
+from ..utils.tokens import PatchEmbed
 from ..utils.windows import _GEOMETRIES, WindowGeometry, geometry, relative_position_index  # noqa: F401  (cache)
 from .base import StagedBackbone, checkpointed, mmdet_checks
 
@@ -40,23 +42,6 @@ ARCH_ZOO: Dict[str, dict] = {
 
 
 # ---------------------------------------------------------------------------------------------- layers
-class PatchEmbed(nn.Module):
-    """Conv patchify (kernel = stride = patch) after zero padding bottom/right to a patch multiple; LayerNorm."""
-
-    def __init__(self, in_channels: int, dim: int, patch_size: int, patch_norm: bool):
-        super().__init__()
-        self.patch_size = patch_size
-        self.proj = nn.Conv2d(in_channels, dim, patch_size, patch_size)
-        self.norm = nn.LayerNorm(dim) if patch_norm else nn.Identity()
-
-    def forward(self, x):
-        p = self.patch_size
-        pad_w, pad_h = (-x.shape[-1]) % p, (-x.shape[-2]) % p
-        if pad_w or pad_h:  # (F.pad with zero padding still copies the image, and the conv would keep that copy)
-            x = F.pad(x, (0, pad_w, 0, pad_h))
-        return self.norm(self.proj(x).permute(0, 2, 3, 1))  # (B, H, W, C)
-
-
 class PatchMerging(nn.Module):
     """2x2 neighbours concatenated in the official order (0,0), (1,0), (0,1), (1,1) -> LayerNorm -> Linear."""
 
@@ -244,7 +229,8 @@ class SoftFreeSwin(StagedBackbone):
         self.attn_cfgs = cfgs
         self.global_window = tuple(tuple(g) for g in global_window)
 
-        self.patch_embed = PatchEmbed(in_channels, embed_dims, patch_size, patch_norm)
+        self.patch_embed = PatchEmbed(in_channels, embed_dims, patch_size, patch_size, pad_to=patch_size,
+                                      norm=patch_norm)
         self.pos_grid = None
         self.absolute_pos_embed = None
         if use_abs_pos_embed:  # mmdet's: one row per patch of the pretrain image (floor), row-major

@@ -17,7 +17,9 @@ from torch import nn
 from ...attention.base import ceil_div
 from ...attention.fit import probe, refusal, require_kernel_fit
 from ..attention import KernelAttention
-from ..layers import Mlp, expand_attn_cfg, gelu_inference, grid_view, token_view
+from ..utils.cfg import expand_attn_cfg
+from ..utils.mlp import Mlp, gelu_inference
+from ..utils.tokens import grid_view, token_view
 from ..utils.deconv import BlockDeconv
 from .base import SoftFreeBackbone, checkpointed
 

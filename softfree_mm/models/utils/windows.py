@@ -1,12 +1,118 @@
 """Windows of a token grid: Swin's window geometry (padding, shift, keep-masks, relative positions) and the
 gathers that pad, roll and partition a grid in one step."""
+import functools
 from collections import OrderedDict
 from typing import Optional, Tuple
 
 import torch
 
 from ...attention.base import ceil_div
-from ..layers import WindowLayout, _to_windows, identity_mask
+
+
+def identity_mask(n: int, device) -> torch.Tensor:
+    """(n, n) bool identity, built by comparison (ONNX Runtime has no boolean EyeLike)."""
+    i = torch.arange(n, device=device)
+    return i[:, None] == i[None, :]
+
+
+def _to_windows(x: torch.Tensor, wh: int, ww: int) -> torch.Tensor:
+    """(B, H, W, C) with H % wh == W % ww == 0 -> (B * nW, wh * ww, C), windows in row-major order."""
+    b, h, w, c = x.shape
+    x = x.reshape(b, h // wh, wh, w // ww, ww, c).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(-1, wh * ww, c)
+
+
+def _from_windows(x: torch.Tensor, wh: int, ww: int, h: int, w: int) -> torch.Tensor:
+    """Inverse of :func:`_to_windows`: (B * nW, wh * ww, C) -> (B, H, W, C)."""
+    c = x.shape[-1]
+    x = x.view(-1, h // wh, w // ww, wh, ww, c).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(-1, h, w, c)
+
+
+class _RowGather(torch.autograd.Function):
+    """``out = x[index]`` with the rows ``fill_rows`` of ``out`` set to ``fill`` (zeros when None), for an ``index``
+    that reads every row of ``x`` outside ``zero_rows`` exactly once into a row of ``out`` outside ``fill_rows``.
+    Backward reads the gradient back the same way (``grad_x = grad_out[back_index]``, the rows ``zero_rows`` zero)
+    instead of scatter-adding it; ``fill`` gets the sum of the filled rows' gradients."""
+
+    @staticmethod
+    def forward(ctx, x, fill, index, fill_rows, back_index, zero_rows):
+        out = x.index_select(0, index)
+        if fill_rows is not None and fill_rows.numel():
+            rows = (fill_rows.shape[0], out.shape[1])  # (explicitly expanded: the ONNX exporter needs the shape)
+            out[fill_rows] = out.new_zeros(rows) if fill is None else fill.to(out.dtype).expand(rows)
+        ctx.save_for_backward(fill_rows, back_index, zero_rows)
+        ctx.fill_dtype = None if fill is None else fill.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        fill_rows, back_index, zero_rows = ctx.saved_tensors
+        gx = grad.index_select(0, back_index)
+        if zero_rows is not None and zero_rows.numel():
+            gx[zero_rows] = 0
+        gfill = None
+        if ctx.fill_dtype is not None and ctx.needs_input_grad[1]:
+            gfill = (grad[fill_rows].sum(0) if fill_rows is not None else grad.new_zeros(grad.shape[1:]))
+            gfill = gfill.to(ctx.fill_dtype)
+        return gx, gfill, None, None, None, None
+
+
+class WindowLayout:
+    """Where each token of a (B, H, W) grid goes when the grid is zero padded bottom/right to (Hp, Wp), rolled by
+    (-sh, -sw) and cut into (wh, ww) windows (row-major), as flat row indices: the pad + roll + partition (and the
+    inverse roll + crop) as one gather of rows each way instead of three copies. Pad positions get a fill row."""
+
+    def __init__(self, batch: int, hw, padded, window, shift, device):
+        # built from the sizes alone, with no data-dependent shapes (no nonzero / boolean indexing), so that
+        # torch.export and the ONNX exporter trace it
+        (h, w), (hp, wp), (wh, ww), (sh, sw) = hw, padded, window, shift
+        slots, tokens, n = hp * wp, h * w, wh * ww
+        ar = functools.partial(torch.arange, device=device)
+        pos = ar(slots).view(1, hp, wp, 1)
+        if sh or sw:
+            pos = torch.roll(pos, shifts=(-sh, -sw), dims=(1, 2))
+        pos = _to_windows(pos, wh, ww).reshape(-1)  # padded-grid position held by each window slot
+        slot_of = torch.empty_like(pos).index_copy_(0, pos, ar(slots))  # window slot of each padded position
+        r, c = pos // wp, pos % wp
+        real = (r < h) & (c < w)
+        src = torch.where(real, r * w + c, torch.zeros_like(r))  # token read by each slot (pad slots: any)
+        inv = slot_of[(ar(h)[:, None] * wp + ar(w)[None, :]).flatten()]  # slot of each token
+        pad_pos = torch.cat([(ar(h)[:, None] * wp + ar(w, wp)[None, :]).flatten(), ar(h * wp, slots)])
+        pad = slot_of[pad_pos]  # the slots of the padding, (slots - tokens,)
+        off_t, off_s = ar(batch)[:, None] * tokens, ar(batch)[:, None] * slots
+        self.index = (src[None] + off_t).flatten()
+        self.inverse = (inv[None] + off_s).flatten()
+        self.pad = (pad[None] + off_s).flatten() if slots > tokens else None
+        self.window_of_token = self.inverse // n  # (B*H*W,) window (B*nW order) of each token
+        self.tokens_per_window = real.view(-1, n).sum(1).repeat(batch)
+        self.shape = (batch * slots // n, n)
+        self.grid = (batch, h, w)
+        self.identity = (hp, wp) == (h, w) == (wh, ww)  # one window, nothing padded: windows are a view
+
+    def to_windows(self, x: torch.Tensor, fill: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """(B, H, W, C) -> (B*nW, wh*ww, C); pad slots hold ``fill`` (C,) or zeros."""
+        c = x.shape[-1]
+        if self.identity:
+            return x.reshape(*self.shape, c)
+        out = _RowGather.apply(x.reshape(-1, c), fill, self.index, self.pad, self.inverse, None)
+        return out.view(*self.shape, c)
+
+    def from_windows(self, y: torch.Tensor) -> torch.Tensor:
+        """(B*nW, wh*ww, C) -> (B, H, W, C): the real tokens back in grid order (pad slots dropped)."""
+        c = y.shape[-1]
+        if self.identity:
+            return y.reshape(*self.grid, c)
+        out = _RowGather.apply(y.reshape(-1, c), None, self.inverse, None, self.index, self.pad)
+        return out.view(*self.grid, c)
+
+    def window_means(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, H, W, C) -> (B*nW, C): the mean of each window's real tokens (0 for a window of pads only)."""
+        c = x.shape[-1]
+        if self.identity:
+            return x.reshape(*self.shape, c).mean(1)
+        sums = x.new_zeros(self.shape[0], c).index_add(0, self.window_of_token, x.reshape(-1, c))
+        return sums / self.tokens_per_window.clamp_min(1).to(x.dtype)[:, None]
 
 def relative_position_index(wh: int, ww: int) -> torch.Tensor:
     """(wh*ww, wh*ww) index into a (2wh-1)(2ww-1) table of relative offsets."""
