@@ -103,13 +103,13 @@ def test_compare_ratio_is_the_median_of_per_repeat_ratios_with_their_range(monke
     must not move the ratio, which it would if each side's median were divided."""
     # per pass (fwd, fwdbwd): repeat r times the two back to back, ours first on even repeats
     script = {0: (1.0, 1.1), 1: (3.0, 3.3), 2: (1.0, 1.2), 3: (3.0, 3.0), 4: (1.0, 1.1)}  # r: (ours, ref)
-    monkeypatch.setattr(bm, 'peak_memory', lambda fn, device: 1)
+    monkeypatch.setattr(bm.comparison, 'peak_memory', lambda fn, device: 1)
     seq = []
     for r in range(5):
         o, f = script[r]
         seq += [o, f] if r % 2 == 0 else [f, o]
     it = iter(seq * 2)
-    monkeypatch.setattr(bm, 'timed', lambda fn, device, clock='wall': next(it))
+    monkeypatch.setattr(bm.comparison, 'timed', lambda fn, device, clock='wall': next(it))
     row, = bm.compare(['swin_t'], size=(64, 96), repeats=5)
     assert row['fwd_ms_ours'] == pytest.approx(1000.0) and row['fwd_ms_ref'] == pytest.approx(1200.0)
     assert row['fwd_speed_ratio'] == pytest.approx(1.1)  # median of 1.1, 1.1, 1.2, 1.0, 1.1; 1200/1000 would be 1.2
@@ -123,12 +123,12 @@ def test_kernel_time_ratio_is_the_median_of_per_repeat_ratios_with_their_range(m
     dividing each kernel's median would."""
     # repeat r: (softmax, relu) for fwd, each kernel timed once per pass; the order alternates every repeat
     script = [(1.0, 1.1), (3.0, 3.3), (1.0, 1.6), (3.0, 3.0), (1.0, 1.1)]
-    monkeypatch.setattr(bm, 'peak_memory', lambda fn, device: 1)
+    monkeypatch.setattr(bm.kernels, 'peak_memory', lambda fn, device: 1)
     seq = []
     for r, (soft, relu) in enumerate(script):
         seq += [soft, relu] if r % 2 == 0 else [relu, soft]
     it = iter(seq)
-    monkeypatch.setattr(bm, 'timed', lambda fn, device, clock='wall': next(it))
+    monkeypatch.setattr(bm.kernels, 'timed', lambda fn, device, clock='wall': next(it))
     rows = bm.run_kernels(['softmax', 'relu'], [64], head_dim=8, repeats=5, passes=('fwd', ), memory=False)
     soft, relu = rows
     assert soft['time_ratio'] == 1.0 and soft['time_ratio_range'] == '1.00..1.00'
