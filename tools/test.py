@@ -78,16 +78,9 @@ def _set_format_only(cfg, out_dir):
 
 def prepare(args):
     from softfree_mm.engine import config_checks as checks
-    from softfree_mm.engine import device
+    from softfree_mm.engine import device, runner
     from softfree_mm.engine.errors import UsageError
-    checks.check_launcher(args.launcher, 'test')
-    on = device.select_device(args.device, args.launcher)
-    cfg = checks.load_config(args.config, args.cfg_options)
-    cfg.launcher = args.launcher
-    if args.work_dir is not None:
-        cfg.work_dir = args.work_dir
-    elif cfg.get('work_dir') is None:
-        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(args.config))[0])
+    cfg, on = runner.tool_config('test', args)
     if not osp.isfile(args.checkpoint):
         raise UsageError(f'checkpoint not found: {args.checkpoint}')
     cfg.load_from = args.checkpoint
@@ -123,35 +116,20 @@ def main(argv=None):
     sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
     from softfree_mm.engine.checkpoints import check_checkpoint
     from softfree_mm.engine.data_errors import name_failing_samples
-    from softfree_mm.engine.errors import BadInput, UsageError, error_line, short_error
-    from softfree_mm.engine.runner import build_runner, finish_dist, print_error, run
+    from softfree_mm.engine.runner import build_runner, finish_dist, one_line_errors, run
     name_failing_samples()
-    try:
+    with one_line_errors(args.config, setup=True) as setup:
         cfg = prepare(args)
         runner = build_runner(cfg)
         from mmengine.model import is_model_wrapper
         check_checkpoint(args.checkpoint, runner.model.module if is_model_wrapper(runner.model) else runner.model,
                          'test')
-    except UsageError as e:
-        print_error(str(e))
-        return 2
-    except BadInput as e:
-        print_error(error_line(e), every_rank=True)
-        return 2
-    except (KeyError, ValueError, TypeError) as e:
-        if os.environ.get('SOFTFREE_MM_TRACEBACK'):
-            raise
-        print(f'error: {args.config}: {short_error(e)} (SOFTFREE_MM_TRACEBACK=1 shows the traceback)',
-              file=sys.stderr)
-        return 2
-    try:
+    if setup.status:
+        return setup.status
+    with one_line_errors(args.config) as testing:
         metrics = run(runner, 'test', args.config)
-    except UsageError as e:
-        print_error(str(e))
-        return 2
-    except BadInput as e:
-        print_error(error_line(e), every_rank=True)
-        return 2
+    if testing.status:
+        return testing.status
     metrics = {k: (float(v) if hasattr(v, '__float__') else v) for k, v in (metrics or {}).items()}
     from mmengine.dist import is_main_process
     if is_main_process():

@@ -55,14 +55,7 @@ def prepare(args):
     from softfree_mm.engine import device, runner
     from softfree_mm.engine.checkpoints import latest_checkpoint
     from softfree_mm.engine.errors import UsageError
-    checks.check_launcher(args.launcher, 'train')
-    on = device.select_device(args.device, args.launcher)
-    cfg = checks.load_config(args.config, args.cfg_options)
-    cfg.launcher = args.launcher
-    if args.work_dir is not None:
-        cfg.work_dir = args.work_dir
-    elif cfg.get('work_dir') is None:
-        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(args.config))[0])
+    cfg, on = runner.tool_config('train', args)
     if args.resume == 'auto':
         # the newest checkpoint of the work dir (mmengine's last_checkpoint, else the newest iter_/epoch_ file)
         cfg.resume, cfg.load_from = True, latest_checkpoint(cfg.work_dir, check=False)
@@ -150,10 +143,9 @@ def main(argv=None):
     if (args.device or os.environ.get('SOFTFREE_MM_DEVICE')) == 'cpu':
         os.environ['CUDA_VISIBLE_DEVICES'] = ''  # before anything initialises CUDA: every part takes its CPU path
     from softfree_mm.engine.data_errors import name_failing_samples
-    from softfree_mm.engine.errors import BadInput, NonFiniteLoss, UsageError, error_line, short_error
-    from softfree_mm.engine.runner import build_runner, finish_dist, print_error, run
+    from softfree_mm.engine.runner import build_runner, finish_dist, one_line_errors, run
     name_failing_samples()
-    try:
+    with one_line_errors(args.config, setup=True) as setup:
         cfg = prepare(args)
         if args.dry_run:
             from softfree_mm.engine.dry_run import dry_run
@@ -163,33 +155,14 @@ def main(argv=None):
             return 0
         runner = build_runner(cfg)
         check_start(runner, cfg, auto_resume=args.resume == 'auto')
-    except UsageError as e:
-        print_error(str(e))
-        return 2
-    except BadInput as e:
-        print_error(error_line(e), every_rank=True)
-        return 2
-    except (KeyError, ValueError, TypeError) as e:
-        # building the model / datasets rejected a setting (e.g. a kernel the backbone cannot use)
-        if os.environ.get('SOFTFREE_MM_TRACEBACK'):
-            raise
-        print(f'error: {args.config}: {short_error(e)} (SOFTFREE_MM_TRACEBACK=1 shows the traceback)',
-              file=sys.stderr)
-        return 2
-    try:
+    if setup.status:
+        return setup.status
+    with one_line_errors(args.config) as training:
         run(runner, 'train', args.config)
-    except UsageError as e:
-        print_error(str(e))
-        return 2
-    except BadInput as e:
-        print_error(error_line(e), every_rank=True)
-        return 2
-    except NonFiniteLoss as e:
-        print_error(error_line(e))
-        return 2
+    if training.status:
+        return training.status
     finish_dist()
     return 0
-
 
 if __name__ == '__main__':
     sys.exit(main())

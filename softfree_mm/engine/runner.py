@@ -1,13 +1,33 @@
 """The Runner's set-up and run for tools/train.py and tools/test.py: the reliability hooks, building, running with
-errors sorted into config errors (before the run starts) and the rest, and a clean end of a distributed job."""
+errors sorted into config errors (before the run starts) and the rest, the one-line reports, and a clean end of
+a distributed job."""
 import os
+import os.path as osp
+import sys
+from typing import Tuple
 
 from mmengine.config import Config
 from mmengine.hooks import Hook
 
-from .config_checks import unknown_types
+from .config_checks import check_launcher, load_config, unknown_types
 from .data_errors import data_file_error
-from .errors import BadInput, NonFiniteLoss, UsageError, short_error
+from .errors import BadInput, NonFiniteLoss, UsageError, error_line, short_error
+
+
+def tool_config(tool: str, args) -> Tuple[Config, str]:
+    """The config every run of tools/train.py or tools/test.py starts from: the launcher's environment, the device
+    and the config file (with --cfg-options) checked, the launcher and the work dir set; and the device ('cuda' or
+    'cpu'). ``args``: the tool's config, cfg_options, launcher, device and work_dir."""
+    from .device import select_device
+    check_launcher(args.launcher, tool)
+    on = select_device(args.device, args.launcher)
+    cfg = load_config(args.config, args.cfg_options)
+    cfg.launcher = args.launcher
+    if args.work_dir is not None:
+        cfg.work_dir = args.work_dir
+    elif cfg.get('work_dir') is None:
+        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(args.config))[0])
+    return cfg, on
 
 
 def add_reliability_hooks(cfg: Config, skip_nonfinite_loss: bool = False) -> None:
@@ -91,7 +111,6 @@ def print_error(line: str, every_rank: bool = False) -> None:
     """``error: line`` on stderr: once for a job (rank 0) when every process meets the same error (a config or
     device error, a non-finite loss all ranks agreed on), on each rank for an error of its own (a bad file in its
     shard of the data)."""
-    import sys
     rank = next((os.environ[k] for k in RANK_ENV if k in os.environ), '0')
     if every_rank or rank == '0':
         print(f'error: {line}', file=sys.stderr)
@@ -100,3 +119,34 @@ def print_error(line: str, every_rank: bool = False) -> None:
 def short_error(e: BaseException) -> str:
     msg = ' '.join(str(e).split())
     return f'{type(e).__name__}: {msg}' if msg else type(e).__name__
+
+
+class one_line_errors:
+    """``with one_line_errors(config, setup=True) as step: ...``: an error the tools report in one line is printed
+    (``error: ...`` on stderr, once per job or on each rank for a rank's own bad file) and ``step.status`` becomes 2;
+    any other error propagates. ``setup``: a KeyError / ValueError / TypeError too, which while the parts are built
+    means a setting was rejected (e.g. a kernel the backbone cannot use); SOFTFREE_MM_TRACEBACK=1 re-raises it."""
+
+    def __init__(self, config: str, setup: bool = False):
+        self.config, self.setup, self.status = config, setup, 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, e, tb) -> bool:
+        if e is None:
+            return False
+        if isinstance(e, UsageError):
+            print_error(str(e))
+        elif isinstance(e, BadInput):
+            print_error(error_line(e), every_rank=True)
+        elif isinstance(e, NonFiniteLoss):
+            print_error(error_line(e))
+        elif self.setup and isinstance(e, (KeyError, ValueError, TypeError)) \
+                and not os.environ.get('SOFTFREE_MM_TRACEBACK'):
+            print(f'error: {self.config}: {short_error(e)} (SOFTFREE_MM_TRACEBACK=1 shows the traceback)',
+                  file=sys.stderr)
+        else:
+            return False
+        self.status = 2
+        return True
