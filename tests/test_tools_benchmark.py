@@ -1,4 +1,4 @@
-"""tools/benchmark.py and analysis/benchmark.py: what they measure is measured right (memory, slopes, crossovers,
+"""tools/benchmark.py and analysis/benchmark/: what they measure is measured right (memory, slopes, crossovers,
 same weights in compare), the modes run end to end at toy sizes, and bad input is one line with exit status 2.
 No timing assertions (the machine is shared)."""
 import csv
