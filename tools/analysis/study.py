@@ -7,7 +7,7 @@ the seeds, and plots (docs/study.md shows the committed one).
         [--work-dir /work/study_runs/main] [--out docs/results/study] [--key model.backbone.attn_cfg]
         [--jobs 2] [--threads 1] [--in-process] [--cfg-options K=V ...]
 
-Defaults: the committed study (configs/demo/study_xcit_t12_digits.py, configs/demo/study_swin_mini_digits.py; ten
+Defaults: the committed study (configs/demo/study_xcit_t12_digits.py, configs/demo/study_pvt_v2_b0_digits.py; ten
 kernels; seeds 0 1 2). Every run is tools/train.py on a child config that sets the kernel at --key, with
 randomness.seed=S and --cfg-options (one recipe for every kernel), in a process of its own (--in-process: in this
 one), in <work-dir>/<config>/<kernel>/seed<S>/; --jobs processes at a time (default 2) with --threads torch
@@ -30,11 +30,11 @@ import time
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 from _cli import ROOT, Parser, fail, kernel_specs, run  # noqa: E402
 
-CONFIGS = ('configs/demo/study_xcit_t12_digits.py', 'configs/demo/study_swin_mini_digits.py')
+CONFIGS = ('configs/demo/study_xcit_t12_digits.py', 'configs/demo/study_pvt_v2_b0_digits.py')
 KERNELS = ('softmax', 'poly:degree=3', 'poly:degree=3,scale=1.0', 'poly:degree=1', 'relu', 'linear', 'inline',
            'inline:local_residual=False', 'soft:landmark_ratio=2', 'synthesizer')
 TITLES = {'study_xcit_t12_digits': 'XCiT-T12 (channel attention, N = 48 channels per head)',
-          'study_swin_mini_digits': 'Swin-mini, global windows (token attention, N = 256 / 64 / 16)'}
+          'study_pvt_v2_b0_digits': 'PVTv2-b0 without spatial reduction (token attention, N = 256 / 64 / 16 / 4)'}
 
 
 def write_csv(path, fields, rows):
