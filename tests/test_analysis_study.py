@@ -146,6 +146,12 @@ def test_study_tables_equal_the_runs_logs_and_a_refused_kernel_is_a_failed_row(d
     for png in ('accuracy.png', 'norms_tiny.png'):
         assert 10_000 < osp.getsize(osp.join(out, png)) < 200_000
 
+    # --report-only: the same files from the finished runs, nothing trained
+    before = {name: open(osp.join(out, name)).read() for name in ('runs.csv', 'norm_curves.csv', 'table.md')}
+    assert tool.main(argv + ['--report-only', '--out', str(tmp_path / 'report')]) == 0
+    for name, text in before.items():
+        assert open(osp.join(str(tmp_path / 'report'), name)).read() == text
+
     # resumable: a second call trains nothing; a run without result.json (killed) is emptied and trained again
     capsys.readouterr()
     assert tool.main(argv) == 0

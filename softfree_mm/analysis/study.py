@@ -198,6 +198,19 @@ def study(configs: Sequence[str], kernels: Sequence, seeds: Sequence[int], work_
     return [done[(ci, ki, s)] for ci in range(len(configs)) for ki in range(len(kernels)) for s in seeds]
 
 
+def finished(configs: Sequence[str], kernels: Sequence, seeds: Sequence[int], work_root: str) -> List[dict]:
+    """The rows of the grid's runs that have their result.json (nothing is trained), in the study's order."""
+    out = []
+    for c in configs:
+        for k in kernels:
+            for s in seeds:
+                path = osp.join(run_dir(work_root, c, k, s), RESULT)
+                if osp.isfile(path):
+                    with open(path) as f:
+                        out.append(json.load(f))
+    return out
+
+
 def norm_curves(rows: List[dict], work_root: str) -> List[dict]:
     """The per-layer norm curves of every successful run (CURVE_FIELDS), read from its attention_stats.json."""
     out = []

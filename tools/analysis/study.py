@@ -5,7 +5,7 @@ the seeds, and plots (docs/study.md shows the committed one).
 
     python tools/analysis/study.py [--configs CONFIG ...] [--kernels SPEC ...] [--seeds 0 1 2]
         [--work-dir /work/study_runs/main] [--out docs/results/study] [--key model.backbone.attn_cfg]
-        [--jobs 2] [--threads 1] [--in-process] [--cfg-options K=V ...]
+        [--jobs 2] [--threads 1] [--in-process] [--report-only] [--cfg-options K=V ...]
 
 Defaults: the committed study (configs/demo/study_xcit_t12_digits.py, configs/demo/study_pvt_v2_b0_digits.py; ten
 kernels; seeds 0 1 2). Every run is tools/train.py on a child config that sets the kernel at --key, with
@@ -15,6 +15,7 @@ threads each (default: the cores / --jobs, so 1 on 2 cores: two one-thread runs 
 two-thread run, whose threads wait on each other at every small op). The numbers depend on the thread count. A run that finished (its result.json) is not trained again, so the
 same command resumes a study that was stopped; a run that was killed is trained again from its start. A kernel the
 backbone refuses, or a run that fails, is a 'failed' row with the error's last line; the others go on.
+--report-only trains nothing: the outputs from the runs that have finished so far.
 Writes into --out: runs.csv (one row per run: final and best top-1, final training loss, mean logged s/iter after
 the first record, peak memory, wall and CPU seconds), norm_curves.csv (every AttentionStatsHook record per run and
 layer: ||A||_F, the score-Jacobian norm, both over sqrt(N)), summary.csv and table.md (mean ± sample std over the
@@ -69,6 +70,7 @@ def main(argv=None):
     p.add_argument('--in-process', action='store_true', help='train in this process instead of one per run')
     p.add_argument('--jobs', type=int, default=2, help='training processes at a time (1 with --in-process)')
     p.add_argument('--threads', type=int, help='torch threads per training process (default: cores / jobs)')
+    p.add_argument('--report-only', action='store_true', help='train nothing; report the finished runs')
     p.add_argument('--cfg-options', nargs='+', default=[], metavar='KEY=VALUE', help='applied to every run')
     args = p.parse_args(argv)
     if len(set(args.seeds)) != len(args.seeds):
@@ -114,9 +116,13 @@ def main(argv=None):
     out = args.out or osp.join(args.work_dir, 'results')
     os.makedirs(out, exist_ok=True)
     start = time.time()
-    rows = st.study(args.configs, specs, args.seeds, args.work_dir, train_py, args.cfg_options, key=args.key,
-                    in_process=args.in_process, echo=lambda m: print(m, flush=True), jobs=args.jobs,
-                    threads=None if args.in_process else threads)
+    if args.report_only:
+        rows = st.finished(args.configs, specs, args.seeds, args.work_dir)
+        print(f'{len(rows)} of {len(args.configs) * len(specs) * len(args.seeds)} runs have finished')
+    else:
+        rows = st.study(args.configs, specs, args.seeds, args.work_dir, train_py, args.cfg_options, key=args.key,
+                        in_process=args.in_process, echo=lambda m: print(m, flush=True), jobs=args.jobs,
+                        threads=None if args.in_process else threads)
     descriptions = {kernel_label(s): st.describe(s) for s in specs}
     summary = st.summarise(rows, descriptions)
     curves = st.norm_curves(rows, args.work_dir)
@@ -137,7 +143,7 @@ def main(argv=None):
     ok = sum(r['status'] == 'ok' for r in rows)
     print(f'{ok} of {len(rows)} runs trained; this call took {time.time() - start:.0f} s (runs trained in all: '
           f'{sum(r["wall_s"] or 0 for r in rows):.0f} s wall); wrote {out}/')
-    return 0 if ok else 1
+    return 0 if ok or (args.report_only and rows) else 1
 
 
 if __name__ == '__main__':
