@@ -83,9 +83,11 @@ def require_kernel_fit(cfg: dict, owner: str, where: str, *, needs_mask: bool = 
 
 
 def probe(kernel, num_heads: int, head_dim: int, nq: int, nk: int, *, hw: Optional[Sequence[int]] = None,
-          scale: float = 1.0, bias: bool = False, mask: bool = False, batch: int = 1, seed: int = 0) -> str:
+          scale: float = 1.0, bias: bool = False, mask: bool = False, batch: int = 1, seed: int = 0,
+          finite: bool = True) -> str:
     """Run ``kernel`` once on random tensors of the shapes a place hands it (a bias, a mask that keeps every row
-    non-empty, when asked); '' when it gives finite values of the right shape, else the reason."""
+    non-empty, when asked); '' when it gives values of the right shape (finite ones, unless ``finite=False``), else
+    the reason."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(batch, num_heads, nq, head_dim, generator=g)
     k = torch.randn(batch, num_heads, nk, head_dim, generator=g)
@@ -101,6 +103,6 @@ def probe(kernel, num_heads: int, head_dim: int, nq: int, nk: int, *, hw: Option
             out = kernel(q, k, v, hw=hw, scale=scale, bias=b, mask=m)
     except (ValueError, TypeError, RuntimeError) as e:
         return f'it fails on this layout: {str(e).splitlines()[0]}'
-    if out.shape != (batch, num_heads, nq, head_dim) or not torch.isfinite(out).all():
+    if out.shape != (batch, num_heads, nq, head_dim) or (finite and not torch.isfinite(out).all()):
         return 'it gives a wrong shape or non-finite values on this layout'
     return ''

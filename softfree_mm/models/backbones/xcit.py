@@ -122,7 +122,8 @@ class XCA(KernelAttention):
             raise ValueError(f"{OWNER}: {refusal(cfg['type'], why, place)}") from None
         require_kernel_fit(cfg, OWNER, place, kernel=kern,
                            no_grid=f'XCA attends over the {self.head_channels} channels of a head, which have no grid')
-        why = probe(kern, self.num_heads, 4, self.head_channels, self.head_channels, scale=1.0)
+        # whether it runs on this geometry; values that blow up are the training's to report (the non-finite guard)
+        why = probe(kern, self.num_heads, 4, self.head_channels, self.head_channels, scale=1.0, finite=False)
         if why:
             raise ValueError(f"{OWNER}: {refusal(cfg['type'], why, place)} (the {self.head_channels} channels of an "
                              'XCA head as tokens)')
