@@ -1,0 +1,155 @@
+"""Reading checkpoint files (official releases included, fetched once) and loading one into a backbone, with an
+exact report of the keys it could not place."""
+import hashlib
+import os
+import re
+from collections import OrderedDict
+from typing import Callable, Dict, Optional
+from urllib.parse import urlparse
+
+import torch
+
+from .arch import check_arch
+from .detect import _is_nonpersistent, unwrap_state_dict
+
+class ReleaseMetadata:
+    """Stands in for the non-tensor objects official releases pickle next to their weights (the training
+    script's ``argparse.Namespace`` or yacs ``CfgNode``): read as an OrderedDict (the items of a dict-like
+    config, the attributes as attributes), so torch's weights-only unpickler can fill it; nothing is executed."""
+
+    def __new__(cls, *args):
+        return OrderedDict()
+
+
+# what the seeds' release files hold besides tensors: timm-style savers (SOFT, CSWin) pickle the training args,
+# Swin-style savers (InLine) the yacs config
+RELEASE_METADATA = ('argparse.Namespace', 'yacs.config.CfgNode')
+
+
+def read_checkpoint(path: str, map_location='cpu'):
+    """A checkpoint file read with torch's weights-only unpickler; the metadata classes of the official releases
+    (:data:`RELEASE_METADATA`) are read as plain dicts, nothing else is allowed."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as first:  # noqa: BLE001
+        if 'Unsupported global' not in str(first) and 'was not an allowed global' not in str(first):
+            raise
+        with torch.serialization.safe_globals([(ReleaseMetadata, name) for name in RELEASE_METADATA]):
+            return torch.load(path, map_location=map_location, weights_only=True)
+
+
+def _drive_id(url: str) -> Optional[str]:
+    m = re.search(r'drive\.google\.com/(?:file/d/([\w-]+)|(?:open|uc)\?(?:.*&)?id=([\w-]+))', url)
+    return (m.group(1) or m.group(2)) if m else None
+
+
+def release_file_name(url: str) -> str:
+    """The cache file name of a release URL: the URL's file name, or (share links such as Tsinghua Cloud's
+    ``/f/<id>/?dl=1`` or Google Drive's ``/file/d/<id>/view``) the id with '.pth'."""
+    drive = _drive_id(url)
+    if drive:
+        return f'gdrive-{drive}.pth'
+    parts = [p for p in urlparse(url).path.split('/') if p and p not in ('view', 'download')]
+    name = parts[-1] if parts else hashlib.sha256(url.encode()).hexdigest()[:16]
+    return name if '.' in name else name + '.pth'
+
+
+def fetch_release(url: str) -> str:
+    """Download a release URL once into torch hub's cache (``$TORCH_HOME/hub/checkpoints``) and return the path.
+    Google Drive share links are fetched through Drive's direct-download address; a page that is not a checkpoint
+    (Drive's quota or sign-in page) is a clear error naming the link to download by hand."""
+    cache = os.path.join(torch.hub.get_dir(), 'checkpoints')
+    path = os.path.join(cache, release_file_name(url))
+    if os.path.isfile(path):
+        return path
+    os.makedirs(cache, exist_ok=True)
+    drive = _drive_id(url)
+    src = f'https://drive.usercontent.google.com/download?id={drive}&export=download&confirm=t' if drive else url
+    tmp = path + '.part'
+    torch.hub.download_url_to_file(src, tmp, progress=True)
+    with open(tmp, 'rb') as f:
+        head = f.read(2)
+    if head not in (b'PK', b'\x80\x02', b'\x80\x03', b'\x80\x04', b'\x80\x05'):  # zip or pickle: a torch file
+        os.remove(tmp)
+        raise ValueError(f'{url} did not give a checkpoint file (a web page came back); download it by hand and set '
+                         'model.backbone.init_cfg.checkpoint to the file')
+    os.replace(tmp, path)
+    return path
+
+
+def missing_checkpoint_message(checkpoint: str, owner: str = 'backbone') -> str:
+    """One line for a pretrained checkpoint path that does not exist: how to make it, or how to opt out."""
+    make = ''
+    for part in reversed(os.path.normpath(checkpoint).split(os.sep)[:-1]):
+        if part.startswith('cls_'):
+            make = f'make it with `python tools/train.py configs/{part}.py` (ImageNet), '
+            break
+    return (f'{owner}: pretrained checkpoint {checkpoint!r} does not exist; {make}point '
+            'model.backbone.init_cfg.checkpoint at your own file, or train the backbone from scratch on purpose with '
+            'model.backbone.init_cfg.type=Scratch')
+
+
+def read_pretrained(module: torch.nn.Module, checkpoint: str, convert_fn: Optional[Callable] = None,
+                    prefix: Optional[str] = None, map_location='cpu', prefer_ema: bool = False):
+    """The state dict :func:`load_pretrained` puts into ``module``: ``checkpoint`` fetched (a release URL, once,
+    cached), read, unwrapped (the EMA weights first with ``prefer_ema``), its ``prefix`` keys (e.g. 'backbone.')
+    kept, converted when the layout is not ours."""
+    from mmengine.runner.checkpoint import CheckpointLoader  # mim-style and other remote paths
+
+    name = type(module).__name__
+    if urlparse(checkpoint).scheme in ('http', 'https'):
+        raw = read_checkpoint(fetch_release(checkpoint), map_location)
+    elif '://' not in checkpoint:
+        if not os.path.isfile(checkpoint):
+            raise FileNotFoundError(missing_checkpoint_message(checkpoint, name))
+        raw = read_checkpoint(checkpoint, map_location)
+    else:
+        raw = CheckpointLoader.load_checkpoint(checkpoint, map_location=map_location)
+    sd = unwrap_state_dict(raw, prefer_ema=prefer_ema, backbone_only=not prefix)
+    if prefix:
+        if not prefix.endswith('.'):
+            prefix += '.'
+        sd = OrderedDict((k[len(prefix):], v) for k, v in sd.items() if k.startswith(prefix))
+        if not sd:
+            raise ValueError(f'checkpoint {checkpoint} has no key under prefix {prefix!r}')
+    if convert_fn is not None:  # converters map official/timm names and leave names already ours unchanged
+        sd = convert_fn(sd)
+    return sd
+
+
+def placement(module: torch.nn.Module, state_dict: Dict[str, torch.Tensor]):
+    """``(missing, unexpected, mismatched)`` keys of loading ``state_dict`` into ``module`` (non-persistent
+    buffers aside)."""
+    own = module.state_dict()
+    mismatched = [k for k, v in state_dict.items() if k in own and tuple(own[k].shape) != tuple(v.shape)]
+    missing = [k for k in own if k not in state_dict and not _is_nonpersistent(k)]
+    unexpected = [k for k in state_dict if k not in own]
+    return missing, unexpected, mismatched
+
+
+def load_pretrained(module: torch.nn.Module, checkpoint: str, convert_fn: Optional[Callable] = None,
+                    prefix: Optional[str] = None, logger=None, map_location='cpu', prefer_ema: bool = False):
+    """Load ``checkpoint`` into ``module`` (read as :func:`read_pretrained` does); a file of another architecture
+    (depths, widths, heads) is one error naming it (:func:`check_arch`); otherwise shape mismatches are dropped
+    and the exact lists of keys that were not placed are warned about.
+
+    Returns ``(missing, unexpected, mismatched)``.
+    """
+    from mmengine.logging import print_log
+
+    name = type(module).__name__
+    sd = read_pretrained(module, checkpoint, convert_fn, prefix, map_location, prefer_ema)
+    check_arch(module, sd, checkpoint)  # another depth / width / heads: one error, not a list of shape mismatches
+    own = module.state_dict()
+    mismatched = [k for k, v in sd.items() if k in own and tuple(own[k].shape) != tuple(v.shape)]
+    for k in mismatched:
+        sd.pop(k)
+    missing, unexpected = module.load_state_dict(sd, strict=False)
+    missing = [k for k in missing if not _is_nonpersistent(k)]
+    for label, keys in (('missing in the checkpoint', missing), ('unexpected (not placed)', unexpected),
+                        ('skipped for a shape mismatch', mismatched)):
+        if keys:
+            print_log(f'{name}: loading {checkpoint}: {len(keys)} key(s) {label}: {sorted(keys)}',
+                      logger=logger or 'current', level=30)
+    return list(missing), list(unexpected), mismatched
+
