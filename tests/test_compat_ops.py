@@ -113,9 +113,10 @@ def test_forced_route_gives_mmcv_detections_scores_and_masks(detector, monkeypat
     before = _calls()
     out = _predict(detector)
     after = _calls()
-    # the route really ran: RPN and test-time NMS, RoIAlign of boxes and masks
+    # the route really ran: RPN and test-time NMS, RoIAlign of boxes and of masks (one call per FPN level that
+    # receives RoIs, so at least one each)
     assert after[('torchvision', 'nms')] - before.get(('torchvision', 'nms'), 0) >= 4
-    assert after[('torchvision', 'roi_align_forward')] - before.get(('torchvision', 'roi_align_forward'), 0) >= 4
+    assert after[('torchvision', 'roi_align_forward')] - before.get(('torchvision', 'roi_align_forward'), 0) >= 2
     for r, o in zip(ref, out):
         r, o = r.pred_instances, o.pred_instances
         assert len(r) >= 50, 'too few detections for a meaningful comparison'
