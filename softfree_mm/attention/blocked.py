@@ -89,23 +89,14 @@ class TiledPointwiseAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, bias, shift, mask, alpha: float, kind: str, power: int, rows: int, cols: int):
-        b, h, nq, d = q.shape
-        nk, dv = k.shape[2], v.shape[3]
-        q3, k3, v3 = q.reshape(b * h, nq, d), k.reshape(b * h, nk, d), v.reshape(b * h, nk, dv)
-        kt3 = k3.transpose(1, 2)
+        (b, h, nq, nk, d, dv), (q3, k3, v3) = _flat(q, k, v)
         out = q.new_zeros(b, h, nq, dv)  # returned as allocated (not a view): callers may scale it in place
         out3 = out.view(b * h, nq, dv)
-        for i in range(0, nq, rows):
-            ri = slice(i, i + rows)
-            q_i, out_i = q3[:, ri], out3[:, ri]
-            for j in range(0, nk, cols):
-                cj = slice(j, j + cols)
-                s = _scores(q_i, kt3[:, :, cj], alpha, b, h, _part(bias, ri, cj), _part(shift, ri, slice(None)))
-                a = _activate(kind, power, s)
-                keep = _part(mask, ri, cj)
-                if keep is not None:
-                    a = _masked(a, keep, b, h)
-                out_i.baddbmm_(a, v3[:, cj])
+        for ri, cj, _, s, keep in _tiles(q3, k3, alpha, b, h, bias, shift, mask, rows, cols):
+            a = _activate(kind, power, s)
+            if keep is not None:
+                a = _masked(a, keep, b, h)
+            out3[:, ri].baddbmm_(a, v3[:, cj])
         ctx.save_for_backward(q, k, v, bias, shift, mask)
         ctx.setup = (alpha, kind, power, rows, cols)
         return out
@@ -115,41 +106,34 @@ class TiledPointwiseAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, bias, shift, mask = ctx.saved_tensors
         alpha, kind, power, rows, cols = ctx.setup
-        b, h, nq, d = q.shape
-        nk, dv = k.shape[2], v.shape[3]
+        (b, h, nq, nk, d, dv), (q3, k3, v3) = _flat(q, k, v)
         need_q, need_k, need_v, need_bias = ctx.needs_input_grad[:4]
-        q3, k3, v3 = q.reshape(b * h, nq, d), k.reshape(b * h, nk, d), v.reshape(b * h, nk, dv)
-        kt3, vt3 = k3.transpose(1, 2), v3.transpose(1, 2)
+        vt3 = v3.transpose(1, 2)
         do3 = dout.reshape(b * h, nq, dv)
         dq = torch.zeros_like(q3) if need_q else None
         dk = torch.zeros_like(k3) if need_k else None
         dv_ = torch.zeros_like(v3) if need_v else None
         dbias = torch.zeros(bias.shape, dtype=bias.dtype, device=bias.device) if need_bias else None
-        for i in range(0, nq, rows):
-            ri = slice(i, i + rows)
-            q_i, do_i = q3[:, ri], do3[:, ri]
-            for j in range(0, nk, cols):
-                cj = slice(j, j + cols)
-                s = _scores(q_i, kt3[:, :, cj], alpha, b, h, _part(bias, ri, cj), _part(shift, ri, slice(None)))
-                a, slope = _activate_with_slope(kind, power, s)
-                keep = _part(mask, ri, cj)
-                if keep is not None:
-                    a = _masked(a, keep, b, h)
-                if need_v:
-                    dv_[:, cj].baddbmm_(a.transpose(1, 2), do_i)
-                if not (need_q or need_k or need_bias):
-                    continue
-                ds = torch.bmm(do_i, vt3[:, :, cj])  # dA
-                ds = _times_slope(ds, a, slope)
-                if keep is not None:
-                    ds = _masked(ds, keep, b, h)
-                if need_q:
-                    dq[:, ri].baddbmm_(ds, k3[:, cj])
-                if need_k:
-                    dk[:, cj].baddbmm_(ds.transpose(1, 2), q_i)
-                if need_bias:
-                    part = _part(dbias, ri, cj)
-                    part.add_(_reduce_to(ds.view(b, h, ds.shape[1], ds.shape[2]), part.shape))
+        for ri, cj, q_i, s, keep in _tiles(q3, k3, alpha, b, h, bias, shift, mask, rows, cols):
+            do_i = do3[:, ri]
+            a, slope = _activate_with_slope(kind, power, s)
+            if keep is not None:
+                a = _masked(a, keep, b, h)
+            if need_v:
+                dv_[:, cj].baddbmm_(a.transpose(1, 2), do_i)
+            if not (need_q or need_k or need_bias):
+                continue
+            ds = torch.bmm(do_i, vt3[:, :, cj])  # dA
+            ds = _times_slope(ds, a, slope)
+            if keep is not None:
+                ds = _masked(ds, keep, b, h)
+            if need_q:
+                dq[:, ri].baddbmm_(ds, k3[:, cj])
+            if need_k:
+                dk[:, cj].baddbmm_(ds.transpose(1, 2), q_i)
+            if need_bias:
+                part = _part(dbias, ri, cj)
+                part.add_(_reduce_to(ds.view(b, h, ds.shape[1], ds.shape[2]), part.shape))
         factor = power if kind == 'pow' else 1  # the slope's constant (see _activate_with_slope)
         if dbias is not None and factor != 1:
             dbias.mul_(factor)
@@ -159,6 +143,27 @@ class TiledPointwiseAttention(torch.autograd.Function):
                 if t is not None:
                     t.mul_(alpha * factor)
         return view(dq, nq, d), view(dk, nk, d), view(dv_, nk, dv), dbias, None, None, None, None, None, None, None
+
+
+def _flat(q, k, v):
+    """The sizes (B, h, Nq, Nk, d, dv) and q, k, v as (B*h, N, .) views: the (batch, head) pairs as one batch."""
+    b, h, nq, d = q.shape
+    nk, dv = k.shape[2], v.shape[3]
+    return (b, h, nq, nk, d, dv), (q.reshape(b * h, nq, d), k.reshape(b * h, nk, d), v.reshape(b * h, nk, dv))
+
+
+def _tiles(q3, k3, alpha, b, h, bias, shift, mask, rows, cols):
+    """The tiles forward and backward walk, row block by row block: (rows, cols) slices, the rows' q, the tile's
+    scores (:func:`_scores`, a fresh tensor) and its part of the mask (None without one)."""
+    nq, nk = q3.shape[1], k3.shape[1]
+    kt3 = k3.transpose(1, 2)
+    for i in range(0, nq, rows):
+        ri = slice(i, i + rows)
+        q_i = q3[:, ri]
+        for j in range(0, nk, cols):
+            cj = slice(j, j + cols)
+            s = _scores(q_i, kt3[:, :, cj], alpha, b, h, _part(bias, ri, cj), _part(shift, ri, slice(None)))
+            yield ri, cj, q_i, s, _part(mask, ri, cj)
 
 
 def _scores(q_i, kt_j, alpha, b, h, bias_ij, shift_i):
