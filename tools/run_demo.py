@@ -21,9 +21,9 @@ Each step is an ordinary command of this repository, printed before it runs (run
                  prediction, its best one (the summary counts them), into W/pictures/vis/
 
 The configs are the main job's (configs/maskrcnn_xcit_s12_poly3.py: Mask R-CNN, XCiT/16 with poly3 in every layer,
-its adapter, FPN and heads) at XCiT-T12 width, the width two CPU cores can train in the demo's minutes;
-`--cls-config configs/demo/cls_xcit_s12_poly3_demo.py --det-config configs/demo/maskrcnn_xcit_s12_poly3_demo.py`
-runs the full S12 width (about twice the time).
+its adapter, FPN and heads) at XCiT-T12 width with a 64-channel neck and heads, what two CPU cores can train in the
+demo's minutes; `--cls-config configs/demo/cls_xcit_s12_poly3_demo.py --det-config
+configs/demo/maskrcnn_xcit_s12_poly3_demo.py` runs S12 with the real config's 256-channel neck and heads instead.
 
 The last lines printed are a summary: pretraining top-1, bbox / segm mAP and AP50, the time of each step, the
 picture folder (W/summary.json holds the same; --csv PATH writes them as one row of CSV_COLUMNS). A step that

@@ -1,4 +1,5 @@
-# The detector step of the demo (`make demo` runs it at T12 width: maskrcnn_xcit_t12_poly3_demo.py):
+# The detector step of the demo at S12 width (`make demo` runs maskrcnn_xcit_t12_poly3_demo.py: this at T12 width,
+# with a demo-sized neck and heads):
 # configs/maskrcnn_xcit_s12_poly3.py's Mask R-CNN (XCiT-S12/16, poly3 in every XCA layer, its FPN, RPN and RoI heads
 # unchanged) fine-tuned on the embedded digits (tools/make_demo_data.py: 800 train
 # and 100 val images of 128-160 px, 4-7 digits of 24-52 px each) from the demo classifier's checkpoint, the ordinary
