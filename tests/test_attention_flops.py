@@ -65,7 +65,7 @@ def test_flops_by_hand():
     assert build_attention('poly').flops(10, 20, 8, 4) == 2400  # C(10, 3) = 120 features: explicit is cheaper
     # poly p = 2, d = 2: 3 monomial features (x^2, xy, y^2); k's features times v, q's features times kv
     assert build_attention(dict(type='poly', degree=2)).flops(1000, 1000, 2, 4) == (1000 + 1000) * 3 * 4
-    assert build_attention('linear').flops(10, 20, 8, 4) == 20 * 8 * 4 + 10 * 8 * 4
+    assert build_attention('linear').flops(10, 20, 8, 4) == 20 * 8 * 4 + 10 * 8 * 4 + 10 * 8  # + the normaliser
     assert build_attention('linear').flops(10, 20, 8, 4, masked=True) == 2400
     # SOFT at a 16 x 16 grid, ratio 8: 2 x 2 = 4 landmarks from an 8 x 8 stride-8 conv over 8 channels
     soft = build_attention('soft', num_heads=1, head_dim=8)

@@ -30,10 +30,12 @@ class _FactorisedAttention(AttentionKernel):
     def __init__(self, num_heads=None, head_dim=None):
         super().__init__(num_heads, head_dim)
 
+    normaliser_products = 1  # the row normaliser q @ sum_j k_j: a (N, d) x (d, 1) product (efficient: none)
+
     def flops(self, nq, nk, d, dv, masked=False, hw=None):
         if masked:
             return nq * nk * (d + dv)  # the explicit A and A @ v
-        return (nk + nq) * d * dv  # k^T v, then q @ (k^T v)
+        return (nk + nq) * d * dv + self.normaliser_products * nq * d  # k^T v, q @ (k^T v), the normaliser
 
     def _fast(self, q, k, v):
         """``A @ v`` without a mask, in O(N d dv); inputs in the working dtype."""
