@@ -5,6 +5,7 @@ otherwise be printed before every tool's own output. Everything else is shown as
 The same entries go into PYTHONWARNINGS (after the user's own), so that every process a tool starts (the demo's
 steps, torchrun's workers, spawned data loader workers) has them from its first import on.
 """
+import logging
 import os
 import re
 import warnings
@@ -21,6 +22,38 @@ QUIET = (
     (UserWarning, 'Warning: The polygon is out of bounds, the drawn polygon may not be in the image'),
 )
 
+# the same kind of note written by mmengine's logger (WARNING lines, not Python warnings): its file backends, which
+# mmdet's and mmseg's loading transforms reach, announce their own deprecation on first use
+QUIET_LOGS = (
+    '"FileClient" will be deprecated in future',
+    '"HardDiskBackend" is the alias of "LocalBackend"',
+)
+
+
+class _QuietLogs(logging.Filter):
+    def filter(self, record):
+        return not str(record.msg).startswith(QUIET_LOGS)
+
+
+def quiet_mmengine_logs():
+    """Every MMLogger (the runner's, made later in the process) drops QUIET_LOGS; a no-op without mmengine."""
+    try:
+        from mmengine.logging import MMLogger
+    except ImportError:
+        return
+    if getattr(MMLogger, '_softfree_quiet', False):
+        return
+    init = MMLogger.__init__
+
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.addFilter(_QuietLogs())
+
+    MMLogger.__init__ = __init__
+    MMLogger._softfree_quiet = True
+    for logger in MMLogger._instance_dict.values():
+        logger.addFilter(_QuietLogs())
+
 
 def env_entries():
     """QUIET as PYTHONWARNINGS entries (action:message:category; the message is the literal start of the text).
@@ -34,6 +67,7 @@ def install(environ=os.environ):
         warnings.filterwarnings('ignore', message=re.escape(message), category=category)
     given = [e for e in environ.get('PYTHONWARNINGS', '').split(',') if e]
     environ['PYTHONWARNINGS'] = ','.join(given + [e for e in env_entries() if e not in given])
+    quiet_mmengine_logs()
 
 
 install()

@@ -40,6 +40,7 @@ test_pipeline = [
 ]
 train_dataloader = dict(
     batch_size=4, num_workers=0, persistent_workers=False,
+    sampler=dict(type='InfiniteSampler', shuffle=True),  # what mmdet's iteration-based configs use
     dataset=dict(data_root=data_root, metainfo=metainfo, pipeline=train_pipeline,
                  filter_cfg=dict(filter_empty_gt=True, min_size=8)))
 val_dataloader = dict(

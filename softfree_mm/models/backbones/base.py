@@ -67,6 +67,9 @@ class SoftFreeBackbone(BaseModule):
     norm_eval = False  # BatchNorms stay in eval mode (frozen statistics) while the backbone trains
     _convert: Optional[Callable] = None  # the family's convert function (a staticmethod in subclasses)
     _prefer_ema = False  # Pretrained files holding EMA weights: load those (SOFT's releases are evaluated with them)
+    # (what, key regex) pairs: keys a start checkpoint and this model do not share by design (a classifier's head
+    # parts in a dense model, an adapter new to it); loading names them in one note each instead of warning
+    by_design_keys: Tuple[Tuple[str, str], ...] = ()
 
     def __init__(self, init_cfg=None, pretrained: Optional[str] = None, with_cp: bool = False,
                  norm_eval: bool = False):

@@ -359,6 +359,16 @@ class SoftFreeXCiT(SoftFreeBackbone):
             return int(name.split('.')[1]) + 1
         return super()._layer_id(name)
 
+    @property
+    def by_design_keys(self):
+        """A classifier's checkpoint into the feature maps (or the other way): the parts one mode has alone."""
+        adapter = r'^fpn[1-4]\.'
+        if self.out_type == 'cls_token':
+            return (('of the stride-fixing adapter, not used by the class token', adapter),)
+        head = ('classification-only, not used by the feature maps (class attention, class token, final norm)',
+                r'^(cls_attn_blocks\.|cls_token$|norm\.)')
+        return head, ('of the stride-fixing adapter, new to the feature maps', adapter)
+
     def no_weight_decay_keys(self):
         """Parameter-name fragments to exclude from weight decay (mmengine paramwise_cfg custom_keys)."""
         return ('temperature', 'pos_embed', 'cls_token')

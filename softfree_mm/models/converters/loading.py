@@ -146,7 +146,15 @@ def load_pretrained(module: torch.nn.Module, checkpoint: str, convert_fn: Option
         sd.pop(k)
     missing, unexpected = module.load_state_dict(sd, strict=False)
     missing = [k for k in missing if not _is_nonpersistent(k)]
-    for label, keys in (('missing in the checkpoint', missing), ('unexpected (not placed)', unexpected),
+    roles = getattr(module, 'by_design_keys', ())  # keys the module and the file do not share by design
+    by_design = [(what, [k for k in missing + unexpected if re.match(p, k)]) for what, p in roles]
+    if any(keys for _, keys in by_design):
+        print_log(f'{name}: loading {checkpoint}: as intended, ' +
+                  '; '.join(f'{len(keys)} key(s) {what}' for what, keys in by_design if keys),
+                  logger=logger or 'current', level=20)
+    by_design = {k for _, keys in by_design for k in keys}
+    for label, keys in (('missing in the checkpoint', [k for k in missing if k not in by_design]),
+                        ('unexpected (not placed)', [k for k in unexpected if k not in by_design]),
                         ('skipped for a shape mismatch', mismatched)):
         if keys:
             print_log(f'{name}: loading {checkpoint}: {len(keys)} key(s) {label}: {sorted(keys)}',
