@@ -19,7 +19,7 @@ from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence
 
 from .norms import kernel_label
-from .sweep import child_config, newest_scalars, safe_name, train_one
+from .sweep import child_config, json_records, newest_scalars, safe_name, train_one
 
 RESULT = 'result.json'
 METRIC = 'accuracy/top1'
@@ -59,16 +59,11 @@ def read_scalars(path: str, metric: str = METRIC) -> dict:
     """A run's scalars.json -> top1_final, top1_best, best_iter, loss_final, s_per_iter (mean logged time after
     the first training record), cuda_memory_mib, iters (last logged training step), val (list of (step, top-1))."""
     train, val = [], []
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            rec = json.loads(line)
-            if 'loss' in rec:
-                train.append(rec)
-            elif metric in rec:
-                val.append((rec['step'], rec[metric]))
+    for rec in json_records(path):
+        if 'loss' in rec:
+            train.append(rec)
+        elif metric in rec:
+            val.append((rec['step'], rec[metric]))
     out = dict(top1_final=None, top1_best=None, best_iter=None, loss_final=None, s_per_iter=None,
                cuda_memory_mib=None, iters=max((r['step'] for r in train), default=0), val=val)
     if val:
@@ -91,24 +86,19 @@ def read_norm_curves(path: str, prefix: str = 'attn') -> List[dict]:
     """AttentionStatsHook's attention_stats.json -> one row per (step, layer): rows (N), keys, fro, jac (None
     when the kernel has no score map) and both divided by sqrt(rows)."""
     out = []
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if not line:
+    for rec in json_records(path):
+        layers = OrderedDict()
+        for key, val in rec.items():
+            if key.startswith(prefix + '/'):
+                layer, _, what = key[len(prefix) + 1:].rpartition('/')
+                layers.setdefault(layer, {})[what] = val
+        for layer, d in layers.items():
+            if 'fro' not in d or not d.get('rows'):
                 continue
-            rec = json.loads(line)
-            layers = OrderedDict()
-            for key, val in rec.items():
-                if key.startswith(prefix + '/'):
-                    layer, _, what = key[len(prefix) + 1:].rpartition('/')
-                    layers.setdefault(layer, {})[what] = val
-            for layer, d in layers.items():
-                if 'fro' not in d or not d.get('rows'):
-                    continue
-                root = math.sqrt(d['rows'])
-                jac = d.get('jac')
-                out.append(dict(step=rec['step'], layer=layer, rows=d['rows'], keys=d.get('keys'), fro=d['fro'],
-                                jac=jac, fro_sqrt_n=d['fro'] / root, jac_sqrt_n=None if jac is None else jac / root))
+            root = math.sqrt(d['rows'])
+            jac = d.get('jac')
+            out.append(dict(step=rec['step'], layer=layer, rows=d['rows'], keys=d.get('keys'), fro=d['fro'],
+                            jac=jac, fro_sqrt_n=d['fro'] / root, jac_sqrt_n=None if jac is None else jac / root))
     return out
 
 
@@ -330,118 +320,3 @@ def short_error(text: str) -> str:
     text = re.sub(r'^[A-Za-z]+(Error|Exception):\s*', '', text)
     text = re.sub(r'\s*\(SOFTFREE_MM_TRACEBACK=1[^)]*\)\s*$', '', text)
     return text.replace('|', '/').replace('\n', ' ')
-
-
-# ---------------------------------------------------------------------------------------------- plots
-def _colours(kernels):
-    import matplotlib.pyplot as plt
-    cmap = plt.get_cmap('tab10' if len(kernels) <= 10 else 'tab20')
-    return {k: cmap(i % cmap.N) for i, k in enumerate(kernels)}
-
-
-def plot_accuracy(rows: List[dict], summary: List[dict], path: str, titles=None, chance: float = CHANCE) -> str:
-    """One panel per config: per kernel the mean final top-1 (bar) with the seeds' standard deviation (error bar),
-    each seed's final top-1 (dots) and the mean best (open diamond); refused kernels named in grey."""
-    from . import plots
-    import matplotlib.pyplot as plt
-    configs = list(dict.fromkeys(e['config'] for e in summary))
-    kernels = list(dict.fromkeys(e['kernel'] for e in summary))
-    what = {e['kernel']: e['what'] for e in summary}
-    colours = _colours(kernels)
-    fig, axes = plt.subplots(1, len(configs), figsize=(max(6.0, 0.55 * len(kernels) + 2.5) * len(configs), 4.8),
-                             squeeze=False)
-    for ax, config in zip(axes[0], configs):
-        for i, k in enumerate(kernels):
-            e = next((x for x in summary if x['config'] == config and x['kernel'] == k), None)
-            if e is None:
-                continue
-            if not e['n']:
-                ax.text(i, chance + 2, 'refused' if 'cannot be used' in e['error'] else 'failed', rotation=90,
-                        ha='center', va='bottom', fontsize=7, color='grey')
-                continue
-            ax.bar(i, e['top1_final'], 0.7, color=colours[k], alpha=0.85,
-                   yerr=e['top1_final_std'] or 0.0, capsize=3, error_kw=dict(lw=1))
-            seeds = [r['top1_final'] for r in rows if r['config'] == config and r['kernel'] == k and
-                     r['status'] == 'ok']
-            ax.scatter([i] * len(seeds), seeds, s=9, color='black', zorder=3)
-            ax.scatter([i], [e['top1_best']], s=28, marker='D', facecolors='none', edgecolors='black', zorder=3,
-                       linewidths=0.8)
-        ax.axhline(chance, color='grey', linestyle='--', linewidth=1)
-        ax.set_xticks(range(len(kernels)))
-        ax.set_xticklabels([what[k] for k in kernels], rotation=55, ha='right', fontsize=7)
-        ax.set_xlim(-0.6, len(kernels) - 0.4)
-        ax.set_ylim(0, 100)
-        ax.set_ylabel('final top-1 % on validation')
-        ax.set_title(f'{(titles or {}).get(config, config)}\nbar: mean over seeds ± std, dots: seeds, '
-                     f'diamond: mean best, dashed: chance {chance:.0f} %', fontsize=8)
-        ax.grid(True, axis='y', alpha=0.3)
-    return plots.save(fig, path)
-
-
-def _curve_by_step(curves, config, kernel, key):
-    """step -> per-seed mean over layers of ``key``; returns (steps, mean over seeds, min, max)."""
-    per = OrderedDict()
-    for c in curves:
-        if c['config'] == config and c['kernel'] == kernel and c[key] is not None:
-            per.setdefault(c['step'], {}).setdefault(c['seed'], []).append(c[key])
-    steps, mean, lo, hi = [], [], [], []
-    for step in sorted(per):
-        seed_means = [statistics.fmean(v) for v in per[step].values()]
-        steps.append(step)
-        mean.append(statistics.fmean(seed_means))
-        lo.append(min(seed_means))
-        hi.append(max(seed_means))
-    return steps, mean, lo, hi
-
-
-def plot_norms(curves: List[dict], config: str, kernels: Sequence[str], path: str, descriptions=None,
-               title: str = '') -> Optional[str]:
-    """||A||_F / sqrt(N) and ||dA/dS||_F / sqrt(N) against iteration (mean over layers; line: mean over seeds,
-    band: the seeds' range), one line per kernel; where the layers have several N, a third panel: the last
-    record's ||A||_F / sqrt(N) against N (mean over the layers of that N and over seeds)."""
-    from . import plots
-    import matplotlib.pyplot as plt
-    mine = [c for c in curves if c['config'] == config]
-    if not mine:
-        return None
-    kernels = [k for k in kernels if any(c['kernel'] == k for c in mine)]
-    colours = _colours(kernels)
-    ns = sorted({c['rows'] for c in mine})
-    panels = 3 if len(ns) > 1 else 2
-    fig, axes = plt.subplots(1, panels, figsize=(5.6 * panels, 4.6), squeeze=False)
-    for ax, key, label in ((axes[0][0], 'fro_sqrt_n', '||A||_F / sqrt(N)'),
-                           (axes[0][1], 'jac_sqrt_n', '||dA/dS||_F / sqrt(N)  (none: no score map)')):
-        for k in kernels:
-            steps, mean, lo, hi = _curve_by_step(mine, config, k, key)
-            if not steps:
-                continue
-            ax.plot(steps, mean, color=colours[k], label=(descriptions or {}).get(k, k), linewidth=1.3)
-            ax.fill_between(steps, lo, hi, color=colours[k], alpha=0.15, linewidth=0)
-        ax.set_xlabel('iteration')
-        ax.set_ylabel(label)
-        ax.set_yscale('log')
-        ax.grid(True, which='both', alpha=0.3)
-    if panels == 3:
-        ax = axes[0][2]
-        for k in kernels:
-            last = max(c['step'] for c in mine if c['kernel'] == k)
-            pts = []
-            for n in ns:
-                per_seed = {}
-                for c in mine:
-                    if c['kernel'] == k and c['step'] == last and c['rows'] == n:
-                        per_seed.setdefault(c['seed'], []).append(c['fro_sqrt_n'])
-                if per_seed:
-                    pts.append((n, statistics.fmean(statistics.fmean(v) for v in per_seed.values())))
-            if pts:
-                ax.plot(*zip(*pts), marker='o', markersize=3.5, color=colours[k], linewidth=1.3)
-        ax.set_xscale('log')
-        ax.set_yscale('log')
-        ax.set_xlabel('N (tokens of the layer)')
-        ax.set_ylabel('||A||_F / sqrt(N) at the last record')
-        ax.grid(True, which='both', alpha=0.3)
-    axes[0][panels - 1].legend(*axes[0][0].get_legend_handles_labels(), fontsize=7, loc='center left',
-                               bbox_to_anchor=(1.0, 0.5))
-    if title:
-        fig.suptitle(title, fontsize=10)
-    return plots.save(fig, path)

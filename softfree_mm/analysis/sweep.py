@@ -116,19 +116,22 @@ def newest_scalars(work_dir: str) -> Optional[str]:
     return max(found, key=osp.getmtime) if found else None
 
 
+def json_records(path: str):
+    """The records of an mmengine JSON-lines log (scalars.json, attention_stats.json), one dict a line."""
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)
+
+
 def read_log(path: str, metric: Optional[str] = None) -> dict:
     """dict(metric_name, metric, s_per_iter, cuda_memory_mib, iters) from a run's scalars.json."""
     train, val = [], []
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            rec = json.loads(line)
-            if 'loss' in rec:
-                train.append(rec)
-            elif any(not k.startswith('attn/') and k not in NOT_METRICS for k in rec):
-                val.append(rec)
+    for rec in json_records(path):
+        if 'loss' in rec:
+            train.append(rec)
+        elif any(not k.startswith('attn/') and k not in NOT_METRICS for k in rec):
+            val.append(rec)
     out = dict(metric_name=metric, metric=None, s_per_iter=None, cuda_memory_mib=None,
                iters=max((r['step'] for r in train), default=0))
     times = [r['time'] for r in train if 'time' in r]

@@ -111,6 +111,7 @@ def main(argv=None):
             fail(f'{config}: no AttentionStatsHook in custom_hooks (the study records the norm curves with it)')
 
     from softfree_mm.analysis import study as st
+    from softfree_mm.analysis import study_plots
     from softfree_mm.analysis.norms import kernel_label
     train_py = osp.join(ROOT, 'tools', 'train.py')
     out = args.out or osp.join(args.work_dir, 'results')
@@ -135,10 +136,11 @@ def main(argv=None):
     table = st.markdown(summary, n_val, TITLES)
     with open(osp.join(out, 'table.md'), 'w') as f:
         f.write(table)
-    st.plot_accuracy(rows, summary, osp.join(out, 'accuracy.png'), TITLES)
+    study_plots.plot_accuracy(rows, summary, osp.join(out, 'accuracy.png'), TITLES)
     labels = [kernel_label(s) for s in specs]
     for name in names:
-        st.plot_norms(curves, name, labels, osp.join(out, f'norms_{name}.png'), descriptions, TITLES.get(name, name))
+        study_plots.plot_norms(curves, name, labels, osp.join(out, f'norms_{name}.png'), descriptions,
+                               TITLES.get(name, name))
     print(table)
     ok = sum(r['status'] == 'ok' for r in rows)
     print(f'{ok} of {len(rows)} runs trained; this call took {time.time() - start:.0f} s (runs trained in all: '
