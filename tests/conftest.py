@@ -4,20 +4,31 @@ Home folder: the session runs under a fresh, empty HOME and XDG_CACHE_HOME (made
 XDG_CONFIG_HOME, MPLCONFIGDIR, TORCH_HOME, MMENGINE_HOME unset), and so does every tool, torchrun and mim process
 the tests start: no test can depend on what an earlier run left in the user's home (a green run once hid a mim start
 that fails on a machine that never ran mim). The folders the stack creates on first use are made first
-(tests/_fresh_home.py), as processes started side by side would race to create them. Triton's kernel cache stays
+(tests/helpers/home.py), as processes started side by side would race to create them. Triton's kernel cache stays
 the user's (a compile cache: it only saves time on a GPU machine).
+
+Tools: tools/ is on sys.path (after everything else: a tool's name never hides a package), as running a tool
+puts its folder first, so that ``tests.helpers.load_tool`` and plain imports of a tool's module find the tools'
+own modules (tool_warnings, make_demo_data, ...). It is the one sys.path edit of the suite.
 
 Demo data: many tests write their own ``data/demo`` root (through tools/make_demo_data.py or the tools that call
 it). ``SOFTFREE_DEMO_CACHE`` makes each demo set be generated once per test session and hard-linked into every root
 that asks for it (subprocesses inherit the variable). Tests that check the generator itself remove it.
 """
 import os
+import pathlib
 import shutil
+import sys
 import tempfile
 
 import pytest
 
-from _fresh_home import fresh_home_env, prepare_home
+pytest.register_assert_rewrite('tests.helpers')  # the helpers' asserts report like the tests' own
+from tests.helpers import TOOLS  # noqa: E402
+from tests.helpers.home import fresh_home_env, prepare_home  # noqa: E402
+
+if TOOLS not in sys.path:
+    sys.path.append(TOOLS)
 
 # Under pytest-xdist (``make test`` runs TEST_WORKERS processes) each worker gets its share of the cores, so that the
 # workers' torch threads do not oversubscribe the machine; the tools the tests start inherit the setting.
@@ -70,15 +81,22 @@ def demo_data_cache(tmp_path_factory):
     os.environ.pop('SOFTFREE_DEMO_CACHE', None)
 
 
-# The longest test files first (measured with --durations=0 on the 2-core CI machine: each takes 30-150 s, mostly
-# tool subprocesses). pytest-xdist hands out whole files in collection order, one at a time as a worker frees up
-# (the Makefile passes --no-loadscope-reorder; xdist's own reorder, by number of tests, would put these one-test
-# files last and leave one worker idle while the other runs the main job). Longest first keeps both busy to the end.
-_LONGEST_FIRST = ('test_demo_main_job.py', 'test_demo_train.py', 'test_configs.py', 'test_demo_determinism.py',
-                  'test_mim.py', 'test_export.py', 'test_demo_data.py', 'test_tools_dist.py',
-                  'test_attention_properties.py', 'test_tools_bad_inputs.py', 'test_openmmlab_fit.py')
+# The longest test files first, named by their path below tests/ (measured with --durations=0 on the 2-core CI
+# machine: each takes 30-150 s, mostly tool subprocesses). pytest-xdist hands out whole files in collection order,
+# one at a time as a worker frees up (the Makefile passes --no-loadscope-reorder; xdist's own reorder, by number of
+# tests, would put these one-test files last and leave one worker idle while the other runs the main job). Longest
+# first keeps both busy to the end.
+_LONGEST_FIRST = ('demo/test_demo_main_job.py', 'demo/test_demo_train.py', 'test_configs.py',
+                  'demo/test_demo_determinism.py', 'tools/test_mim.py', 'models/test_export.py',
+                  'demo/test_demo_data.py', 'tools/test_tools_dist.py', 'attention/test_attention_properties.py',
+                  'engine/test_tools_bad_inputs.py', 'models/test_openmmlab_fit.py')
+_TESTS = pathlib.Path(__file__).resolve().parent
 
 
 def pytest_collection_modifyitems(session, config, items):
     rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+    def key(item):
+        return rank.get(item.path.resolve().relative_to(_TESTS).as_posix(), len(rank))
+
+    items.sort(key=key)  # stable: the rest keep their order

@@ -228,7 +228,7 @@ def test_repairs_are_named_and_applied_once():
 @pytest.mark.skipif(torch.cuda.is_available(), reason='the repair is about machines without CUDA')
 def test_init_dist_slurm_on_cpu(tmp_path):
     """Two processes started the way srun starts them (SLURM_* variables), on a machine without CUDA. (The
-    torchrun start-up is the real tools/dist_train.sh run of tests/test_tools_dist.py.)"""
+    torchrun start-up is the real tools/dist_train.sh run of tests/tools/test_tools_dist.py.)"""
     script = tmp_path / 'slurm_init.py'
     script.write_text(_DIST_SCRIPT)
     port = str(_free_port())

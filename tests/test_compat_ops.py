@@ -18,9 +18,7 @@ import torch
 import softfree_mm  # noqa: F401  (applies the repairs)
 from softfree_mm import compat
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-sys.path.insert(0, osp.join(ROOT, 'tests'))
-from test_demo_train import DEMO, TINY  # noqa: E402  (the tiny widths every demo test uses)
+from tests.helpers.demo import DEMO, TINY  # the demo configs at tiny widths, as every demo test uses them
 
 ROUTE = compat.ROUTE_ENV
 

@@ -6,22 +6,15 @@ stage); the train and test pipelines of every dataset definition turn demo image
 recipes leave norms, biases, position tables and XCiT's temperature without weight decay; ``auto_scale_lr`` uses the
 total batch written in each header.
 """
+import functools
 import glob
 import os.path as osp
 import re
-import sys
 
+import mmengine.config.utils as _cfg_utils
 import pytest
 import torch
-
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, osp.join(ROOT, 'tools'))
-
-import functools  # noqa: E402
-
-import mmengine.config.utils as _cfg_utils  # noqa: E402
-from mmengine.config import Config  # noqa: E402
+from mmengine.config import Config
 
 # for every config that inherits an mmseg / mmdet base, mmengine re-reads all of that package's metafiles (dozens of
 # YAML files, most of a config's parse time); they never change during the tests, so each is read once
@@ -30,6 +23,8 @@ from mmengine.registry import DATASETS, MODELS  # noqa: E402
 
 import softfree_mm  # noqa: E402,F401
 from softfree_mm.attention import AttentionKernel, kernel_class  # noqa: E402
+
+from tests.helpers import ROOT  # noqa: E402
 
 TASKS = ('maskrcnn', 'upernet', 'semfpn', 'cls')
 BACKBONES = ('xcit_s12', 'pvt_v2_b2', 'swin_t', 'cswin_t')
@@ -142,7 +137,7 @@ def _kernel_name(k):
 
 @pytest.fixture(scope='module')
 def demo_root(tmp_path_factory):
-    from make_demo_data import make_demo_data
+    from make_demo_data import make_demo_data  # tools/make_demo_data.py (tests/conftest.py puts tools/ on sys.path)
     root = tmp_path_factory.mktemp('demo') / 'data' / 'demo'
     return make_demo_data(str(root))
 

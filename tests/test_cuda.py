@@ -8,16 +8,13 @@ pointwise kernels' CUDA dispatch takes the fused kernel beyond the explicit budg
 and memory linear in N; the kernel benchmark times with CUDA events and reports the device's ceilings.
 """
 import os.path as osp
-import sys
 
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
+from tests.helpers import ROOT, load_tool
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, osp.join(ROOT, 'tests'))
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
 
 
 def test_device_check_picks_cuda_also_under_a_launcher():
@@ -82,8 +79,7 @@ def test_amp_float16_overflow_stops_with_one_line_and_bfloat16_trains(tmp_path, 
     """poly with a constant of 1e8: its outputs (up to about 1e8) overflow float16 (65504) but not bfloat16 or
     float32. Under --amp float16 the overflow is inf, the loss is not finite: exit 2 naming the iteration and
     float16, no checkpoint written."""
-    from test_tools_errors import _load_tool
-    train = _load_tool('train')
+    train = load_tool('train')
     cfg = _tiny_cls(tmp_path)
     blowup = 'model.backbone.attn_cfg.scale=100000000.0'
     rc = train.main([cfg, '--work-dir', str(tmp_path / 'fp16'), '--amp', '--amp-dtype', 'float16',

@@ -22,7 +22,8 @@ import sys
 
 import pytest
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+from tests.helpers import ROOT
+
 PAGES = [osp.join(ROOT, 'README.md'), osp.join(ROOT, 'CHANGELOG.md')] + sorted(
     glob.glob(osp.join(ROOT, 'docs', '**', '*.md'), recursive=True))
 FENCE = re.compile(r'^```([\w-]*)\n(.*?)^```', re.S | re.M)

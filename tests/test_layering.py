@@ -11,7 +11,9 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT as REPOSITORY
+
+ROOT = pathlib.Path(REPOSITORY)
 PACKAGE = ROOT / 'softfree_mm'
 FREE = {'softfree_mm', 'softfree_mm.registry'}  # the wiring modules
 # what each layer must not import (by package prefix); attention/ is checked by what it may import instead

@@ -13,7 +13,7 @@
 #      fused variant checks itself against the explicit path on first use; a failure is listed in the summary);
 #   4. (mmcv ready) one Mask R-CNN training step at 800x1216, batch 2: our Swin-T / PVTv2-b2 with softmax, poly3 and
 #      inline against mmdet's own SwinTransformer / PyramidVisionTransformerV2 in the same detector;
-#   5. the fused Triton kernels compiled on the GPU against the explicit path (tests/test_attention_fused.py);
+#   5. the fused Triton kernels compiled on the GPU against the explicit path (tests/attention/test_attention_fused.py);
 #   6. the CUDA-only tests (tests/test_cuda.py);
 #   7. the summary in work_dirs/gpu_check/summary.txt (each step's log beside it, the tables in *.csv).
 # Every step after the set-up runs under `timeout` with its own cap and at most what is left of the budget; a step
@@ -24,7 +24,7 @@
 # GPU_CHECK_STEPS, and what tools/setup_env.sh reads (SOFTFREE_VENV, TORCH_INDEX_URL, MMCV_CUDA, ...).
 #   bash tools/gpu_check.sh --fetch-wheels DIR [PYTHON_VERSION]   on a machine WITH a package index: the wheels (and
 #   mmcv's source) that the offline set-up installs, for the GPU node's Python (default 3.12), into DIR (~10 MB).
-# Sourced (`source tools/gpu_check.sh`), it only defines its functions (tests/test_gpu_check.py runs them on CPU).
+# Sourced (`source tools/gpu_check.sh`), it only defines its functions (tests/tools/test_gpu_check.py runs them on CPU).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 STEPS_ALL="cuda fused bench-bf16 bench-fp32 detector tests"
@@ -267,7 +267,7 @@ print(f"{torch.cuda.device_count()} x {p.name} (sm_{p.major}{p.minor}, {p.total_
     wanted detector && step detector 200 "$PY" tools/benchmark.py detector --device cuda --batch 2 --size 800x1216 \
         --repeats 3 --csv "$OUT/detector.csv" --detectors swin_t:mmdet swin_t:softmax pvt_v2_b2:mmdet \
         pvt_v2_b2:softmax pvt_v2_b2:poly3 swin_t:poly3 pvt_v2_b2:inline swin_t:inline
-    wanted fused && step fused 150 "$PY" -m pytest tests/test_attention_fused.py -q -p no:cacheprovider -x
+    wanted fused && step fused 150 "$PY" -m pytest tests/attention/test_attention_fused.py -q -p no:cacheprovider -x
     wanted tests && step tests 150 "$PY" -m pytest tests/test_cuda.py -q -p no:cacheprovider -rs
     finish
 }

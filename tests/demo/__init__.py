@@ -1,0 +1,1 @@
+"""Tests of the demo (make demo): its data, configs, training, determinism and the main job."""

@@ -1,0 +1,97 @@
+"""The README's main job, shortened: `make demo`'s driver (tools/run_demo.py) runs every step with its own default
+configs (XCiT-T12/16 width, poly3 in every layer; the S12 demo configs they derive from are trained by
+test_demo_train.py, test_demo_determinism.py and test_tools_dist.py): demo data -> mmpretrain classifier pretraining -> Mask
+R-CNN whose backbone starts from that checkpoint (init_cfg Pretrained, prefix 'backbone.') -> COCO evaluation with
+pycocotools -> predictions drawn by mmdet's DetInferencer -> the summary. Only the amounts differ from `make demo`
+(a few dozen images, one epoch / two iterations, eight val images, two pictures).
+
+Guards: every step's ordinary command runs and is printed; the detector's log shows the classifier checkpoint
+loaded into its backbone; the summary names the pretraining top-1, bbox / segm mAP and AP50, the time of each step
+and the picture folder, and summary.json holds the same numbers; the pictures are the val images with predictions
+drawn on them at the config's own score threshold: where it hides all of a picture's predictions (two
+iterations give low scores) the picture still shows the best one, so a threshold that hides everything cannot pass.
+No warning line anywhere in the output (the stack's pkg_resources deprecation notes are filtered in every step's
+process, tools/tool_warnings.py).
+"""
+import csv
+import glob
+import json
+import os
+import os.path as osp
+import re
+import subprocess
+import sys
+
+import cv2
+import numpy as np
+
+from tests.helpers import ROOT
+# what Python's warnings module prints: 'path:line: SomeWarning: message', then the source line
+WARNING_LINE = re.compile(r'Warning\b|WARNING|warnings\.warn\(|pkg_resources is deprecated')
+
+
+def test_shortened_main_job_pretrains_fine_tunes_evaluates_draws_and_summarises(tmp_path):
+    work = str(tmp_path / 'demo')
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONWARNINGS'}  # what a user's shell has
+    csv_path = str(tmp_path / 'demo.csv')
+    cmd = [sys.executable, 'tools/run_demo.py', '--work-dir', work, '--pictures', '2', '--csv', csv_path,
+           '--cls-options', 'train_dataloader.dataset.indices=32', 'val_dataloader.dataset.indices=20',
+           'train_cfg.max_epochs=1',
+           '--det-options', 'train_cfg.max_iters=2', 'default_hooks.logger.interval=1',
+           '--test-options', 'test_dataloader.dataset.indices=8']
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    # no warning between the steps or before a tool's own output (the steps' processes included)
+    noise = [line for line in (out + proc.stderr).splitlines() if WARNING_LINE.search(line)]
+    assert not noise, '\n'.join(noise[:6])
+    for step in ('tools/make_demo_data.py', 'tools/train.py configs/demo/cls_xcit_t12_poly3_demo.py',
+                 'tools/train.py configs/demo/maskrcnn_xcit_t12_poly3_demo.py',
+                 'tools/test.py configs/demo/maskrcnn_xcit_t12_poly3_demo.py', 'DetInferencer('):
+        assert step in out, step
+
+    with open(osp.join(work, 'summary.json')) as f:
+        summary = json.load(f)
+    with open(osp.join(work, 'pretrain', 'last_checkpoint')) as f:
+        cls_ckpt = f.read().strip()
+    assert cls_ckpt.endswith('epoch_1.pth') and summary['pretrain_checkpoint'] == cls_ckpt
+    # the detector's backbone was loaded from the classifier's checkpoint: every block placed, the classifier's own
+    # parts and the new adapter named in one note, nothing else missing or unplaced
+    det_log = sorted(glob.glob(osp.join(work, 'maskrcnn', '*', '*.log')))[0]  # training's; evaluation's follows
+    log = open(det_log).read()
+    assert f'loading {cls_ckpt}: as intended, ' in log
+    assert 'key(s) classification-only' in log and 'key(s) of the stride-fixing adapter, new to the feature maps' in log
+    assert 'missing in the checkpoint' not in log and 'unexpected (not placed)' not in log
+
+    assert 0 <= summary['pretrain_top1'] <= 100
+    for key in ('bbox_mAP', 'bbox_mAP_50', 'segm_mAP', 'segm_mAP_50'):
+        assert 0.0 <= summary['metrics'][key] <= 1.0, key
+    assert set(summary['times']) == {'data', 'pretrain', 'detector', 'evaluation', 'pictures'}
+    assert all(t > 0 for t in summary['times'].values())
+    # --csv: the summary's numbers as one row (the format of docs/results/demo.csv)
+    (row,) = list(csv.DictReader(open(csv_path)))
+    assert float(row['pretrain_top1']) == summary['pretrain_top1']
+    assert {k: float(row[k]) for k in summary['metrics']} == summary['metrics']
+    assert {k: float(row[f'{k}_s']) for k in summary['times']} == summary['times']
+    assert float(row['total_s']) == summary['total'] and int(row['pictures_drawn']) == sum(summary['pictures_drawn'])
+    tail = out[out.rindex('make demo:'):]
+    for word in ('top-1', 'bbox mAP', 'segm mAP', 'AP50', 'pictures', 'total', osp.join(work, 'pictures')):
+        assert word in tail, word
+
+    # the pictures: the first val images, with predictions drawn over them
+    with open(osp.join(ROOT, 'data', 'demo', 'coco', 'annotations', 'instances_val2017.json')) as f:
+        first = [im['file_name'] for im in json.load(f)['images'][:2]]
+    assert [osp.basename(p) for p in summary['pictures']] == first
+    from mmengine.config import Config
+    det_cfg = Config.fromfile(osp.join(ROOT, 'configs/demo/maskrcnn_xcit_t12_poly3_demo.py'))
+    thr = det_cfg.default_hooks.visualization.score_thr
+    assert summary['score_thr'] == thr
+    assert all(n >= 1 for n in summary['pictures_drawn']), summary['pictures_drawn']
+    assert all(u <= thr for u in summary['pictures_score_thr'])
+    for pic, name in zip(summary['pictures'], first):
+        drawn = cv2.imread(pic)
+        source = cv2.imread(osp.join(ROOT, 'data', 'demo', 'coco', 'val2017', name))
+        assert drawn.shape == source.shape
+        # a drawn box, mask or label changes pixels far beyond the JPEG re-encoding's few levels
+        changed = (np.abs(drawn.astype(int) - source.astype(int)).max(axis=2) > 40).sum()
+        assert changed >= 50, (pic, changed)

@@ -1,0 +1,1 @@
+"""Tests of softfree_mm/engine/ through the tools: errors, bad inputs, device, memory, kill and resume."""

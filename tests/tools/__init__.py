@@ -1,0 +1,1 @@
+"""Tests of tools/: the research and benchmark CLIs, distributed runs, set-up, GPU check, mim."""

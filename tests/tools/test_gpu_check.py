@@ -1,0 +1,253 @@
+"""What of tools/gpu_check.sh (make gpu-check) and the GPU set-ups runs without a GPU.
+
+Guards: without CUDA the check stops at once with one line and exit status 2, before any set-up; the budget: a step
+past its cap or the budget is stopped and reported, later steps are skipped, the summary still comes; the kernel
+benchmark runs as the check calls it (N = 1k..64k, forward + backward, the device ceilings), in the half dtypes;
+the offline set-up (a node without a package index): the wheel list it installs is what --fetch-wheels fetches,
+its errors are one line, mmcv's background build is awaited within the budget and recorded, and the transformers
+metadata shadow turns mmpretrain's multimodal switch off; the SOFT detection set-ups keep activation checkpointing,
+and the saved-bytes figure the README's memory estimate rests on (about 21.5 bytes per token x landmark x head)
+holds.
+"""
+import math
+import os
+import os.path as osp
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from tests.helpers import ROOT
+
+
+@pytest.mark.skipif(shutil.which('nvidia-smi') is not None, reason='a machine that has nvidia-smi runs the check')
+def test_gpu_check_without_cuda_stops_at_once_with_one_line(tmp_path):
+    env = dict(os.environ, GPU_CHECK_DIR=str(tmp_path / 'out'), SOFTFREE_VENV=str(tmp_path / 'venv'))
+    t0 = time.time()
+    proc = subprocess.run(['bash', osp.join(ROOT, 'tools', 'gpu_check.sh')], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert time.time() - t0 < 10
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        'gpu-check: no CUDA GPU on this machine (nvidia-smi lists none); run it where nvidia-smi lists a GPU']
+    assert not (tmp_path / 'out').exists() and not (tmp_path / 'venv').exists()  # no set-up started
+    make = subprocess.run(['make', '-s', '-C', ROOT, 'gpu-check'], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert make.returncode != 0 and 'no CUDA GPU on this machine' in make.stderr
+
+
+def test_gpu_check_steps_keep_to_their_caps_and_the_budget(tmp_path):
+    """The check's own step / finish functions (the script sourced, its GPU steps not run): a step that outlives its
+    cap is stopped at the cap, one that would outlive the budget at the budget's end, steps after the budget are
+    skipped, the set-up (cap 0) is never cut, and the summary lists each with the exit status 1."""
+    script = f"""
+source {osp.join(ROOT, 'tools', 'gpu_check.sh')!r}
+GPU_CHECK_BUDGET=4 begin {str(tmp_path / 'out')!r}
+PY=/nonexistent
+step setup 0 true
+step capped 1 sleep 30
+step budget 60 sleep 30
+step after 60 true
+finish
+"""
+    t0 = time.time()
+    proc = subprocess.run(['bash', '-c', script], capture_output=True, text=True, timeout=60)
+    took = time.time() - t0
+    assert proc.returncode == 1, proc.stderr
+    assert took < 15, f'{took:.0f} s: the caps and the budget did not stop the steps'
+    lines = (tmp_path / 'out' / 'summary.txt').read_text().splitlines()
+    by_step = {line.split()[0]: line for line in lines if line and not line.startswith(('---', 'total', 'gpu:'))}
+    assert by_step['setup'].split()[1] == 'PASS'
+    assert by_step['capped'].split()[1] == 'FAIL' and 'stopped after 1s (step cap 1s' in by_step['capped']
+    assert by_step['budget'].split()[1] == 'FAIL' and 'of the 4s budget' in by_step['budget']
+    assert by_step['after'].split()[1] == 'SKIP' and 'no time left of the 4s budget' in by_step['after']
+    assert lines[-1].startswith('total: ') and lines[-1].endswith('FAILED steps above')
+    assert 'gpu-check summary' in proc.stderr
+
+
+def test_benchmark_runs_as_the_gpu_check_calls_it(capsys):
+    """The gpu check's kernel benchmark command (its arguments but the device and the sizes) and the table rows its
+    summary reads (on CPU, small N, bf16): the ceilings line and a row per kernel with its fractions of them."""
+    import benchmark  # tools/benchmark.py (tests/conftest.py puts tools/ on sys.path)
+    text = open(osp.join(ROOT, 'tools', 'gpu_check.sh')).read()
+    assert 'GPU_CHECK_TOKENS:-1024 4096 16384 65536' in text
+    assert 'tools/benchmark.py kernels --device cuda --dtype "$HALF" \\\n        --tokens $TOKENS --backward --heads 4 ' \
+           '--head-dim 64 --ceilings --kernels "${KERNELS[@]}"' in text
+    kernels = 'softmax poly relu sigmoid linear inline poly:degree=1 soft:num_landmarks=64'
+    assert f'KERNELS=({kernels})' in text
+    assert benchmark.main(['kernels', '--device', 'cpu', '--dtype', 'bf16', '--tokens', '16', '--backward',
+                           '--heads', '4', '--head-dim', '64', '--repeats', '1', '--no-memory', '--ceilings',
+                           '--kernels', *kernels.split()]) == 0
+    out = capsys.readouterr().out.splitlines()
+    ceil = [line for line in out if line.startswith('ceilings: ')]
+    assert len(ceil) == 1 and 'matrix_TFLOP_per_s=' in ceil[0] and 'copy_GB_per_s=' in ceil[0]
+    for name in kernels.split():
+        rows = [line for line in out if line.startswith(f'| {name} | 16 | fwdbwd ')]
+        assert len(rows) == 1 and float(rows[0].split('|')[4]) > 0, name
+
+
+def _source(script, tmp_path):
+    return subprocess.run(['bash', '-c', f"source {osp.join(ROOT, 'tools', 'gpu_check.sh')!r}\n{script}"],
+                          capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+
+
+def test_offline_setup_installs_what_fetch_wheels_fetches_and_says_what_is_missing(tmp_path):
+    """The offline set-up installs OFFLINE_BASE, then (after mmcv) OFFLINE_MM, from the folder that --fetch-wheels
+    fills with exactly those two lists and mmcv's source; a Python without torch, or a folder without mmcv's source,
+    is one error line, before anything is installed."""
+    text = open(osp.join(ROOT, 'tools', 'gpu_check.sh')).read()
+    fetch = text[text.index('fetch_wheels() {'):text.index('offline_setup() {')]
+    assert '"${OFFLINE_BASE[@]}" "${OFFLINE_MM[@]}"' in fetch and "'mmcv==2.1.0'" in fetch
+    proc = _source('printf "%s\\n" "${OFFLINE_BASE[@]}" "${OFFLINE_MM[@]}"', tmp_path)
+    names = proc.stdout.split()
+    assert 'mmengine==0.10.7' in names and 'mmdet==3.3.0' in names and 'setuptools<82' in names
+    # mmengine's, mmdet's, mmseg's and mmpretrain's own requirements that a CUDA image lacks are in the list
+    for need in ('addict', 'termcolor', 'yapf', 'pycocotools', 'shapely', 'terminaltables', 'prettytable', 'ftfy',
+                 'mat4py', 'modelindex', 'importlib-metadata'):
+        assert need in names, need
+    no_torch = tmp_path / 'python'
+    no_torch.write_text('#!/bin/sh\nexit 1\n')
+    no_torch.chmod(0o755)
+    proc = _source(f'GPU_CHECK_PYTHON={no_torch} offline_setup {tmp_path} {tmp_path / "venv"}', tmp_path)
+    assert proc.returncode == 2 and proc.stdout.strip() == (
+        f'error: {no_torch} cannot import torch and triton: set GPU_CHECK_PYTHON to the Python that holds them')
+    proc = _source(f'GPU_CHECK_PYTHON={sys.executable} offline_setup {tmp_path} {tmp_path / "venv"}', tmp_path)
+    if proc.returncode == 2 and 'cannot import torch and triton' in proc.stdout:
+        pytest.skip('this Python has no triton')
+    assert proc.returncode == 2 and proc.stdout.strip().startswith(f'error: no mmcv-2.1.0.tar.gz in GPU_CHECK_WHEELS=')
+    assert not (tmp_path / 'venv').exists()
+    usage = subprocess.run(['bash', osp.join(ROOT, 'tools', 'gpu_check.sh'), '--fetch-wheels'], capture_output=True,
+                           text=True, timeout=60)
+    assert usage.returncode == 2 and 'usage: bash tools/gpu_check.sh --fetch-wheels DIR' in usage.stderr
+
+
+def test_the_background_mmcv_build_is_awaited_within_the_budget_and_recorded(tmp_path):
+    """A build that ends in time is a PASS with its last line; one that fails, a FAIL with its error; one that
+    outlives the budget is stopped and a FAIL saying so; the later steps then do not run (finish)."""
+    script = f"""
+GPU_CHECK_BUDGET=3 begin {str(tmp_path / 'out')!r}
+( echo 'mm stack ready' ) > "$OUT/mmcv-build.log" 2>&1 & MMCV_PID=$!
+await_mmcv; echo "ok=$?"
+( echo 'error: Command failed: c++'; exit 2 ) > "$OUT/mmcv-build.log" 2>&1 & MMCV_PID=$!
+await_mmcv; echo "failed=$?"
+sleep 30 & MMCV_PID=$!
+await_mmcv; echo "late=$?"
+"""
+    t0 = time.time()
+    proc = _source(script, tmp_path)
+    assert time.time() - t0 < 20
+    assert 'ok=0' in proc.stdout and 'failed=1' in proc.stdout and 'late=1' in proc.stdout, proc.stdout + proc.stderr
+    lines = (tmp_path / 'out' / 'summary.txt').read_text().splitlines()
+    assert lines[0].split()[:2] == ['mmcv', 'PASS'] and lines[0].endswith('built in the background; mm stack ready')
+    assert lines[1].split()[:2] == ['mmcv', 'FAIL'] and 'error: Command failed: c++' in lines[1]
+    assert lines[2].split()[:2] == ['mmcv', 'FAIL'] and 'not built within the 3s budget' in lines[2]
+
+
+def test_gpu_check_steps_runs_only_the_named_steps():
+    text = open(osp.join(ROOT, 'tools', 'gpu_check.sh')).read()
+    for name in ('cuda', 'fused', 'bench-bf16', 'bench-fp32', 'detector', 'tests'):
+        assert f'wanted {name} ' in text or name == 'cuda', name
+    proc = subprocess.run(['bash', '-c', f"source {osp.join(ROOT, 'tools', 'gpu_check.sh')!r}; "
+                           'GPU_CHECK_STEPS="detector tests"; for s in fused detector tests; do wanted $s && echo $s; '
+                           'done'], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split() == ['detector', 'tests']
+
+
+def test_transformers_metadata_shadow_turns_mmpretrains_multimodal_switch_off(tmp_path):
+    """With the shadow entry first on the path, mmpretrain's own requirement check finds transformers 0.0.0 (below
+    its 4.28), so its multimodal code (which fails to import beside a current transformers) stays off."""
+    site = tmp_path / 'site'
+    proc = _source(f'shadow_transformers {site}', tmp_path)
+    assert proc.returncode == 0 and 'version 0.0.0' in proc.stdout
+    code = ('import sys; sys.path.insert(0, sys.argv[1]); import importlib_metadata as m; '
+            'from mmpretrain.utils.dependency import satisfy_requirement as s; '
+            "print(m.version('transformers'), s('transformers>=4.28.0'))")
+    out = subprocess.run([sys.executable, '-c', code, str(site)], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ['0.0.0', 'False'], out.stderr[-2000:]
+
+
+def test_setup_refuses_a_bad_mmcv_cuda_value_and_its_op_check_runs_the_ops(tmp_path, monkeypatch, capsys):
+    """tools/setup_env.sh: MMCV_CUDA is 0 or 1 (one line, exit status 2, nothing created); the check it runs after
+    installing mmcv calls nms and roi_align (not just imports them)."""
+    import re
+    env = dict(os.environ, SOFTFREE_VENV=str(tmp_path / 'venv'), MMCV_CUDA='yes')
+    proc = subprocess.run(['bash', osp.join(ROOT, 'tools', 'setup_env.sh')], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip() == "[setup_env] error: MMCV_CUDA must be 0 or 1, got 'yes'"
+    assert not (tmp_path / 'venv').exists()
+    text = open(osp.join(ROOT, 'tools', 'setup_env.sh')).read()
+    ops_run = re.search(r"OPS_RUN='(.*?)'\n", text, re.S).group(1)
+    monkeypatch.setattr(sys, 'argv', ['-c', 'cpu'])  # what `python -c "$OPS_RUN" cpu` sees (run here: no new import)
+    capsys.readouterr()
+    exec(compile(ops_run, 'OPS_RUN', 'exec'), {'__name__': '__main__'})
+    assert capsys.readouterr().out.strip() == 'mmcv nms and roi_align ran on cpu'
+    assert '--no-cache-dir "mmcv==2.1.0"' in text  # a cached CPU build never comes back for MMCV_CUDA=1
+
+
+def test_setup_refuses_to_start_on_a_disk_without_room(tmp_path):
+    """tools/setup_env.sh measures the free disk of the venv's filesystem before writing anything: too little is one
+    line naming the free MiB, the path, what the set-up needs and how to get round it; exit 2, no venv created."""
+    env = dict(os.environ, SOFTFREE_VENV=str(tmp_path / 'a' / 'venv'), SOFTFREE_NEED_MIB=str(2 ** 40))
+    proc = subprocess.run(['bash', osp.join(ROOT, 'tools', 'setup_env.sh')], env=env, capture_output=True, text=True,
+                          timeout=60)
+    free = os.statvfs(tmp_path)
+    free_mib = free.f_bavail * free.f_frsize // 2 ** 20
+    assert proc.returncode == 2, proc.stderr
+    msg = proc.stderr.strip()
+    assert msg.startswith('[setup_env] error: ') and '\n' not in msg, msg
+    said = int(msg.split('error: ')[1].split(' MiB free')[0])
+    assert abs(said - free_mib) <= max(64, free_mib // 100), (said, free_mib)
+    assert f'on the disk of {tmp_path / "a" / "venv"};' in msg and f'needs about {2 ** 40} MiB' in msg
+    assert 'SOFTFREE_VENV' in msg and 'SOFTFREE_NEED_MIB=0' in msg
+    assert not (tmp_path / 'a').exists()
+    for bad in ('6.5G', '-1', ''):
+        env['SOFTFREE_NEED_MIB'] = bad
+        proc = subprocess.run(['bash', osp.join(ROOT, 'tools', 'setup_env.sh')], env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 2 and proc.stderr.strip() == (
+            "[setup_env] error: SOFTFREE_NEED_MIB must be a whole number of MiB (0 skips the disk check), "
+            f"got '{bad}'"), proc.stderr
+        assert not (tmp_path / 'a').exists()
+
+
+@pytest.mark.parametrize('backbone', ['swin_t', 'cswin_t', 'pvt_v2_b2', 'soft_s_softnorm'])
+def test_soft_detection_setups_checkpoint_their_blocks(backbone):
+    from softfree_mm.engine import launch
+    name = backbone if backbone.startswith('soft_') else f'{backbone}_soft'
+    cfg = launch.load_config(osp.join(ROOT, 'configs', f'maskrcnn_{name}.py'))
+    assert cfg.model.backbone.with_cp is True
+
+
+def test_soft_saved_bytes_per_token_landmark_head_is_the_readmes_figure():
+    """The README's estimate: SOFT keeps about 21.5 bytes per (token, landmark, head) for backward (some five float32
+    N x m maps; the Newton inverse's backward is analytic, its iterations are not kept). Measured exactly with
+    saved_tensors_hooks on one call at N = 1600 tokens, m = 400 landmarks, 3 heads of 32."""
+    from softfree_mm.analysis.benchmark import saved_bytes
+    from softfree_mm.attention import build_attention
+    h, d, side, ratio = 3, 32, 40, 2
+    kern = build_attention(dict(type='soft', landmark_ratio=ratio, conv_size=3), num_heads=h, head_dim=d)
+    q, k, v = (torch.randn(1, h, side * side, d, requires_grad=True) for _ in range(3))
+    saved = saved_bytes(lambda: kern(q, k, v, hw=(side, side)))
+    n, m = side * side, (side // ratio) ** 2
+    per = (saved - 9 * n * d * h * 4) / (n * m * h)  # the O(N d) tensors (q, k, v, outputs...) aside
+    assert 15 < per < 24, f'{per:.1f} bytes per token x landmark x head'
+    # 1344 x 800 (1333 x 800 padded to 32), stage 1 of Swin-T: 67200 tokens, 25 x 42 landmarks, 3 heads, 2 images
+    stage1_gib = 67200 * 1050 * 3 * 2 * 21.5 / 2 ** 30
+    assert math.isclose(stage1_gib, 8.5, abs_tol=0.1)
+
+
+def test_offline_venv_sees_the_base_pythons_torch_after_its_own_packages(tmp_path):
+    """The GPU images' python3 is itself a venv, whose --system-site-packages would hide its torch: the offline venv
+    lists the base Python's package folders in a .pth file instead, after its own site-packages (so what the set-up
+    installs there, and the transformers shadow, come first)."""
+    venv = tmp_path / 'venv'
+    proc = _source(f'offline_venv {sys.executable} {venv}', tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    code = ('import sys, sysconfig, torch, os; own = sysconfig.get_paths()["purelib"]; '
+            'base = os.path.dirname(os.path.dirname(torch.__file__)); '
+            'print(sys.path.index(own) < sys.path.index(base), base != own)')
+    out = subprocess.run([str(venv / 'bin' / 'python'), '-c', code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ['True', 'True'], out.stderr[-2000:]
