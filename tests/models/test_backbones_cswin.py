@@ -1,8 +1,6 @@
 """SoftFreeCSWin: registry builds for every kernel, strides/shapes at odd sizes, gradients, bf16, stripe attention
 and LePE against a direct computation, padding invariance, official-layout conversion, freezing, checkpointing,
 layer depths, errors, and the three downstream models (Mask R-CNN, UperNet, ImageClassifier)."""
-import importlib
-import math
 import os
 import types
 
@@ -10,25 +8,15 @@ import pytest
 import torch
 
 import softfree_mm  # noqa: F401  (registers the backbones)
-from mmengine.config import Config
-from mmengine.registry import DefaultScope
 from softfree_mm.attention import kernel_class, list_attentions
 from softfree_mm.models.backbones.cswin import SoftFreeCSWin, convert_cswin
+
+from tests.helpers.models import build_in, run_classifier, run_mask_rcnn, run_upernet, strided_shapes
 
 SCOPES = ('mmdet', 'mmseg', 'mmpretrain')
 KERNELS = list_attentions()
 TINY = dict(embed_dims=16, depths=(1, 1, 1, 1), num_heads=(2, 2, 4, 4), stripe_widths=(1, 2, 4, 7))
 CHANNELS = (16, 32, 64, 128)
-
-
-def build_in(scope, cfg):
-    registry = importlib.import_module(f'{scope}.registry').MODELS
-    with DefaultScope.overwrite_default_scope(scope):
-        return registry.build(cfg)
-
-
-def strided_shapes(b, channels, h, w):
-    return [(b, c, math.ceil(h / 2 ** (i + 2)), math.ceil(w / 2 ** (i + 2))) for i, c in enumerate(channels)]
 
 
 # ------------------------------------------------------------------------------------------- every kernel
@@ -305,60 +293,8 @@ def test_bad_arguments_raise_errors_naming_the_value_and_valid_choices():
 
 
 # ------------------------------------------------------------------------------------------- downstream
-MIM = os.path.join(os.path.dirname(importlib.import_module('mmdet').__file__), '.mim', 'configs', '_base_', 'models')
-SEG_MIM = os.path.join(os.path.dirname(importlib.import_module('mmseg').__file__), '.mim', 'configs', '_base_',
-                       'models')
 BACKBONE = dict(type='SoftFreeCSWin', arch=dict(TINY), attn_cfg=['inline', 'inline', 'softmax', 'softmax'],
                 drop_path_rate=0.1)
-
-
-def run_mask_rcnn(backbone, channels):
-    from mmdet.testing import demo_mm_inputs
-    cfg = Config.fromfile(os.path.join(MIM, 'mask-rcnn_r50_fpn.py')).model
-    cfg.backbone = backbone
-    cfg.neck.in_channels = list(channels)
-    cfg.train_cfg.rpn_proposal.update(nms_pre=200, max_per_img=100)  # small sampling keeps the CPU step short
-    cfg.train_cfg.rcnn.sampler.num = 64
-    model = build_in('mmdet', cfg).train()
-    packed = demo_mm_inputs(2, [(3, 128, 160)] * 2, num_items=[3, 2], with_mask=True)
-    data = model.data_preprocessor(packed, True)
-    loss, _ = model.parse_losses(model(**data, mode='loss'))
-    loss.backward()
-    assert torch.isfinite(loss)
-    return model
-
-
-def run_upernet(backbone, channels):
-    from mmengine.structures import PixelData
-    from mmseg.structures import SegDataSample
-    cfg = Config.fromfile(os.path.join(SEG_MIM, 'upernet_swin.py')).model
-    cfg.backbone = backbone
-    cfg.decode_head.update(in_channels=list(channels), channels=32, num_classes=5, norm_cfg=dict(type='BN'))
-    cfg.auxiliary_head.update(in_channels=channels[2], channels=16, num_classes=5, norm_cfg=dict(type='BN'))
-    model = build_in('mmseg', cfg).train()
-    samples = []
-    for _ in range(2):
-        s = SegDataSample(metainfo=dict(img_shape=(128, 160), pad_shape=(128, 160), ori_shape=(128, 160)))
-        s.gt_sem_seg = PixelData(data=torch.randint(0, 5, (1, 128, 160)))
-        samples.append(s)
-    loss, _ = model.parse_losses(model(torch.randn(2, 3, 128, 160), samples, mode='loss'))
-    loss.backward()
-    assert torch.isfinite(loss)
-    return model
-
-
-def run_classifier(backbone, channels):
-    from mmpretrain.structures import DataSample
-    backbone = dict(backbone, out_indices=(len(channels) - 1,))
-    cfg = dict(type='ImageClassifier', backbone=backbone, neck=dict(type='GlobalAveragePooling'),
-               head=dict(type='LinearClsHead', num_classes=10, in_channels=channels[-1]))
-    model = build_in('mmpretrain', cfg).train()
-    samples = [DataSample().set_gt_label(i) for i in (3, 7)]
-    losses = model(torch.randn(2, 3, 128, 160), samples, mode='loss')
-    loss = sum(v for k, v in losses.items() if 'loss' in k)
-    loss.backward()
-    assert torch.isfinite(loss)
-    return model
 
 
 @pytest.mark.parametrize('runner', [run_mask_rcnn, run_upernet, run_classifier])

@@ -1,32 +1,18 @@
 """SoftFreePVT (v1) and SoftFreePVTv2: kernels in spatial-reduction attention, strides, parity, conversion, use."""
-import importlib
-import math
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 import softfree_mm  # noqa: F401  (registers the backbones)
-from mmengine.config import Config
-from mmengine.registry import DefaultScope
 from softfree_mm.attention import kernel_class, kernel_arguments, list_attentions
 from softfree_mm.models.backbones.pvt import SoftFreePVT, SoftFreePVTv2, convert_pvt, convert_pvt_v2
+
+from tests.helpers.models import build_in, run_classifier, run_mask_rcnn, run_upernet, strided_shapes
 
 KERNELS = list_attentions()
 SCOPES = ('mmdet', 'mmseg', 'mmpretrain')
 TINY = dict(embed_dims=(16, 32, 40, 64), depths=(1, 1, 1, 1))  # heads 1-2-5-8 of the presets: 16/8/8/8 channels
 CHANNELS = TINY['embed_dims']
-
-
-def build_in(scope, cfg):
-    registry = importlib.import_module(f'{scope}.registry').MODELS
-    with DefaultScope.overwrite_default_scope(scope):
-        return registry.build(cfg)
-
-
-def strided_shapes(b, channels, h, w):
-    return [(b, c, math.ceil(h / 2 ** (i + 2)), math.ceil(w / 2 ** (i + 2))) for i, c in enumerate(channels)]
 
 
 def kernel_cfg(name, tokens):
@@ -304,62 +290,13 @@ def test_bad_arguments_raise_errors_naming_the_value_and_the_valid_choices():
 
 
 # ------------------------------------------------------------------------------------------- downstream
-MIM = os.path.join(os.path.dirname(importlib.import_module('mmdet').__file__), '.mim', 'configs', '_base_', 'models')
-SEG_MIM = os.path.join(os.path.dirname(importlib.import_module('mmseg').__file__), '.mim', 'configs', '_base_',
-                       'models')
-
-
-def _backward(model, losses):
-    loss, _ = model.parse_losses(losses)
-    loss.backward()
-    assert torch.isfinite(loss)
-
-
-def run_mask_rcnn(backbone):
-    from mmdet.testing import demo_mm_inputs
-    cfg = Config.fromfile(os.path.join(MIM, 'mask-rcnn_r50_fpn.py')).model
-    cfg.backbone = backbone
-    cfg.neck.in_channels = list(CHANNELS)
-    model = build_in('mmdet', cfg).train()
-    data = model.data_preprocessor(demo_mm_inputs(2, [(3, 128, 160)] * 2, num_items=[3, 2], with_mask=True), True)
-    _backward(model, model(**data, mode='loss'))
-    return model
-
-
-def run_upernet(backbone):
-    from mmengine.structures import PixelData
-    from mmseg.structures import SegDataSample
-    cfg = Config.fromfile(os.path.join(SEG_MIM, 'upernet_swin.py')).model
-    cfg.backbone = backbone
-    cfg.decode_head.update(in_channels=list(CHANNELS), channels=32, num_classes=5, norm_cfg=dict(type='BN'))
-    cfg.auxiliary_head.update(in_channels=CHANNELS[2], channels=16, num_classes=5, norm_cfg=dict(type='BN'))
-    model = build_in('mmseg', cfg).train()
-    samples = []
-    for _ in range(2):
-        s = SegDataSample(metainfo=dict(img_shape=(128, 160), pad_shape=(128, 160), ori_shape=(128, 160)))
-        s.gt_sem_seg = PixelData(data=torch.randint(0, 5, (1, 128, 160)))
-        samples.append(s)
-    _backward(model, model(torch.randn(2, 3, 128, 160), samples, mode='loss'))
-    return model
-
-
-def run_classifier(backbone):
-    from mmpretrain.structures import DataSample
-    cfg = dict(type='ImageClassifier', backbone=backbone, neck=dict(type='GlobalAveragePooling'),
-               head=dict(type='LinearClsHead', num_classes=10, in_channels=CHANNELS[-1]))
-    model = build_in('mmpretrain', cfg).train()
-    samples = [DataSample().set_gt_label(i) for i in (3, 7)]
-    _backward(model, model(torch.randn(2, 3, 128, 160), samples, mode='loss'))
-    return model
-
-
 @pytest.mark.parametrize('runner,backbone', [
     (run_mask_rcnn, dict(type='SoftFreePVTv2', attn_cfg='poly', **TINY)),
     (run_upernet, dict(type='SoftFreePVT', attn_cfg='linear', **TINY)),
     (run_classifier, dict(type='SoftFreePVTv2', arch='b2_li', attn_cfg='poly', **TINY)),
 ], ids=['mask_rcnn_pvt_v2', 'upernet_pvt_v1', 'classifier_pvt_v2_li'])
 def test_downstream_model_trains_a_step_with_pvt_backbone(runner, backbone):
-    model = runner(backbone)
+    model = runner(backbone, CHANNELS)
     assert type(model.backbone).__name__ == backbone['type']
     for name, p in model.backbone.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name

@@ -1,23 +1,17 @@
 """SoftFreeSOFT (SOFT's own backbone): registry builds, strides at odd sizes, gradients, kernels swapped in, the
 official sizes, conversion, freezing, errors. Its equality with the official computation is in
 test_official_weights.py."""
-import importlib
 import math
 
 import pytest
 import torch
 
 import softfree_mm  # noqa: F401
-from mmengine.registry import DefaultScope
 from softfree_mm.models.backbones.soft import ARCH_ZOO, SoftFreeSOFT, convert_soft
 
+from tests.helpers.models import build_in
+
 SMALL = dict(embed_dims=(16, 32, 32, 32), num_heads=(1, 2, 2, 2), depths=(1, 1, 1, 1))
-
-
-def build_in(scope, cfg):
-    registry = importlib.import_module(f'{scope}.registry').MODELS
-    with DefaultScope.overwrite_default_scope(scope):
-        return registry.build(cfg)
 
 
 def test_builds_in_all_registries_with_strided_maps_at_odd_sizes_and_finite_grads():

@@ -1,30 +1,22 @@
 """SoftFreeXCiT: kernels inside cross-covariance attention, strides, parity with timm, conversion, downstream use."""
-import importlib
 import inspect
 import math
-import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import softfree_mm  # noqa: F401  (registers the backbones)
-from mmengine.config import Config
-from mmengine.registry import DefaultScope
 from softfree_mm.attention import build_attention, kernel_class, list_attentions
 from softfree_mm.models.backbones.xcit import XCA, BlockDeconv, SoftFreeXCiT, convert_xcit
+
+from tests.helpers.models import build_in, run_classifier, run_mask_rcnn, run_upernet
 
 KERNELS = list_attentions()
 BN = dict(type='BN')
 # tiny: 4 blocks, 4 heads of 8 channels; every block feeds one output
 TINY = dict(arch='t12', embed_dims=32, num_heads=4, depth=4, out_indices=(0, 1, 2, 3), norm_cfg=BN)
 SCOPES = ('mmdet', 'mmseg', 'mmpretrain')
-
-
-def build_in(scope, cfg):
-    registry = importlib.import_module(f'{scope}.registry').MODELS
-    with DefaultScope.overwrite_default_scope(scope):
-        return registry.build(cfg)
 
 
 def expected_shapes(b, c, h, w, patch=16):
@@ -352,60 +344,13 @@ def test_bad_arguments_raise_errors_naming_the_value_and_the_valid_choices():
 
 
 # ------------------------------------------------------------------------------------------- downstream
-MIM = os.path.join(os.path.dirname(importlib.import_module('mmdet').__file__), '.mim', 'configs', '_base_', 'models')
-SEG_MIM = os.path.join(os.path.dirname(importlib.import_module('mmseg').__file__), '.mim', 'configs', '_base_',
-                       'models')
 BACKBONE = dict(type='SoftFreeXCiT', attn_cfg='poly', drop_path_rate=0.1, **TINY)
-
-
-def _backward(model, losses):
-    loss, _ = model.parse_losses(losses)
-    loss.backward()
-    assert torch.isfinite(loss)
-
-
-def run_mask_rcnn():
-    from mmdet.testing import demo_mm_inputs
-    cfg = Config.fromfile(os.path.join(MIM, 'mask-rcnn_r50_fpn.py')).model
-    cfg.backbone = dict(BACKBONE)
-    cfg.neck.in_channels = [32] * 4
-    model = build_in('mmdet', cfg).train()
-    data = model.data_preprocessor(demo_mm_inputs(2, [(3, 128, 160)] * 2, num_items=[3, 2], with_mask=True), True)
-    _backward(model, model(**data, mode='loss'))
-    return model
-
-
-def run_upernet():
-    from mmengine.structures import PixelData
-    from mmseg.structures import SegDataSample
-    cfg = Config.fromfile(os.path.join(SEG_MIM, 'upernet_swin.py')).model
-    cfg.backbone = dict(BACKBONE)
-    cfg.decode_head.update(in_channels=[32] * 4, channels=32, num_classes=5, norm_cfg=BN)
-    cfg.auxiliary_head.update(in_channels=32, channels=16, num_classes=5, norm_cfg=BN)
-    model = build_in('mmseg', cfg).train()
-    samples = []
-    for _ in range(2):
-        s = SegDataSample(metainfo=dict(img_shape=(128, 160), pad_shape=(128, 160), ori_shape=(128, 160)))
-        s.gt_sem_seg = PixelData(data=torch.randint(0, 5, (1, 128, 160)))
-        samples.append(s)
-    _backward(model, model(torch.randn(2, 3, 128, 160), samples, mode='loss'))
-    return model
-
-
-def run_classifier():
-    from mmpretrain.structures import DataSample
-    backbone = dict(BACKBONE, out_type='cls_token')
-    cfg = dict(type='ImageClassifier', backbone=backbone,
-               head=dict(type='LinearClsHead', num_classes=10, in_channels=32))
-    model = build_in('mmpretrain', cfg).train()
-    samples = [DataSample().set_gt_label(i) for i in (3, 7)]
-    _backward(model, model(torch.randn(2, 3, 128, 160), samples, mode='loss'))
-    return model
 
 
 @pytest.mark.parametrize('runner', [run_mask_rcnn, run_upernet, run_classifier])
 def test_downstream_model_trains_a_step_with_xcit_backbone(runner):
-    model = runner()
+    backbone = dict(BACKBONE, out_type='cls_token') if runner is run_classifier else dict(BACKBONE)
+    model = runner(backbone, (32,) * 4)  # every block feeds one 32-channel output
     assert type(model.backbone) is SoftFreeXCiT
     for name, p in model.backbone.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name

@@ -21,24 +21,18 @@ import warnings
 import pytest
 import torch
 from mmengine.config import Config
-from mmengine.registry import DefaultScope
 
 import softfree_mm  # noqa: F401  (registers the backbones)
 from softfree_mm import models
 from softfree_mm.models import SoftFreePVT, SoftFreePVTv2, SoftFreeSwin
 
 from tests.helpers import ROOT, load_tool
+from tests.helpers.models import build_in
 from tests.helpers.presets import TINY  # every registered backbone
 
 MMDET_CONFIGS = osp.join(osp.dirname(importlib.import_module('mmdet').__file__), '.mim', 'configs')
 MMSEG_CONFIGS = osp.join(osp.dirname(importlib.import_module('mmseg').__file__), '.mim', 'configs')
 SWIN_TINY = dict(arch=dict(embed_dims=16, depths=(2, 2, 1, 1), num_heads=(1, 2, 2, 4)))
-
-
-def build(scope, cfg):
-    registry = importlib.import_module(f'{scope}.registry').MODELS
-    with DefaultScope.overwrite_default_scope(scope):
-        return registry.build(cfg)
 
 
 def n_params(module):
@@ -50,9 +44,9 @@ def n_params(module):
                                           ('pvt/retinanet_pvtv2-b0_fpn_1x_coco.py', 'SoftFreePVTv2')])
 def test_mmdet_shipped_config_builds_and_runs_with_only_the_type_changed(config, ours):
     cfg = Config.fromfile(osp.join(MMDET_CONFIGS, config))
-    original = build('mmdet', cfg.model.backbone)
+    original = build_in('mmdet', cfg.model.backbone)
     cfg.model.backbone.type = ours  # the only change
-    model = build('mmdet', cfg.model).eval()
+    model = build_in('mmdet', cfg.model).eval()
     assert type(model.backbone).__name__ == ours
     # the same architecture: every parameter of mmdet's backbone has its counterpart, and the output channels the
     # config's neck expects
@@ -187,7 +181,7 @@ def test_mmseg_upernet_r50_base_with_our_backbone_takes_the_model_level_pretrain
     assert cfg.model.backbone.get('pretrained') is None  # the model-level key, as mmseg's configs have it
     with warnings.catch_warnings():
         warnings.simplefilter('ignore', FutureWarning)
-        model = build('mmseg', cfg.model)
+        model = build_in('mmseg', cfg.model)
     assert model.backbone.init_cfg == dict(type='Pretrained', checkpoint=path)
     model.init_weights()
     for k, v in src.state_dict().items():
@@ -203,7 +197,7 @@ def test_readme_own_config_example_builds_as_written(tmp_path):
     path.write_text(snippet)
     cfg = Config.fromfile(str(path))
     assert importlib.import_module(cfg.custom_imports['imports'][0]) is softfree_mm
-    model = build(cfg.default_scope, cfg.model)
+    model = build_in(cfg.default_scope, cfg.model)
     assert type(model.backbone).__name__.startswith('SoftFree')
     assert list(cfg.model.neck.in_channels) == list(model.backbone.out_channels)
     assert all(type(m).__name__ != 'ResNet' for m in model.modules())  # _delete_=True dropped ResNet's arguments

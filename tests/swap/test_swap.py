@@ -2,18 +2,18 @@
 XCiT; mmpretrain ViT, Swin; mmdet Swin, PVTv2, DETR decoder). References are the untouched models themselves (their
 own implementation, same weights) and plain formulas written here."""
 import copy
-import importlib
 import pickle
 
 import pytest
 import torch
 
 import softfree_mm  # noqa: F401  (registers SoftFreeSwap and the backbones)
-from mmengine.registry import DefaultScope
 from softfree_mm import swap_attention
 from softfree_mm.analysis.swap_support import MODELS, build, kernel_cfg, outputs, randomize_
 from softfree_mm.attention import kernel_class, list_attentions
 from softfree_mm.swap import SwapError, restore_attention, swap_summary
+
+from tests.helpers.models import build_in
 
 # attention modules each tiny model holds, counted by hand from its config
 ATTENTION_COUNT = {'timm ViT': 2, 'timm DeiT (distilled)': 2, 'timm DeiT-3 + registers': 2, 'timm Swin': 4,
@@ -26,12 +26,6 @@ EVERYWHERE = ('softmax', 'poly', 'relu', 'sigmoid', 'linear', 'efficient', 'tayl
 def run(model, args):
     with torch.no_grad():
         return outputs(model(*args))
-
-
-def build_in(scope, cfg):
-    registry = importlib.import_module(f'{scope}.registry').MODELS
-    with DefaultScope.overwrite_default_scope(scope):
-        return registry.build(cfg)
 
 
 # ------------------------------------------------------------------------------------------------ parity
