@@ -199,8 +199,9 @@ def test_commands_shown_name_tools_and_options_that_exist():
 
 
 # ------------------------------------------------------------------------------------------------------ configs
-def test_config_paths_named_in_the_docs_exist():
-    named = re.compile(r'(?<![\w/.-])configs/[\w/.-]+?\.py')  # not an official repository's configs/ folder
+def test_config_and_test_paths_named_in_the_docs_exist():
+    # not an official repository's configs/ folder; test files move with the layout of tests/
+    named = re.compile(r'(?<![\w/.-])(?:configs|tests)/[\w/.-]+?\.py')
     bad = [f'{_rel(page)}: {path}' for page in PAGES for path in named.findall(_read(page))
            if not osp.isfile(osp.join(ROOT, path))]
     assert not bad, '\n'.join(bad)
