@@ -25,7 +25,7 @@ def test_device_check_picks_cuda_also_under_a_launcher():
 
 def test_detector_on_cuda_gives_the_detections_of_mmcvs_cpu_ops(monkeypatch):
     from softfree_mm import compat
-    from test_compat_ops import _cfg, _build, _det_batch
+    from tests.test_compat_ops import _cfg, _build, _det_batch
     monkeypatch.delenv(compat.ROUTE_ENV, raising=False)
     cfg = _cfg('maskrcnn')
     cfg.model.backbone.norm_cfg = dict(type='BN')

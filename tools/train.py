@@ -98,7 +98,6 @@ def check_start(runner, cfg, auto_resume):
         return
     model = runner.model.module if is_model_wrapper(runner.model) else runner.model
     try:
-        check_start_arch(path, model)
         check_checkpoint(path, model, 'resume' if cfg.get('resume') else 'load')
     except BadInput as e:
         if not auto_resume:
@@ -112,18 +111,6 @@ def check_start(runner, cfg, auto_resume):
     from mmengine.dist import is_main_process
     if cfg.get('resume') and is_main_process():
         remove_stale_temporaries(cfg.work_dir)
-
-
-def check_start_arch(path, model):
-    """A backbone whose weights in the checkpoint have other depths / widths / heads is one error naming them
-    (mmengine would list every weight of another shape)."""
-    from softfree_mm.engine.checkpoints import load_state_dict_of
-    from softfree_mm.engine.errors import BadInput
-    from softfree_mm.models.converters import check_model_checkpoint
-    try:
-        check_model_checkpoint(model, load_state_dict_of(path), path)
-    except ValueError as e:
-        raise BadInput(' '.join(str(e).split())) from None
 
 
 def make_demo(root, subset=None):

@@ -77,12 +77,18 @@ def check_checkpoint(path: str, model: torch.nn.Module, mode: str) -> None:
     shape (resuming continues the same model); ``'test'``: no weight of another shape and at least half of the
     model's weights (evaluating a partly random model reports garbage); ``'load'`` (load_from in training, e.g.
     fine-tuning with another number of classes): at least one weight of the model, name and shape (mmengine warns
-    about the rest). An empty state_dict passes (nothing to load)."""
+    about the rest). In every mode a softfree_mm backbone's weights of another architecture are one error naming
+    it and the fitting preset. An empty state_dict passes (nothing to load)."""
     if mode not in CHECK_MODES:
         raise ValueError(f'check_checkpoint: mode must be one of {CHECK_MODES}, got {mode!r}')
     state = load_state_dict_of(path)
     if not state:
         return
+    from ..models.converters import check_model_checkpoint
+    try:  # a backbone of other depths / widths / heads: one error naming them (not every weight of another shape)
+        check_model_checkpoint(model, state, path)
+    except ValueError as e:
+        raise BadInput(' '.join(str(e).split())) from None
     own = model.state_dict()
     shared = [k for k in own if k in state]
     wrong = [f'{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}' for k in shared

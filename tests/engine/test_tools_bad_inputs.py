@@ -119,7 +119,7 @@ def test_bad_coco_annotation_file_is_one_line_naming_it(tools, capsys, tmp_path,
         del good['annotations'][0]['bbox']
         ann.write_text(json.dumps(good))
     (tmp_path / 'train2017').mkdir()
-    from test_demo_train import TINY  # the tiny widths every demo test uses
+    from tests.helpers.demo import TINY  # the tiny widths every demo test uses
     cfg = tmp_path / 'det_tiny.py'
     cfg.write_text(f"_base_ = {osp.join(DEMO, TINY['maskrcnn'][0])!r}\n{TINY['maskrcnn'][1]}\n"
                    f"train_dataloader = dict(dataset=dict(data_root={str(tmp_path) + '/'!r}, ann_file={str(ann)!r}))\n"

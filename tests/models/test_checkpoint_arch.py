@@ -628,7 +628,10 @@ def train_tool():
     return load_tool('train', 'softfree_tool_train_arch')
 
 
-def test_train_start_check_names_a_load_from_backbone_of_another_depth(train_tool, tmp_path):
+@pytest.mark.parametrize('mode', ['load', 'resume', 'test'])
+def test_start_and_test_checks_name_a_backbone_of_another_depth(mode, tmp_path):
+    """tools/train.py (load_from, --resume) and tools/test.py check the checkpoint with check_checkpoint."""
+    from softfree_mm.engine.checkpoints import check_checkpoint
     from softfree_mm.engine.reliability import BadInput
     model = _Detector(arch=dict(SWIN))
     deeper = _Detector(arch='tiny', embed_dims=16, depths=(1, 1, 3, 1), num_heads=(1, 2, 2, 4))
@@ -636,8 +639,8 @@ def test_train_start_check_names_a_load_from_backbone_of_another_depth(train_too
     with pytest.raises(BadInput, match=r'^SoftFreeSwin: checkpoint .* holds another architecture than this model '
                                        r"\(arch=dict\(.*\)\): stage 2: 3 blocks .*; the file fits SoftFreeSwin\("
                                        r"arch='tiny', embed_dims=16, depths=\(1, 1, 3, 1\)"):
-        train_tool.check_start_arch(path, model)
-    train_tool.check_start_arch(save(tmp_path, 'same', {'state_dict': model.state_dict()}), model)
+        check_checkpoint(path, model, mode)
+    check_checkpoint(save(tmp_path, 'same', {'state_dict': model.state_dict()}), model, mode)
 
 
 def test_dry_run_checks_the_start_checkpoint_both_ways(train_tool, tmp_path, capsys, monkeypatch):
