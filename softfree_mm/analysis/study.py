@@ -223,10 +223,12 @@ def _mean_std(vals):
     return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None)
 
 
-def summarise(rows: List[dict], descriptions: Optional[Dict[str, str]] = None) -> List[dict]:
+def summarise(rows: List[dict], descriptions: Optional[Dict[str, str]] = None, reference: str = 'softmax'
+              ) -> List[dict]:
     """One entry per (config, kernel), in study order: n (seeds that trained), failed (seeds that did not),
     mean and sample standard deviation (n - 1) over the seeds of final / best top-1 and final loss, mean s/iter and
-    peak memory, the first error."""
+    peak memory, the first error; and the final top-1 minus ``reference``'s paired by seed (mean and sample std of
+    the per-seed differences over the seeds both trained, how many of them are above)."""
     groups = OrderedDict()
     for r in rows:
         groups.setdefault((r['config'], r['kernel']), []).append(r)
@@ -240,7 +242,14 @@ def summarise(rows: List[dict], descriptions: Optional[Dict[str, str]] = None) -
             e[key], e[key + '_std'] = _mean_std([r[key] for r in ok])
         e['s_per_iter'] = _mean_std([r['s_per_iter'] for r in ok])[0]
         e['peak_mem_mib'] = _mean_std([r['peak_mem_mib'] for r in ok])[0]
+        e['top1_by_seed'] = {r['seed']: r['top1_final'] for r in ok}
         out.append(e)
+    for e in out:  # a seed fixes the initialisation and the data order: the same seed's runs pair up
+        ref = next((r for r in out if r['config'] == e['config'] and r['kernel'] == reference), None)
+        d = [] if ref is None or ref is e else [e['top1_by_seed'][s] - ref['top1_by_seed'][s]
+                                                for s in e['top1_by_seed'] if s in ref['top1_by_seed']]
+        e['delta_paired'], e['delta_paired_std'] = _mean_std(d)
+        e['seeds_paired'], e['seeds_above'] = len(d), sum(x > 0 for x in d)
     return out
 
 
@@ -284,19 +293,22 @@ def markdown(summary: List[dict], val_images: Dict[str, Optional[int]], titles: 
               f'sqrt(p (1 - p) / {n_val}), {standard_error(50.0, n_val):.1f} points at p = 50 %' if n_val else '')
         out.append(f'Chance: {chance:.1f} % top-1{se}. Mean ± sample standard deviation over the seeds that trained '
                    f'(n); s/iter and peak memory: means. Δ: final top-1 minus {reference}\'s, ± the standard error '
-                   'of that difference from the two spreads, sqrt(s1^2 / n1 + s2^2 / n2).')
+                   'of that difference from the two spreads, sqrt(s1^2 / n1 + s2^2 / n2). Paired Δ: the same '
+                   'difference seed by seed (one seed gives both runs the same initialisation and data order), mean '
+                   f'± sample std over the seeds both trained, and in how many of them the kernel is above {reference}.')
         out.append('')
         out.append(f'| kernel | spec | n | final top-1 % | best top-1 % | val SE at the mean | Δ vs {reference} | '
-                   'final loss | s/iter | peak MiB |')
-        out.append('|---|---|---|---|---|---|---|---|---|---|')
+                   'paired Δ | final loss | s/iter | peak MiB |')
+        out.append('|---|---|---|---|---|---|---|---|---|---|---|')
         for e in summary:
             if e['config'] != config:
                 continue
             if not e['n']:
-                out.append(f"| {e['what']} | `{e['kernel']}` | 0 | failed: {short_error(e['error'])} | | | | | | |")
+                out.append(f"| {e['what']} | `{e['kernel']}` | 0 | failed: {short_error(e['error'])} | | | | | | | |")
                 continue
             se_row = _f(standard_error(e['top1_final'], n_val), 1) if n_val else ''
             note = f" ({e['failed']} failed)" if e['failed'] else ''
+            paired = ''
             if ref is None:
                 diff = ''
             elif e is ref:
@@ -304,9 +316,13 @@ def markdown(summary: List[dict], val_images: Dict[str, Optional[int]], titles: 
             else:
                 delta, d_se = difference(e, ref)
                 diff = f'{delta:+.1f}' + ('' if d_se is None else f' ± {d_se:.1f}')
+                if e['seeds_paired']:
+                    std = e['delta_paired_std']
+                    paired = (f"{e['delta_paired']:+.1f}" + ('' if std is None else f' ± {std:.1f}') +
+                              f", {e['seeds_above']} of {e['seeds_paired']} above")
             out.append(f"| {e['what']} | `{e['kernel']}` | {e['n']}{note} | "
                        f"{_pm(e['top1_final'], e['top1_final_std'])} | {_pm(e['top1_best'], e['top1_best_std'])} | "
-                       f"{se_row} | {diff} | {_pm(e['loss_final'], e['loss_final_std'], 3)} | "
+                       f"{se_row} | {diff} | {paired} | {_pm(e['loss_final'], e['loss_final_std'], 3)} | "
                        f"{_f(e['s_per_iter'], 3)} | {_f(e['peak_mem_mib'], 0)} |")
         out.append('')
     return '\n'.join(out).rstrip() + '\n'

@@ -133,8 +133,10 @@ def test_study_tables_equal_the_runs_logs_and_a_refused_kernel_is_a_failed_row(d
         assert s['n'] == '1' and s['top1_final'] == r['top1_final'] and s['top1_final_std'] == ''
         p = float(r['top1_final'])
         se = 100 * math.sqrt(p / 100 * (1 - p / 100) / VAL_IMAGES)
-        diff = 'reference' if kernel == 'softmax' else f"{p - float(rows['softmax']['top1_final']):+.1f}"
-        line = (f"| {what} | `{kernel}` | 1 | {p:.1f} | {float(r['top1_best']):.1f} | {se:.1f} | {diff} | "
+        d = p - float(rows['softmax']['top1_final'])
+        diff = 'reference' if kernel == 'softmax' else f'{d:+.1f}'
+        paired = '' if kernel == 'softmax' else f'{d:+.1f}, {int(d > 0)} of 1 above'  # one seed: no std
+        line = (f"| {what} | `{kernel}` | 1 | {p:.1f} | {float(r['top1_best']):.1f} | {se:.1f} | {diff} | {paired} | "
                 f"{float(r['loss_final']):.3f} | {float(r['s_per_iter']):.3f} | {float(r['peak_mem_mib']):.0f} |")
         assert line in table, (line, table)
     assert "| SOFT | `soft` | 0 | failed: SoftFreeXCiT: attention kernel 'soft'" in table
@@ -201,9 +203,14 @@ def test_summary_is_mean_and_sample_std_over_seeds_and_failed_seeds_are_counted(
     assert standard_error(mean, 500) == pytest.approx(100 * math.sqrt(mean / 100 * (1 - mean / 100) / 500))
     table = markdown([e, ref], {'c': 500})
     d_se = math.sqrt(std ** 2 / 3 + statistics.stdev([66.0, 69.0]) ** 2 / 2)
+    # paired: the seeds both trained (0 and 1), 61.2 - 66.0 and 70.4 - 69.0
+    pairs = [61.2 - 66.0, 70.4 - 69.0]
+    assert e['delta_paired'] == pytest.approx(sum(pairs) / 2) and e['seeds_paired'] == 2 and e['seeds_above'] == 1
+    assert e['delta_paired_std'] == pytest.approx(statistics.stdev(pairs))
     assert (f'| poly x^3 | `poly` | 3 (1 failed) | {mean:.1f} ± {std:.1f} | 64.3 ± 5.9 | '
-            f'{standard_error(mean, 500):.1f} | {mean - 67.5:+.1f} ± {d_se:.1f} | 1.500 ± 0.200 | 0.600 | 910 |') in table
-    assert '| softmax | `softmax` | 2 | 67.5 ± 2.1 | 67.5 ± 2.1 | 2.1 | reference |' in table
+            f'{standard_error(mean, 500):.1f} | {mean - 67.5:+.1f} ± {d_se:.1f} | -1.7 ± 4.4, 1 of 2 above | '
+            '1.500 ± 0.200 | 0.600 | 910 |') in table
+    assert '| softmax | `softmax` | 2 | 67.5 ± 2.1 | 67.5 ± 2.1 | 2.1 | reference |  |' in table
     assert 'validation set 500 images' in table and '2.2 points at p = 50 %' in table
 
 

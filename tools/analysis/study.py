@@ -132,7 +132,8 @@ def main(argv=None):
     write_csv(osp.join(out, 'norm_curves.csv'), st.CURVE_FIELDS, curves)
     write_csv(osp.join(out, 'summary.csv'), ('config', 'kernel', 'what', 'n', 'failed', 'top1_final',
                                               'top1_final_std', 'top1_best', 'top1_best_std', 'loss_final',
-                                              'loss_final_std', 's_per_iter', 'peak_mem_mib', 'error'), summary)
+                                              'loss_final_std', 'delta_paired', 'delta_paired_std', 'seeds_paired',
+                                              'seeds_above', 's_per_iter', 'peak_mem_mib', 'error'), summary)
     table = st.markdown(summary, n_val, TITLES)
     with open(osp.join(out, 'table.md'), 'w') as f:
         f.write(table)
