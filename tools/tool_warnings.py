@@ -23,10 +23,12 @@ QUIET = (
 )
 
 # the same kind of note written by mmengine's logger (WARNING lines, not Python warnings): its file backends, which
-# mmdet's and mmseg's loading transforms reach, announce their own deprecation on first use
+# mmdet's and mmseg's loading transforms reach, announce their own deprecation on first use; mmdet has no 'function'
+# registry of its own, so DetInferencer's collate function comes from mmengine's, with a warning saying so
 QUIET_LOGS = (
     '"FileClient" will be deprecated in future',
     '"HardDiskBackend" is the alias of "LocalBackend"',
+    'Failed to search registry with scope "mmdet" in the "function" registry tree.',
 )
 
 
