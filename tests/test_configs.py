@@ -10,6 +10,7 @@ import functools
 import glob
 import os.path as osp
 import re
+import sys
 
 import mmengine.config.utils as _cfg_utils
 import pytest
