@@ -124,6 +124,24 @@ def test_gradient_checkpointing_runs_in_training_only(name, monkeypatch):
     assert calls
 
 
+@pytest.mark.parametrize('name', FAMILIES)
+def test_checkpointing_changes_neither_outputs_nor_grads(name):
+    torch.manual_seed(0)
+    a = build(name, drop_path_rate=0.0).train()
+    b = build(name, drop_path_rate=0.0, with_cp=True).train()
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 3, 64, 80)
+    oa, ob = a(x), b(x)
+    for u, w in zip(oa, ob):
+        torch.testing.assert_close(u, w)
+    sum(o.sum() for o in oa).backward()
+    sum(o.sum() for o in ob).backward()
+    grads = dict(b.named_parameters())
+    assert any(p.grad is not None for p in a.parameters())
+    for n, p in a.named_parameters():
+        torch.testing.assert_close(p.grad, grads[n].grad, msg=n)
+
+
 PRESETS = {  # a preset with the options it sets, and size overrides that keep its structure
     'SoftFreeXCiT': ('t12', dict(embed_dims=32, num_heads=4, depth=4, out_indices=(0, 1, 2, 3),
                                  norm_cfg=dict(type='BN'))),

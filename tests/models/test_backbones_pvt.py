@@ -231,21 +231,6 @@ def test_pretrained_init_cfg_loads_an_official_v2_checkpoint_through_the_convert
 
 
 # ------------------------------------------------------------------------------------------- training helpers
-def test_checkpointing_changes_neither_outputs_nor_grads():
-    torch.manual_seed(0)
-    a = SoftFreePVTv2(attn_cfg='poly', drop_path_rate=0.0, **TINY).train()
-    b = SoftFreePVTv2(attn_cfg='poly', drop_path_rate=0.0, with_cp=True, **TINY).train()
-    b.load_state_dict(a.state_dict())
-    x = torch.randn(1, 3, 48, 64)
-    oa, ob = a(x), b(x)
-    for u, w in zip(oa, ob):
-        torch.testing.assert_close(u, w)
-    sum(o.sum() for o in oa).backward()
-    sum(o.sum() for o in ob).backward()
-    for (n, p), q in zip(a.named_parameters(), b.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, msg=n)
-
-
 def test_frozen_stages_stay_frozen_and_in_eval_after_train():
     model = SoftFreePVT(frozen_stages=2, **TINY).train()
     for i, stage in enumerate(model.stages):

@@ -343,22 +343,6 @@ def test_gathered_windows_equal_plain_pad_roll_partition_in_outputs_and_every_gr
 
 
 # ------------------------------------------------------------------------------------------- options
-def test_checkpointing_changes_neither_outputs_nor_grads():
-    torch.manual_seed(0)
-    a = SoftFreeSwin(arch=dict(TINY), attn_cfg='poly', drop_path_rate=0.0).train()
-    b = SoftFreeSwin(arch=dict(TINY), attn_cfg='poly', drop_path_rate=0.0, with_cp=True).train()
-    b.load_state_dict(a.state_dict())
-    x = torch.randn(1, 3, 61, 75)
-    outs_a, outs_b = a(x), b(x)
-    sum(o.sum() for o in outs_a).backward()
-    sum(o.sum() for o in outs_b).backward()
-    for oa, ob in zip(outs_a, outs_b):
-        torch.testing.assert_close(oa, ob)
-    gb = dict(b.named_parameters())
-    for n, p in a.named_parameters():
-        torch.testing.assert_close(p.grad, gb[n].grad, msg=n)
-
-
 def test_frozen_stages_stay_frozen_and_in_eval_after_train():
     # as mmdet's SwinTransformer: a frozen stage takes the patch merging after it (ours: the next stage's first part)
     model = SoftFreeSwin(arch=dict(TINY), frozen_stages=2, drop_path_rate=0.1).train()
