@@ -76,6 +76,55 @@ def test_tiled_forward_and_gradients_equal_the_explicit_matrix(cfg, case, small_
         torch.testing.assert_close(g, e, rtol=1e-9, atol=1e-9 * e.abs().max().item())
 
 
+# (Nq, Nk, (tile rows, tile cols)): last tiles of one query and of one key, a single query, a single key, tiles of
+# one row and one column throughout, tiles larger than the matrix, and sizes that the tiles divide exactly
+TILE_GRID = [(17, 17, (8, 8)), (1, 17, (8, 8)), (9, 1, (8, 8)), (1, 1, (4, 4)), (5, 7, (1, 1)), (3, 13, (2, 4)),
+             (16, 24, (8, 8)), (6, 5, (16, 16)), (25, 9, (8, 1)), (4, 33, (1, 8))]
+ACTIVATION_CASES = [('pow', 1), ('pow', 2), ('pow', 3), ('relu', 1), ('sigmoid', 1)]
+
+
+def _plain_pointwise(kind, power, q, k, v, alpha, bias, shift, mask):
+    """The whole (Nq, Nk) matrix written out: (g(alpha q k^T + bias + shift) * keep) @ v."""
+    s = alpha * q @ k.transpose(-2, -1)
+    s = s + (0 if bias is None else bias) + (0 if shift is None else shift)
+    a = {'pow': lambda t: t ** power, 'relu': torch.relu, 'sigmoid': torch.sigmoid}[kind](s)
+    if mask is not None:
+        a = a * mask
+    return a @ v
+
+
+@pytest.mark.parametrize('extras', ['plain', 'bias_shift_mask', 'key_bias_mask'])
+@pytest.mark.parametrize('kind,power', ACTIVATION_CASES)
+@pytest.mark.parametrize('nq,nk,tile', TILE_GRID, ids=[f'{a}x{b}-tile{r}x{c}' for a, b, (r, c) in TILE_GRID])
+def test_any_tile_shape_gives_the_explicit_matrix_forward_and_gradients(nq, nk, tile, kind, power, extras):
+    """Every tile is visited once, whatever the sizes leave for the last tile (one query, one key, or all of
+    them): the output and the gradients of q, k, v and the bias equal the plain formula's."""
+    b, h, d, dv = 2, 2, 3, 2
+    q, k, v = _rand(b, h, nq, d, seed=1, grad=True), _rand(b, h, nk, d, seed=2, grad=True), \
+        _rand(b, h, nk, dv, seed=3, grad=True)
+    bias = shift = mask = None
+    if extras == 'bias_shift_mask':
+        bias = _rand(b, h, nq, nk, seed=4, grad=True)
+        shift = _rand(b, h, nq, 1, seed=5)
+        mask = _rand(1, h, nq, nk, seed=6) > -0.5
+        mask[..., -1] = False  # the last key (alone in its tile when nk % cols == 1) is hidden from every query
+    elif extras == 'key_bias_mask':
+        bias = _rand(1, nk, seed=7, grad=True)  # one per key, broadcast over batch, heads and queries
+        mask = _rand(nq, nk, seed=8) > 0.0
+        mask[-1] = True  # the last query sees every key
+    alpha = 0.7
+    out = blocked.tiled_pointwise(q, k, v, kind, power, alpha, bias, shift, mask, tile=tile)
+    ref = _plain_pointwise(kind, power, q, k, v, alpha, bias, shift, mask)
+    scale = ref.abs().max().item() + 1e-300
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12 * scale)
+    leaves = [t for t in (q, k, v, bias) if t is not None]
+    w = _rand(*ref.shape, seed=9)
+    got = torch.autograd.grad((out * w).sum(), leaves)
+    expect = torch.autograd.grad((ref * w).sum(), leaves)
+    for name, g, e in zip('qkvb', got, expect):
+        torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-10 * (e.abs().max().item() + 1e-300), msg=name)
+
+
 class _LargestOutput(TorchDispatchMode):
     """Records the largest number of elements any operation produces (forward and backward)."""
 
