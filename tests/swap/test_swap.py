@@ -241,6 +241,66 @@ def test_softmax_swap_then_restore_gives_the_original_model_back_and_pickles():
         torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
+# a kernel on the token grid (prefix tokens through a second kernel), one that takes no bias (bias tables frozen
+# while swapped) and a plain one: each adds its own state to the module, which restore must take away again
+RESWAP_KERNELS = ('inline', 'linear', 'poly')
+
+
+def _tree(model):
+    """Everything a swap may touch, module by module: class, attribute names, children, hooks, parameters with
+    their requires_grad, buffers."""
+    return [(path, type(m), sorted(vars(m)), list(m._modules), len(m._forward_hooks), len(m._forward_pre_hooks),
+             [(n, p.requires_grad) for n, p in m.named_parameters(recurse=False)], list(m._buffers))
+            for path, m in model.named_modules()]
+
+
+def _assert_same_tree(model, ref, what):
+    got, want = _tree(model), _tree(ref)
+    assert [g[0] for g in got] == [w[0] for w in want], what
+    for g, w in zip(got, want):
+        assert g == w, f'{what}: {g[0] or "the model"} differs'
+
+
+def _same_state(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert list(sa) == list(sb)
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.mark.parametrize('name', list(MODELS))
+def test_restore_gives_the_original_module_tree_back_and_the_model_swaps_again(name):
+    ref = build(name)
+    args = MODELS[name][1](0)
+    expect = run(ref, args)
+    added = set()
+    for kernel in RESWAP_KERNELS:
+        model = copy.deepcopy(ref)
+        torch.manual_seed(0)  # the kernel's own initialisation, the same in both swaps
+        try:
+            swap_attention(model, kernel)
+        except SwapError:  # refused: nothing was changed
+            _assert_same_tree(model, ref, f'{kernel} refused')
+            continue
+        originals = dict(ref.named_modules())
+        for path, m in model.named_modules():  # the children a swap adds to its modules
+            if hasattr(type(m), '_sf_original_class'):
+                added.update(set(m._modules) - set(originals[path]._modules))
+        first = run(model, args)
+        for round_ in range(2):
+            restore_attention(model)
+            _assert_same_tree(model, ref, f'{kernel}, restore {round_ + 1}')
+            _same_state(model, ref)
+            for a, b in zip(run(model, args), expect):
+                torch.testing.assert_close(a, b, atol=0, rtol=0)
+            torch.manual_seed(0)
+            swap_attention(model, kernel)  # a restored model takes a kernel as a fresh one does
+            for a, b in zip(run(model, args), first):
+                torch.testing.assert_close(a, b, atol=0, rtol=0)
+    assert 'kernel' in added, f'{name}: no kernel was swapped in'
+    if name in ('timm ViT', 'timm DeiT (distilled)', 'timm DeiT-3 + registers', 'mmpretrain ViT'):
+        assert 'prefix_kernel' in added  # class tokens: the grid kernel came with a prefix kernel
+
+
 def test_attention_dropout_is_kept_in_training():
     from timm.models.vision_transformer import VisionTransformer
     vit = randomize_(VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=3,
