@@ -287,12 +287,57 @@ def test_mmdet_unfold_order_conversion_inverts_mmdets_own_swin_converter():
     assert torch.equal(ours['stages.1.downsample.norm.weight'], norm)
 
 
+def _swin_shift(hw, window):
+    """Swin's shift: half a window along each axis that holds more than one window (none where one window covers
+    the axis: the roll would only cut that window in two)."""
+    return tuple(win // 2 if n > win else 0 for n, win in zip(hw, window))
+
+
+def _shifted_keep(hw, window, shift):
+    """(nW, N, N) bool: which slots of each window a slot may see, from token positions alone. The (H, W) grid is
+    zero padded to whole windows and rolled back by ``shift``; two slots of a window may meet when they lie in the
+    window as their tokens lie in the padded grid (no wrap-around between them); a pad token is seen by itself
+    only."""
+    (h, w), (wh, ww), (sh, sw) = hw, window, shift
+    hp, wp = -(-h // wh) * wh, -(-w // ww) * ww
+    r, c = torch.meshgrid(torch.arange(hp), torch.arange(wp), indexing='ij')  # slot positions after the roll
+    src_r, src_c = (r + sh) % hp, (c + sw) % wp  # where each slot's token lies in the padded grid
+
+    def windows(t):
+        return t.view(hp // wh, wh, wp // ww, ww).permute(0, 2, 1, 3).reshape(-1, wh * ww)
+
+    def offsets(t):
+        return t[:, :, None] - t[:, None, :]
+    r, c, src_r, src_c = (windows(t) for t in (r, c, src_r, src_c))
+    together = (offsets(src_r) == offsets(r)) & (offsets(src_c) == offsets(c))
+    real_key = ((src_r < h) & (src_c < w))[:, None, :]
+    return (together & real_key) | torch.eye(wh * ww, dtype=torch.bool)
+
+
+# one window along one axis and several along the other (both ways, padded or not), several along both, one in all
+SHIFT_GRIDS = [((5, 16), 7), ((7, 20), 7), ((16, 5), 7), ((6, 11), 7), ((10, 16), 7), ((14, 14), 7), ((5, 6), 7),
+               ((7, 7), 7), ((3, 9), 4), ((9, 4), 4), ((8, 12), 4)]
+
+
+@pytest.mark.parametrize('hw,window', SHIFT_GRIDS, ids=[f'{h}x{w}-window{n}' for (h, w), n in SHIFT_GRIDS])
+def test_window_masks_equal_a_mask_from_token_positions(hw, window):
+    from softfree_mm.models.backbones.swin import WindowGeometry
+    geo = WindowGeometry(hw, window, 'cpu')
+    for shifted in (False, True):
+        shift = _swin_shift(hw, (window, window)) if shifted else (0, 0)
+        expect = _shifted_keep(hw, (window, window), shift)
+        got = geo.mask(shifted)
+        got = torch.ones_like(expect) if got is None else got[:, 0]  # None: every key may be seen
+        assert got.shape == expect.shape and torch.equal(got, expect), f'{hw}, window {window}, shifted={shifted}'
+
+
 def _plain_attend(blk, x, geo):
     """The window attention written the plain way: zero pad the normed tokens, roll, cut windows, qkv on every
-    slot, kernel, proj on every slot, un-window, roll back, crop; InLine's context as the mean over real tokens."""
+    slot, kernel under the mask from token positions, proj on every slot, un-window, roll back, crop; InLine's
+    context as the mean over real tokens."""
     b, h, w, c = x.shape
     (hp, wp), (wh, ww) = geo.padded, geo.window
-    sh, sw = geo.shift if blk.shifted else (0, 0)
+    sh, sw = _swin_shift((h, w), geo.window) if blk.shifted else (0, 0)
     real = torch.zeros(1, hp, wp, 1, dtype=x.dtype)
     real[:, :h, :w] = 1
     xp = F.pad(x, (0, 0, 0, wp - w, 0, hp - h))
@@ -304,9 +349,8 @@ def _plain_attend(blk, x, geo):
                                                                                             t.shape[-1])
     xw, rw = windows(xp), windows(real).repeat(b, 1, 1)
     context = (xw * rw).sum(1) / rw.sum(1).clamp_min(1) if blk.attn.kernel.takes_context else None
-    mask = geo.mask(blk.shifted)
-    if mask is not None:
-        mask = mask.repeat(b, 1, 1, 1)
+    keep = _shifted_keep((h, w), (wh, ww), (sh, sw))
+    mask = None if keep.all() else keep[:, None].repeat(b, 1, 1, 1)
     y = blk.attn.proj(blk.attn(blk.attn.qkv(xw), mask=mask, hw=(wh, ww), context=context))
     y = y.view(b, hp // wh, wp // ww, wh, ww, c).transpose(2, 3).reshape(b, hp, wp, c)
     if sh or sw:
