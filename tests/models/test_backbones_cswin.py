@@ -67,8 +67,19 @@ def test_tiny_preset_channels_and_small_preset_shapes_at_200x333():
 
 
 # ------------------------------------------------------------------------------------------- semantics
+def _stripe_spans(n, stripe):
+    """The [start, stop) spans of real tokens along an axis of n tokens cut into stripes of ``stripe`` (at most n)
+    after padding it symmetrically (the odd pad token at the end) to whole stripes: every stripe keeps only its real
+    tokens (pad keys are masked, pad queries dropped)."""
+    width = min(stripe, n)
+    pad = -n % width
+    starts = range(-(pad // 2), n, width)
+    return [(max(a, 0), min(a + width, n)) for a in starts]
+
+
 def _reference_block(blk, x, stripe):
-    """The CSWin block written out stripe by stripe (softmax, grid divisible by the stripe, no padding)."""
+    """The CSWin block written out stripe by stripe (softmax), each stripe holding only its real tokens: its LePE
+    convolves the stripe's values zero padded at its edges, as the zero pad tokens around them are."""
     _, h, w, c = x.shape
     qkv = blk.qkv(blk.norm1(x))[0].view(h, w, 3, c)
     halves = []
@@ -79,9 +90,9 @@ def _reference_block(blk, x, stripe):
         if len(blk.branches) == 1:
             regions = [(slice(0, h), slice(0, w))]
         elif b == 0:  # first half of the heads: vertical stripes (full height)
-            regions = [(slice(0, h), slice(j, j + stripe)) for j in range(0, w, stripe)]
+            regions = [(slice(0, h), slice(*span)) for span in _stripe_spans(w, stripe)]
         else:  # second half: horizontal stripes (full width)
-            regions = [(slice(i, i + stripe), slice(0, w)) for i in range(0, h, stripe)]
+            regions = [(slice(*span), slice(0, w)) for span in _stripe_spans(h, stripe)]
         out = torch.zeros(h, w, cb)
         for rs, cs in regions:
             qs, ks, vs = (t[rs, cs].reshape(-1, heads, d).transpose(0, 1) for t in (q, k, v))
@@ -94,8 +105,14 @@ def _reference_block(blk, x, stripe):
     return x + blk.mlp(blk.norm2(x))
 
 
-@pytest.mark.parametrize('stage', [1, 3])
-def test_stripe_block_equals_direct_stripe_by_stripe_computation(stage):
+# (stage, grid): stripes dividing the grid; padded both ways; one stripe along one axis (the grid thinner than the
+# stripe) and several, padded, along the other, both ways; the global stage
+STRIPE_GRIDS = [(1, (8, 12)), (1, (9, 11)), (1, (1, 5)), (1, (7, 1)), (2, (3, 10)), (2, (10, 3)), (2, (4, 9)),
+                (3, (5, 7))]
+
+
+@pytest.mark.parametrize('stage,hw', STRIPE_GRIDS, ids=[f'stage{i}-{h}x{w}' for i, (h, w) in STRIPE_GRIDS])
+def test_stripe_block_equals_direct_stripe_by_stripe_computation(stage, hw):
     torch.manual_seed(0)
     model = SoftFreeCSWin(arch=dict(TINY), drop_path_rate=0.0).eval()
     with torch.no_grad():
@@ -103,7 +120,7 @@ def test_stripe_block_equals_direct_stripe_by_stripe_computation(stage):
             p.add_(torch.randn_like(p) * 0.05)
         blk = model.stages[stage].blocks[0]
         dim = model.embed_dims[stage]
-        x = torch.randn(1, 8, 12, dim)  # divisible by the stripe width 2: no padding
+        x = torch.randn(1, *hw, dim)
         torch.testing.assert_close(blk(x), _reference_block(blk, x, TINY['stripe_widths'][stage]),
                                    atol=1e-5, rtol=1e-5)
 
