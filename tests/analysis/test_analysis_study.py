@@ -10,10 +10,12 @@ formulas; bad input is one line and exit status 2.
 """
 import csv
 import glob
+import itertools
 import json
 import math
 import os
 import os.path as osp
+import random
 import statistics
 
 import pytest
@@ -212,6 +214,45 @@ def test_summary_is_mean_and_sample_std_over_seeds_and_failed_seeds_are_counted(
             '1.500 ± 0.200 | 0.600 | 910 |') in table
     assert '| softmax | `softmax` | 2 | 67.5 ± 2.1 | 67.5 ± 2.1 | 2.1 | reference |  |' in table
     assert 'validation set 500 images' in table and '2.2 points at p = 50 %' in table
+
+
+def _run_row(kernel, seed, top1):
+    """One run of config 'c'; ``top1`` None: the run failed."""
+    ok = top1 is not None
+    return dict(config='c', kernel=kernel, seed=seed, status='ok' if ok else 'failed',
+                error='' if ok else 'error: x.py: NaN loss', top1_final=top1, top1_best=top1,
+                loss_final=1.0 if ok else None, s_per_iter=0.5 if ok else None, peak_mem_mib=900.0 if ok else None)
+
+
+@pytest.mark.parametrize('order', ['seed_order', 'shuffled'])
+def test_paired_deltas_pair_runs_by_seed_whichever_seeds_failed_on_either_side(order):
+    """Every pattern of failed seeds on both sides (and seeds one side never ran): the paired differences are
+    those of the seeds both trained, seed with seed, however the rows are ordered."""
+    from softfree_mm.analysis.study import summarise
+    poly = {0: 60.0, 1: 71.5, 2: 55.25, 3: 64.0, 5: 50.0}  # seed 5: softmax never ran it
+    soft = {0: 66.0, 1: 69.0, 2: 58.0, 3: 61.5, 4: 70.0}  # seed 4: poly never ran it
+    rng = random.Random(0)
+    for failed in itertools.product([False, True], repeat=8):
+        poly_failed = {s for s, f in zip((0, 1, 2, 3), failed[:4]) if f}
+        soft_failed = {s for s, f in zip((0, 1, 2, 3), failed[4:]) if f}
+        rows = [_run_row('poly', s, None if s in poly_failed else v) for s, v in poly.items()]
+        rows += [_run_row('softmax', s, None if s in soft_failed else v) for s, v in reversed(soft.items())]
+        if order == 'shuffled':
+            rng.shuffle(rows)
+        entries = {e['kernel']: e for e in summarise(rows)}
+        both = [s for s in poly if s in soft and s not in poly_failed | soft_failed]
+        d = [poly[s] - soft[s] for s in both]  # by hand: seed with seed
+        e, what = entries['poly'], f'failed: poly {sorted(poly_failed)}, softmax {sorted(soft_failed)}'
+        assert e['seeds_paired'] == len(d) and e['seeds_above'] == sum(x > 0 for x in d), what
+        if d:
+            assert e['delta_paired'] == pytest.approx(statistics.fmean(d)), what
+        else:
+            assert e['delta_paired'] is None, what
+        if len(d) > 1:
+            assert e['delta_paired_std'] == pytest.approx(statistics.stdev(d)), what
+        else:
+            assert e['delta_paired_std'] is None, what
+        assert entries['softmax']['delta_paired'] is None and entries['softmax']['seeds_paired'] == 0
 
 
 def test_study_refuses_bad_input_with_one_line(demo, tmp_path, capsys):
