@@ -185,24 +185,37 @@ def test_arch_and_index_errors_have_one_wording_in_every_family(name):
         cls(arch=3)
     n = _stage_count(name)
     unit = 'four increasing block' if name == 'SoftFreeXCiT' else 'stage'
-    bad = (0, 1, 2, n) if name == 'SoftFreeXCiT' else (n,)
-    with pytest.raises(ValueError, match=rf'^{name}: out_indices must be {unit} indices in \[0, {n - 1}\], got '
-                                         rf'{re.escape(repr(bad))}; a negative index counts from the end '
-                                         rf'\({-n}..-1\)$'):
-        build(name, out_indices=bad)
+    # one past the last index, one before the first negative one
+    for bad in ([(0, 1, 2, n), (-n - 1, 1, 2, 3)] if name == 'SoftFreeXCiT' else [(n,), (-n - 1,), (0, -n - 1)]):
+        with pytest.raises(ValueError, match=rf'^{name}: out_indices must be {unit} indices in \[0, {n - 1}\], '
+                                             rf'got {re.escape(repr(bad))}; a negative index counts from the end '
+                                             rf'\({-n}..-1\)$'):
+            build(name, out_indices=bad)
     with pytest.raises(ValueError, match=rf'^{name}: frozen_stages must be an int in \[-1, {n}\], got {n + 1}$'):
         cls(**dict(TINY[name], frozen_stages=n + 1))
 
 
 @pytest.mark.parametrize('name', FAMILIES)
 def test_negative_out_indices_count_from_the_end_as_in_mmpretrain(name):
+    """Every negative index down to -num (the first stage / block) is the index num places later: the same
+    outputs as the model given the non-negative indices."""
     n = _stage_count(name)
-    given, same = ((-4, -3, -2, -1), (n - 4, n - 3, n - 2, n - 1)) if name == 'SoftFreeXCiT' else ((-1, 1), (n - 1, 1))
-    a, b = build(name, out_indices=given), build(name, out_indices=same)
-    assert a.out_indices == b.out_indices == same and a.out_channels == b.out_channels
-    x = torch.randn(1, 3, 64, 64)
-    with torch.no_grad():
-        assert [o.shape for o in a.eval()(x)] == [o.shape for o in b.eval()(x)]
+    if name == 'SoftFreeXCiT':  # four increasing blocks
+        cases = [((-4, -3, -2, -1), (n - 4, n - 3, n - 2, n - 1)), ((-n, 1, 2, -1), (0, 1, 2, n - 1))]
+    else:
+        cases = [(tuple(range(-n, 0)), tuple(range(n))), ((-n, -1), (0, n - 1)), ((-1, 1), (n - 1, 1)), (-n, (0,))]
+    x = torch.randn(1, 3, 32, 32)
+    for given, same in cases:
+        torch.manual_seed(0)
+        a = build(name, out_indices=given).eval()
+        torch.manual_seed(0)
+        b = build(name, out_indices=same).eval()
+        assert a.out_indices == b.out_indices == same and a.out_channels == b.out_channels, given
+        with torch.no_grad():
+            outs_a, outs_b = a(x), b(x)
+        assert len(outs_a) == len(same)
+        for u, w in zip(outs_a, outs_b):
+            torch.testing.assert_close(u, w, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize('name', ['SoftFreeXCiT', 'SoftFreeSOFT'])
