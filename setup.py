@@ -11,6 +11,10 @@ for them (``mim list``, ``mim train softfree_mm CONFIG``, ``mim test``, ``mim ru
   install's location is site-packages, where the package is not, so the editable wheel's ``top_level.txt`` starts
   with the package's absolute path in the repository (see ``point_top_level_to_source``). Edits to configs and
   tools are seen at once; ``pip uninstall`` works as for any editable install.
+
+Both kinds of install also put ``softfree_mm-mmcv-ext.pth`` in site-packages: one line, run at the start of every
+Python process, that lets ``softfree_mm/mmcv_ext/ops.py`` stand in for mmcv's compiled ``mmcv._ext`` where mmcv-lite
+has none (``softfree_mm/mmcv_ext/finder.py``); it is listed in the install's RECORD, so ``pip uninstall`` removes it.
 """
 import os
 import os.path as osp
@@ -22,6 +26,20 @@ from setuptools.command.build_py import build_py
 HERE = osp.dirname(osp.abspath(__file__))
 PACKAGE = 'softfree_mm'
 MIM_ITEMS = ('configs', 'tools', 'model-index.yml')  # what mim looks for under <package>/.mim
+
+
+def mmcv_ext_pth():
+    """(file name, line) of the .pth, read from softfree_mm/mmcv_ext/finder.py without importing the package."""
+    ns = {'__file__': osp.join(HERE, PACKAGE, 'mmcv_ext', 'finder.py')}
+    with open(ns['__file__']) as f:
+        exec(f.read(), ns)
+    return ns['PTH_NAME'], ns['PTH_LINE']
+
+
+def write_mmcv_ext_pth(folder):
+    name, line = mmcv_ext_pth()
+    with open(osp.join(folder, name), 'w') as f:
+        f.write(line)
 
 
 def read_version():
@@ -70,6 +88,7 @@ class BuildPy(build_py):
         super().run()
         if getattr(self, 'editable_mode', False):
             return  # an editable install links the source tree instead (EditableWheel)
+        write_mmcv_ext_pth(self.build_lib)  # the wheel's root is site-packages
         mim = osp.join(self.build_lib, PACKAGE, '.mim')
         os.makedirs(mim, exist_ok=True)
         for name in MIM_ITEMS:
@@ -108,6 +127,11 @@ def _editable_wheel_class():
                 point_top_level_to_source(self.dist_info_dir)
             super().run()
 
+        def _install_namespaces(self, installation_dir, pth_prefix):
+            # what this folder holds goes into the editable wheel's root, i.e. site-packages
+            super()._install_namespaces(installation_dir, pth_prefix)
+            write_mmcv_ext_pth(installation_dir)
+
     return EditableWheel
 
 
@@ -143,7 +167,7 @@ if __name__ == '__main__':
         python_requires='>=3.9',
         packages=find_packages(exclude=('configs', 'configs.*', 'tools', 'tools.*', 'tests', 'tests.*', 'data')),
         cmdclass=cmdclass(),
-        install_requires=parse_requirements('runtime.txt'),
+        install_requires=parse_requirements('runtime.txt') + parse_requirements('mmcv.txt'),
         extras_require={'tests': parse_requirements('tests.txt'), 'build': parse_requirements('build.txt'),
                         'tensorboard': parse_requirements('tensorboard.txt'), 'onnx': parse_requirements('onnx.txt')},
         license='Apache-2.0',

@@ -1,6 +1,8 @@
 """softfree_mm: softmax-free attention kernels swappable inside XCiT, PVT, Swin and CSwin, for OpenMMLab 2.x."""
 __version__ = '0.1.0'
 
+from .mmcv_ext import install as _serve_mmcv_ext  # noqa: E402  (before anything imports mmcv.ops)
+_serve_mmcv_ext()
 from .swap import swap_attention  # noqa: E402,F401  (torch only: kernels into timm / mmdet / mmpretrain models)
 
 try:

@@ -81,6 +81,16 @@ ROUTED_OPS = ('nms', 'roi_align_forward', 'roi_align_backward')
 ROUTE_ENV = 'SOFTFREE_MM_TORCHVISION_OPS'
 
 
+def mmcv_ext_is_standin() -> bool:
+    """Whether ``mmcv._ext`` is softfree_mm's stand-in (mmcv-lite, the default set-up) rather than compiled ops."""
+    from .mmcv_ext import is_standin
+    try:
+        import mmcv._ext as ext
+    except ImportError:
+        return False
+    return is_standin(ext)
+
+
 @functools.lru_cache(maxsize=None)
 def mmcv_has_cuda_ops() -> bool:
     """Whether the installed mmcv was compiled with CUDA ops."""
@@ -92,17 +102,22 @@ def mmcv_has_cuda_ops() -> bool:
 
 
 class TorchvisionOps:
-    """Stands in for mmcv's compiled extension module (``ext_module``) inside ``mmcv.ops.nms`` and
-    ``mmcv.ops.roi_align``. ``nms``, ``roi_align_forward`` and ``roi_align_backward`` run on torchvision's kernels
-    when :meth:`routes` says so (CUDA tensors and an mmcv without CUDA ops, or forced), else on mmcv's; every other
-    name is mmcv's. ``calls`` counts the calls each way: ``('torchvision', 'nms')``, ``('mmcv', 'nms')``..."""
+    """Stands in for a compiled mmcv's extension module (``ext_module``) inside ``mmcv.ops.nms`` and
+    ``mmcv.ops.roi_align``. ``nms``, ``roi_align_forward`` and ``roi_align_backward`` run on the stand-in's
+    torchvision kernels (softfree_mm/mmcv_ext/ops.py) when :meth:`routes` says so (CUDA tensors and an mmcv without
+    CUDA ops, or forced), else on mmcv's; every other name is mmcv's. ``calls`` counts the calls each way:
+    ``('torchvision', 'nms')``, ``('mmcv', 'nms')``..."""
 
     def __init__(self, ext):
+        from .mmcv_ext import ops as standin
         self._ext = ext
+        self._standin = standin
         self.calls = {}
         self.logged = False
 
     def __getattr__(self, name):
+        if name in ROUTED_OPS:
+            return functools.partial(self._call, name)
         return getattr(self._ext, name)
 
     def routes(self, t) -> bool:
@@ -113,7 +128,8 @@ class TorchvisionOps:
             return False
         return t.is_cuda and not mmcv_has_cuda_ops()
 
-    def _count(self, how, name):
+    def _call(self, name, first, *args, **kwargs):
+        how = 'torchvision' if self.routes(first) else 'mmcv'
         self.calls[(how, name)] = self.calls.get((how, name), 0) + 1
         if how == 'torchvision' and not self.logged:
             self.logged = True
@@ -121,70 +137,28 @@ class TorchvisionOps:
             why = 'forced by ' + ROUTE_ENV if os.environ.get(ROUTE_ENV) == '1' else 'mmcv was built without CUDA ops'
             print_log(f'[softfree_mm] mmcv nms / roi_align run on torchvision\'s kernels ({why}); see '
                       'softfree_mm/compat.py', logger='current', level=30)
-
-    def nms(self, bboxes, scores, iou_threshold, offset=0):
-        if not self.routes(bboxes):
-            self._count('mmcv', 'nms')
-            return self._ext.nms(bboxes, scores, iou_threshold=iou_threshold, offset=offset)
-        self._count('torchvision', 'nms')
-        if offset:  # mmcv's legacy +1 box size: the same IoU as boxes one unit larger
-            bboxes = torch.cat([bboxes[:, :2], bboxes[:, 2:4] + offset], dim=1)
-        return torch.ops.torchvision.nms(bboxes, scores, float(iou_threshold))
-
-    @staticmethod
-    def _check_pool_mode(pool_mode):
-        if pool_mode != 1:
-            raise RuntimeError("RoIAlign with pool_mode='max' has no torchvision kernel; use pool_mode='avg' or an "
-                               'mmcv compiled with CUDA ops (MMCV_CUDA=1 bash tools/setup_env.sh)')
-
-    def roi_align_forward(self, input, rois, output, argmax_y, argmax_x, aligned_height, aligned_width,
-                          spatial_scale, sampling_ratio, pool_mode, aligned):
-        if not self.routes(input):
-            self._count('mmcv', 'roi_align_forward')
-            return self._ext.roi_align_forward(
-                input, rois, output, argmax_y, argmax_x, aligned_height=aligned_height, aligned_width=aligned_width,
-                spatial_scale=spatial_scale, sampling_ratio=sampling_ratio, pool_mode=pool_mode, aligned=aligned)
-        self._count('torchvision', 'roi_align_forward')
-        self._check_pool_mode(pool_mode)
-        dt = torch.promote_types(input.dtype, rois.dtype)  # box coordinates never in float16
-        out = torch.ops.torchvision.roi_align(input.to(dt), rois.to(dt), float(spatial_scale), int(aligned_height),
-                                              int(aligned_width), int(sampling_ratio), bool(aligned))
-        output.copy_(out)
-
-    def roi_align_backward(self, grad_output, rois, argmax_y, argmax_x, grad_input, aligned_height, aligned_width,
-                           spatial_scale, sampling_ratio, pool_mode, aligned):
-        if not self.routes(grad_output):
-            self._count('mmcv', 'roi_align_backward')
-            return self._ext.roi_align_backward(
-                grad_output, rois, argmax_y, argmax_x, grad_input, aligned_height=aligned_height,
-                aligned_width=aligned_width, spatial_scale=spatial_scale, sampling_ratio=sampling_ratio,
-                pool_mode=pool_mode, aligned=aligned)
-        self._count('torchvision', 'roi_align_backward')
-        self._check_pool_mode(pool_mode)
-        dt = torch.promote_types(grad_output.dtype, rois.dtype)
-        b, c, h, w = grad_input.shape
-        grad = torch.ops.torchvision._roi_align_backward(
-            grad_output.to(dt), rois.to(dt), float(spatial_scale), int(aligned_height), int(aligned_width), b, c, h,
-            w, int(sampling_ratio), bool(aligned))
-        grad_input.copy_(grad)
+        return getattr(self._standin if how == 'torchvision' else self._ext, name)(first, *args, **kwargs)
 
 
 TORCHVISION_OPS = None
 
 
 def mmcv_ops_on_torchvision():
-    """mmcv 2.1.0 has no wheel for this torch, and one built without nvcc has CPU ops only, so a Mask R-CNN on CUDA
-    dies at its first NMS. The shipped configs call exactly three compiled ops (``nms``, ``roi_align_forward`` /
-    ``_backward``; UperNet, Semantic FPN and the classifiers none): one :class:`TorchvisionOps` replaces
-    ``ext_module`` in ``mmcv.ops.nms`` and ``mmcv.ops.roi_align`` (where every caller ends), and routes CUDA calls
-    to torchvision's kernels, which compute the same. ``SOFTFREE_MM_TORCHVISION_OPS=1`` routes every call (CPU
-    too; for tests), ``=0`` none."""
+    """A compiled mmcv 2.1.0 built without nvcc has CPU ops only, so a Mask R-CNN on CUDA dies at its first NMS.
+    The shipped configs call exactly three compiled ops (``nms``, ``roi_align_forward`` / ``_backward``; UperNet,
+    Semantic FPN and the classifiers none): one :class:`TorchvisionOps` replaces ``ext_module`` in
+    ``mmcv.ops.nms`` and ``mmcv.ops.roi_align`` (where every caller ends), and routes CUDA calls to torchvision's
+    kernels, which compute the same. ``SOFTFREE_MM_TORCHVISION_OPS=1`` routes every call (CPU too; for tests),
+    ``=0`` none. Not needed, and not applied, where ``mmcv._ext`` is the stand-in (every op already runs on
+    torchvision, on every device)."""
     global TORCHVISION_OPS
     import importlib
     try:
         import torchvision  # noqa: F401  (registers torch.ops.torchvision)
         modules = [importlib.import_module(f'mmcv.ops.{name}') for name in ('nms', 'roi_align')]
     except ImportError:  # no mmcv ops or no torchvision: nothing to route
+        return
+    if mmcv_ext_is_standin():
         return
     ext = modules[0].ext_module
     TORCHVISION_OPS = ext if isinstance(ext, TorchvisionOps) else TorchvisionOps(ext)

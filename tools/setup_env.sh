@@ -6,14 +6,18 @@
 #     respected: the venv then sees the system site-packages); with TORCH_INDEX_URL, the build of that index
 #     replaces a torch of another CUDA (clusters whose driver is older than the default wheel's CUDA 13 needs):
 #       TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126 bash tools/setup_env.sh
-#   - mmcv 2.1.0 with compiled ops: a matching prebuilt wheel from $SOFTFREE_WHEELS (default ../shared/wheels)
-#     when present, else built from source with CPU ops (on CUDA, nms / roi_align run on torchvision's kernels:
-#     softfree_mm/compat.py), with the C++20 rewrite torch 2.14's headers need (mmcv's setup.py pins -std=c++17);
-#   - opt-in, MMCV_CUDA=1: mmcv's own CUDA ops compiled (nvcc of torch's CUDA major and gcc >= 10 checked, an
-#     explicit TORCH_CUDA_ARCH_LIST (default: this node's GPUs), MAX_JOBS capped by CPUs and memory, no cached wheel
-#     reused, and a check that runs nms and roi_align on the GPU);
+#   - mmcv 2.1.0 without a compiler (the default): mmcv-lite 2.1.0 (mmcv's Python, no compiled ops), whose
+#     mmcv._ext softfree_mm serves from torchvision's kernels on every device (softfree_mm/mmcv_ext/, put in place
+#     in every process of the venv by softfree_mm-mmcv-ext.pth, which the package's install writes);
+#   - opt-in, MMCV_COMPILED=1: mmcv 2.1.0 built from source with its own CPU ops (a C++ compiler, about 25 minutes
+#     on 2 cores), with the C++20 rewrite torch 2.14's headers need (mmcv's setup.py pins -std=c++17);
+#   - opt-in, MMCV_CUDA=1 (implies MMCV_COMPILED=1): mmcv's own CUDA ops compiled too (nvcc of torch's CUDA major
+#     and gcc >= 10 checked, an explicit TORCH_CUDA_ARCH_LIST (default: this node's GPUs), MAX_JOBS capped by CPUs
+#     and memory, no cached wheel reused, and a check that runs nms and roi_align on the GPU);
 #   - mmengine, mmdet, mmsegmentation, mmpretrain, timm and the rest (requirements/), then this package (-e).
-# Every pip call takes requirements/constraints.txt ($SOFTFREE_CONSTRAINTS), which keeps setuptools < 82.
+# An installed mmcv 2.1.0 with compiled ops whose nms / roi_align run is kept (a compiled _ext is always preferred
+# to the stand-in). Every pip call takes requirements/constraints.txt ($SOFTFREE_CONSTRAINTS: setuptools < 82).
+#   bash tools/setup_env.sh --print-mmcv-plan     prints what the mmcv step will install with these variables, exits
 #   bash tools/setup_env.sh --check-mmcv-source  runs the mmcv source install to its metadata step (pip --dry-run) in
 #   a scratch venv with the same pip calls, then exits: seconds, no compile (the test suite runs it).
 set -euo pipefail
@@ -21,29 +25,46 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 PYTHON=${PYTHON:-python3}
 VENV=${SOFTFREE_VENV:-$ROOT/.venv}
-WHEELS=${SOFTFREE_WHEELS:-$ROOT/../shared/wheels}
 TORCH_VERSION=${TORCH_VERSION:-2.14.1}
 TORCHVISION_VERSION=${TORCHVISION_VERSION:-0.29.1}
 TORCH_INDEX_URL=${TORCH_INDEX_URL:-}
 MMCV_CUDA=${MMCV_CUDA:-0}
 CONSTRAINTS=${SOFTFREE_CONSTRAINTS:-$ROOT/requirements/constraints.txt}
-CHECK_MMCV_SOURCE=0
-case "${1-}" in
-  '') ;;
-  --check-mmcv-source) CHECK_MMCV_SOURCE=1 ;;
-  *) echo "[setup_env] error: unknown argument '$1' (valid: --check-mmcv-source)" >&2; exit 2 ;;
-esac
-[ -f "$CONSTRAINTS" ] || { echo "[setup_env] error: SOFTFREE_CONSTRAINTS: no such file '$CONSTRAINTS'" >&2; exit 2; }
-STAMP="$VENV/.softfree_mm_setup_done"
-HASH=$({ cat setup.py requirements/*.txt tools/setup_env.sh "$CONSTRAINTS"
-         echo "$TORCH_VERSION $TORCHVISION_VERSION $TORCH_INDEX_URL $MMCV_CUDA"; } | sha256sum | cut -c1-16)
-
-if [ "$CHECK_MMCV_SOURCE" = 0 ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$HASH" ]; then
-  exit 0
-fi
 log() { echo "[setup_env] $*" >&2; }
 die() { echo "[setup_env] error: $*" >&2; exit 2; }
+MODE=setup
+case "${1-}" in
+  '') ;;
+  --check-mmcv-source) MODE=check-mmcv-source ;;
+  --print-mmcv-plan) MODE=print-mmcv-plan ;;
+  *) die "unknown argument '$1' (valid: --print-mmcv-plan, --check-mmcv-source)" ;;
+esac
 [ "$MMCV_CUDA" = 0 ] || [ "$MMCV_CUDA" = 1 ] || die "MMCV_CUDA must be 0 or 1, got '$MMCV_CUDA'"
+case "${MMCV_COMPILED-}" in
+  '') MMCV_COMPILED=$MMCV_CUDA ;;  # CUDA ops are compiled ops
+  0|1) [ "$MMCV_CUDA$MMCV_COMPILED" != 10 ] || die "MMCV_CUDA=1 compiles mmcv's ops: it cannot go with MMCV_COMPILED=0" ;;
+  *) die "MMCV_COMPILED must be 0 or 1, got '$MMCV_COMPILED'" ;;
+esac
+if [ "$MMCV_CUDA" = 1 ]; then
+  MMCV_PLAN="mmcv 2.1.0 built from source with CPU and CUDA ops (nvcc and a C++ compiler; tens of minutes)"
+elif [ "$MMCV_COMPILED" = 1 ]; then
+  MMCV_PLAN="mmcv 2.1.0 built from source with CPU ops (a C++ compiler; about 25 minutes on 2 cores)"
+else
+  MMCV_PLAN="mmcv-lite 2.1.0, its ops served from torchvision (softfree_mm/mmcv_ext; no compiler)"
+fi
+if [ "$MODE" = print-mmcv-plan ]; then
+  echo "$MMCV_PLAN"
+  exit 0
+fi
+[ -f "$CONSTRAINTS" ] || die "SOFTFREE_CONSTRAINTS: no such file '$CONSTRAINTS'"
+STAMP="$VENV/.softfree_mm_setup_done"
+HASH=$({ cat setup.py requirements/*.txt tools/setup_env.sh "$CONSTRAINTS"
+         echo "$TORCH_VERSION $TORCHVISION_VERSION $TORCH_INDEX_URL $MMCV_CUDA $MMCV_COMPILED"; } \
+       | sha256sum | cut -c1-16)
+
+if [ "$MODE" = setup ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$HASH" ]; then
+  exit 0
+fi
 CONSTRAINTS=$(cd "$(dirname "$CONSTRAINTS")" && pwd)/$(basename "$CONSTRAINTS")
 export PIP_CONSTRAINT="$CONSTRAINTS"  # also for build environments pip makes on its own
 pip_in() { "$1" -m pip install --disable-pip-version-check -c "$CONSTRAINTS" "${@:2}"; }  # pip_in PYTHON ARGS...
@@ -100,12 +121,12 @@ print(";".join(f"{a}.{b}" for a, b in caps))' 2>/dev/null || true)
   [ "$jobs" -le "$cpus" ] || jobs=$cpus
   jobs=${MAX_JOBS:-$jobs}
   log "MAX_JOBS=$jobs ($cpus CPUs, $mem_gib GiB available)"
-  "$PY" -m pip uninstall -y -q mmcv >/dev/null 2>&1 || true  # an installed mmcv without the ops asked for
+  "$PY" -m pip uninstall -y -q mmcv mmcv-lite >/dev/null 2>&1 || true  # an mmcv without the ops asked for
   ( export "${build_env[@]}" CXX="$wrap/c++" MMCV_WITH_OPS=1 MAX_JOBS="$jobs"
     pip_in "$PY" "${MMCV_SOURCE[@]}" "$@" )
 }
 
-if [ "$CHECK_MMCV_SOURCE" = 1 ]; then
+if [ "$MODE" = check-mmcv-source ]; then
   scratch=$(mktemp -d)
   trap 'rm -rf "$scratch"' EXIT
   "$PYTHON" -m venv "$scratch/venv"
@@ -180,12 +201,8 @@ elif ! "$PY" -c 'import torch, torchvision' >/dev/null 2>&1; then
 fi
 "${PIP[@]}" -q "mmengine==0.10.7"
 
-# an installed mmcv is kept when it is 2.1.0 with ops (and, with MMCV_CUDA=1, compiled with CUDA)
-MMCV_OK='import mmcv; assert mmcv.__version__ == "2.1.0"; from mmcv.ops import nms, roi_align'
-if [ "$MMCV_CUDA" = 1 ]; then
-  MMCV_OK="$MMCV_OK"'; from mmcv.ops import get_compiling_cuda_version as v; assert v() not in ("not available", "")'
-fi
-# a check that really runs the ops (an ABI mismatch shows here, not at import); on CUDA with MMCV_CUDA=1
+# a check that really runs nms and roi_align (an ABI mismatch of a compiled mmcv shows here, not at import); on CUDA
+# with MMCV_CUDA=1. In a bare Python: the stand-in must be in place without importing softfree_mm.
 OPS_RUN='import sys, torch; from mmcv.ops import nms, roi_align
 dev = sys.argv[1]
 b = torch.tensor([[0, 0, 10, 10], [1, 1, 11, 11], [20, 20, 30, 30.]], device=dev)
@@ -194,33 +211,36 @@ assert keep.tolist() == [0, 2], keep
 out = roi_align(torch.arange(64.0, device=dev).view(1, 1, 8, 8), torch.tensor([[0, 0, 0, 4, 4.]], device=dev),
                 (2, 2), 1.0, 2, "avg", True)
 assert out.device.type == dev and out.shape == (1, 1, 2, 2), out
+assert "softfree_mm" not in sys.modules
 print(f"mmcv nms and roi_align ran on {dev}")'
-
-
-if ! "$PY" -c "$MMCV_OK" >/dev/null 2>&1; then
-  have_torch=$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')
-  if [ "$MMCV_CUDA" = 0 ] && [ -d "$WHEELS" ] && ls "$WHEELS"/mmcv-2.1.0-*.whl >/dev/null 2>&1 \
-      && [ "$have_torch" = "2.14.1" ]; then
-    log "mmcv 2.1.0 from the prebuilt wheel in $WHEELS (built against torch 2.14.1)"
-    "${PIP[@]}" --no-deps --no-index --find-links "$WHEELS" "mmcv==2.1.0"
-    if ! "$PY" -c "$OPS_RUN" cpu >/dev/null 2>&1; then
-      log "the prebuilt mmcv does not run with this torch build; building from source instead"
-      build_mmcv
-    fi
-  else
-    build_mmcv
-  fi
-fi
-"$PY" -c "$OPS_RUN" cpu >/dev/null || die "mmcv's ops do not run"
+# an installed mmcv 2.1.0 with compiled ops (mmcv/_ext*.so) is kept when its ops run (and, with MMCV_CUDA=1, were
+# compiled with CUDA)
+COMPILED_OK='import importlib.util, mmcv; assert mmcv.__version__ == "2.1.0"
+assert importlib.util.find_spec("mmcv._ext").origin.endswith(".so")'
 if [ "$MMCV_CUDA" = 1 ]; then
-  "$PY" -c "$OPS_RUN" cuda || die "MMCV_CUDA=1: mmcv's CUDA ops do not run on the GPU"
+  COMPILED_OK="$COMPILED_OK"'
+from mmcv.ops import get_compiling_cuda_version as v; assert v() not in ("not available", "")'
+fi
+
+if "$PY" -c "$COMPILED_OK" >/dev/null 2>&1 && "$PY" -c "$OPS_RUN" cpu >/dev/null 2>&1; then
+  log "keeping the installed mmcv 2.1.0 with compiled ops"
+elif [ "$MMCV_COMPILED" = 1 ]; then
+  build_mmcv
+else
+  log "$MMCV_PLAN"
+  "$PY" -m pip uninstall -y -q mmcv >/dev/null 2>&1 || true  # a compiled mmcv whose ops do not run, or another one
+  "${PIP[@]}" -q -r requirements/mmcv.txt
 fi
 
 "${PIP[@]}" -q -r requirements/runtime.txt -r requirements/tests.txt
-"${PIP[@]}" -q --no-build-isolation --no-deps -e .
+"${PIP[@]}" -q --no-build-isolation --no-deps -e .  # also writes softfree_mm-mmcv-ext.pth into site-packages
 if "$PY" -c 'import transformers' >/dev/null 2>&1; then
   log "warning: transformers is installed; it switches on mmpretrain's multimodal code, which fails to import"
 fi
-"$PY" -c 'import softfree_mm, mmdet.models, mmseg.models, mmpretrain.models'
+"$PY" -c "$OPS_RUN" cpu >/dev/null || die "mmcv's nms / roi_align do not run (python -c 'from mmcv.ops import nms')"
+if [ "$MMCV_CUDA" = 1 ]; then
+  "$PY" -c "$OPS_RUN" cuda || die "MMCV_CUDA=1: mmcv's CUDA ops do not run on the GPU"
+fi
+"$PY" -c 'import mmdet.models, mmseg.models, mmpretrain.models, softfree_mm'
 echo "$HASH" > "$STAMP"
 log "environment ready: $VENV"

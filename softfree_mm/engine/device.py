@@ -178,8 +178,8 @@ def apply_device_settings(cfg: 'Config', launcher: str) -> List[str]:
 
 
 def check_cuda_ops(cfg: 'Config') -> None:
-    """A detector on CUDA needs nms / roi_align on CUDA: mmcv's own (compiled with CUDA) or torchvision's (the compat
-    route). Names what is missing."""
+    """A detector on CUDA needs nms / roi_align on CUDA: mmcv's own (compiled with CUDA) or torchvision's (the
+    stand-in for mmcv._ext, or the compat route of a compiled mmcv without CUDA ops). Names what is missing."""
     if cfg.default_scope != 'mmdet':
         return
     import torch
@@ -189,7 +189,7 @@ def check_cuda_ops(cfg: 'Config') -> None:
     from .errors import UsageError
     if compat.mmcv_has_cuda_ops():
         return
-    if os.environ.get(compat.ROUTE_ENV) == '0':
+    if os.environ.get(compat.ROUTE_ENV) == '0' and not compat.mmcv_ext_is_standin():
         raise UsageError(f'mmcv {_mmcv_version()} has no CUDA ops and {compat.ROUTE_ENV}=0 turns the torchvision '
                          'route off: the detector cannot run nms / roi_align on CUDA; unset it, or build mmcv with '
                          'CUDA ops (MMCV_CUDA=1 bash tools/setup_env.sh)')

@@ -15,43 +15,19 @@ started side by side race unless the folders first use creates are made before t
 """
 import os
 import os.path as osp
-import shutil
 import subprocess
-import sys
-import sysconfig
 
 import pytest
 import torch
 
 from tests.helpers import ROOT
 from tests.helpers.home import folders_under, fresh_home_env, prepare_home
+from tests.helpers.installs import copy_repo, venv_on_this_environment
 
 CONFIG = 'cls_xcit_s12_poly3_demo.py'
 # a small XCiT keeps the tool runs short: the config's own recipe otherwise
 TINY = ['model.backbone.embed_dims=32', 'model.backbone.depth=2', 'model.backbone.num_heads=4',
         'model.backbone.norm_cfg.type=BN', 'model.head.in_channels=32']
-
-
-def _copy_repo(dst):
-    """The repository's files a user's clone has (what git tracks, without tests and local data)."""
-    skip = {'.git', '.venv', 'data', 'work_dirs', 'build', 'dist', 'tests', '__pycache__', '.pytest_cache'}
-
-    def ignore(folder, names):
-        return [n for n in names if n in skip or n.endswith(('.egg-info', '.pyc')) or
-                (n == '.mim' and osp.basename(folder) == 'softfree_mm')]
-
-    shutil.copytree(ROOT, dst, ignore=ignore, symlinks=True)
-    return dst
-
-
-def _venv(path):
-    subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(path)], check=True)
-    site = subprocess.run([str(path / 'bin' / 'python'), '-c', 'import sysconfig; print(sysconfig.get_paths()["purelib"])'],
-                          check=True, capture_output=True, text=True).stdout.strip()
-    outer = [p for p in sys.path if osp.basename(p) in ('site-packages', 'dist-packages') and osp.isdir(p)]
-    with open(osp.join(site, 'outer_environment.pth'), 'w') as f:  # this environment's packages (and the system's)
-        f.write('\n'.join(dict.fromkeys([sysconfig.get_paths()['purelib'], *outer])) + '\n')
-    return str(path / 'bin' / 'python'), site
 
 
 def _env(root):
@@ -96,10 +72,10 @@ def installs(tmp_path_factory):
     """An editable install of one copy of the repository and a wheel built from another copy and installed (the two
     builds run side by side: each writes its own egg-info and build folders)."""
     base = tmp_path_factory.mktemp('mim')
-    repo = _copy_repo(base / 'repo')
-    wheel_src = _copy_repo(base / 'wheel_src')
-    editable, _ = _venv(base / 'editable')
-    wheel, wheel_site = _venv(base / 'wheel')
+    repo = copy_repo(base / 'repo')
+    wheel_src = copy_repo(base / 'wheel_src')
+    editable, editable_site = venv_on_this_environment(base / 'editable')
+    wheel, wheel_site = venv_on_this_environment(base / 'wheel')
     env = _env(base)
     procs, _ = _start_side_by_side({
         'pip install -e': ([editable, *_pip_args('install', '--no-deps', '--no-build-isolation', '--no-index', '-e',
@@ -113,7 +89,8 @@ def installs(tmp_path_factory):
         _wait(name, proc)
     work = base / 'work'
     work.mkdir()
-    return dict(repo=str(repo), editable=editable, wheel=wheel, wheel_site=wheel_site, work=work)
+    return dict(repo=str(repo), editable=editable, editable_site=editable_site, wheel=wheel, wheel_site=wheel_site,
+                work=work)
 
 
 def test_installs_place_configs_tools_and_model_index_where_mim_looks(installs):
@@ -125,6 +102,26 @@ def test_installs_place_configs_tools_and_model_index_where_mim_looks(installs):
         assert osp.exists(copied) and not osp.islink(copied)
     assert osp.isfile(osp.join(site, 'softfree_mm', '.mim', 'configs', 'demo', CONFIG))
     assert osp.isfile(osp.join(site, 'softfree_mm', '.mim', 'tools', 'train.py'))
+
+
+def test_installs_put_the_mmcv_ext_standin_in_place_for_every_process(installs):
+    """Each install writes softfree_mm-mmcv-ext.pth into its own site-packages (this environment's does not run in
+    the scratch venvs), so a bare Python there imports mmdet and mmseg with the stand-in of its own copy."""
+    from softfree_mm.compat import mmcv_ext_is_standin
+    from softfree_mm.mmcv_ext import PTH_LINE, PTH_NAME
+    if not mmcv_ext_is_standin():
+        pytest.skip('mmcv._ext is a compiled build here (MMCV_COMPILED=1)')
+    code = ('import sys, mmdet.models, mmseg.models, mmcv._ext; assert "softfree_mm" not in sys.modules; '
+            'print(mmcv._ext.__file__)')
+    for python, site, package in ((installs['editable'], installs['editable_site'], osp.join(installs['repo'],
+                                   'softfree_mm')), (installs['wheel'], installs['wheel_site'],
+                                                     osp.join(installs['wheel_site'], 'softfree_mm'))):
+        with open(osp.join(site, PTH_NAME)) as f:
+            assert f.read() == PTH_LINE
+        proc = subprocess.run([python, '-c', code], capture_output=True, text=True, cwd=str(installs['work']),
+                              env={k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert osp.realpath(proc.stdout.strip()) == osp.realpath(osp.join(package, 'mmcv_ext', 'ops.py'))
 
 
 def _checkpoint(path):

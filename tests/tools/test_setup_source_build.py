@@ -1,4 +1,4 @@
-"""The set-up's mmcv source path, which every user without the prebuilt wheel takes (CI always finds the wheel).
+"""The set-up's mmcv source path, which MMCV_COMPILED=1 (and MMCV_CUDA=1) takes.
 
 ``tools/setup_env.sh --check-mmcv-source`` replays the set-up's pip calls in a scratch venv up to mmcv's metadata step
 (``pip --dry-run``: mmcv's setup.py runs, nothing compiles). mmcv 2.1.0's setup.py imports ``pkg_resources`` on its
@@ -45,7 +45,8 @@ def test_unknown_argument_and_missing_constraints_file_are_one_line_errors(tmp_p
     proc = subprocess.run(['bash', osp.join(ROOT, 'tools', 'setup_env.sh'), '--bogus'], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "[setup_env] error: unknown argument '--bogus' (valid: --check-mmcv-source)"
+    assert proc.stderr.strip() == ("[setup_env] error: unknown argument '--bogus' (valid: --print-mmcv-plan, "
+                                   '--check-mmcv-source)')
     env = dict(os.environ, SOFTFREE_CONSTRAINTS=str(tmp_path / 'nope.txt'), SOFTFREE_VENV=str(tmp_path / 'venv'))
     proc = subprocess.run(['bash', osp.join(ROOT, 'tools', 'setup_env.sh')], env=env, capture_output=True, text=True,
                           timeout=60)

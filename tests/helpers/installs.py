@@ -1,0 +1,83 @@
+"""Scratch installs: a copy of the repository as a user's clone has it, and scratch virtual environments that see
+this environment's packages (all of them, or only some distributions and what they require) without copying them.
+
+The packages are seen through a ``.pth`` line naming a folder OUTSIDE the scratch environment, so pip there treats
+them as installed but never uninstalls them ("outside environment"), and the ``.pth`` files of this environment
+(its editable finder, softfree_mm-mmcv-ext.pth) do not run there: the scratch environment's own installs must put
+theirs in place.
+"""
+import os
+import os.path as osp
+import shutil
+import subprocess
+import sys
+import sysconfig
+
+from . import ROOT
+
+
+def copy_repo(dst):
+    """The repository's files a user's clone has (what git tracks, without tests and local data)."""
+    skip = {'.git', '.venv', 'data', 'work_dirs', 'build', 'dist', 'tests', '__pycache__', '.pytest_cache'}
+
+    def ignore(folder, names):
+        return [n for n in names if n in skip or n.endswith(('.egg-info', '.pyc')) or
+                (n == '.mim' and osp.basename(folder) == 'softfree_mm')]
+
+    shutil.copytree(ROOT, dst, ignore=ignore, symlinks=True)
+    return dst
+
+
+def _site(python):
+    return subprocess.run([python, '-c', 'import sysconfig; print(sysconfig.get_paths()["purelib"])'], check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def _closure(names):
+    """The installed distributions ``names`` and, recursively, those they require (without extras)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    found, todo = {}, list(names)
+    while todo:
+        name = canonicalize_name(todo.pop())
+        if name in found:
+            continue
+        try:
+            dist = distribution(name)
+        except PackageNotFoundError:
+            continue
+        found[name] = dist
+        for line in dist.requires or []:
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate({'extra': ''}):
+                todo.append(req.name)
+    return list(found.values())
+
+
+def _link_only(dists, folder):
+    """``folder`` holding links to the top-level files and folders of ``dists`` in this environment."""
+    os.makedirs(folder)
+    for dist in dists:
+        base = str(dist.locate_file(''))
+        for top in {f.parts[0] for f in dist.files or [] if f.parts[0] != '..'}:
+            src = osp.join(base, top)
+            if osp.exists(src) and not osp.lexists(osp.join(folder, top)):
+                os.symlink(src, osp.join(folder, top))
+    return folder
+
+
+def venv_on_this_environment(path, with_pip=False, only=None):
+    """A venv at ``path`` that sees this environment's packages after its own: every one, or with ``only`` the
+    named distributions and what they require. Returns (python, its site-packages)."""
+    subprocess.run([sys.executable, '-m', 'venv', *([] if with_pip else ['--without-pip']), str(path)], check=True)
+    python = str(path / 'bin' / 'python')
+    site = _site(python)
+    if only is None:
+        outer = [p for p in sys.path if osp.basename(p) in ('site-packages', 'dist-packages') and osp.isdir(p)]
+        seen = list(dict.fromkeys([sysconfig.get_paths()['purelib'], *outer]))
+    else:
+        seen = [_link_only(_closure(only), str(path) + '-seen')]
+    with open(osp.join(site, 'outer_environment.pth'), 'w') as f:
+        f.write('\n'.join(seen) + '\n')
+    return python, site
