@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from softfree_mm.attention import ATTENTION, build_attention, kernel_arguments, list_attentions
+from softfree_mm.attention import (ATTENTION, build_attention, kernel_arguments, kernel_class, list_attentions,
+                                   normalize_cfg)
 
 KERNELS = list_attentions()
 B, H, GRID, D = 2, 2, (4, 4), 8
@@ -254,9 +255,14 @@ def test_linear_time_path_runs_without_building_the_matrix(name):
     assert out.shape == (1, H, 64 * 64, D) and torch.isfinite(out).all()
 
 
-def test_unknown_type_lists_valid_types():
-    with pytest.raises(KeyError, match=r"'nope'.*softmax"):
-        build_attention(dict(type='nope'), num_heads=H, head_dim=D)
+@pytest.mark.parametrize('name', ['softmx', 'nope', 'qqzx'])  # a near miss of a kernel's name, names like none
+def test_unknown_type_is_named_with_every_valid_type_on_every_entry(name):
+    expect = f"unknown attention type {name!r}; valid types: {', '.join(list_attentions())}"
+    for call in (lambda: build_attention(dict(type=name), num_heads=H, head_dim=D), lambda: build_attention(name),
+                 lambda: normalize_cfg(name), lambda: kernel_class(name), lambda: kernel_arguments(name)):
+        with pytest.raises(KeyError) as e:
+            call()
+        assert e.value.args[0] == expect
 
 
 @pytest.mark.parametrize('name', KERNELS)

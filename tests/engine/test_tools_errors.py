@@ -47,10 +47,19 @@ def test_missing_config_file_is_one_line_naming_the_file(train_tool, capsys, tmp
     assert 'config file not found' in line and missing in line
 
 
-def test_unknown_kernel_in_cfg_options_is_one_line_listing_valid_kernels(train_tool, capsys):
-    assert train_tool.main([DET, '--cfg-options', 'model.backbone.attn_cfg.type=polly']) == 2
-    line = _one_line_error(capsys)
-    assert "'polly'" in line and 'model.backbone.attn_cfg' in line and 'softmax' in line and 'poly' in line
+# a near miss of a kernel's name (the type check would suggest the name) and a name like none (nothing to suggest)
+@pytest.mark.parametrize('kernel', ['polly', 'qqzx'])
+def test_unknown_kernel_in_cfg_options_is_one_line_listing_valid_kernels(train_tool, test_tool, capsys, tmp_path,
+                                                                         kernel):
+    from softfree_mm.attention import list_attentions
+    expect = (f"error: model.backbone.attn_cfg: unknown attention type {kernel!r}; valid types: "
+              f"{', '.join(list_attentions())}")
+    assert train_tool.main([DET, '--cfg-options', f'model.backbone.attn_cfg.type={kernel}']) == 2
+    assert _one_line_error(capsys) == expect
+    ckpt = tmp_path / 'model.pth'
+    ckpt.write_bytes(b'')  # tools/test.py checks the config before it reads the checkpoint
+    assert test_tool.main([DET, str(ckpt), '--cfg-options', f'model.backbone.attn_cfg.type={kernel}']) == 2
+    assert _one_line_error(capsys) == expect
 
 
 def test_bad_kernel_argument_in_per_stage_list_names_the_stage(train_tool, capsys):

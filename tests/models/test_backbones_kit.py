@@ -13,7 +13,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 import softfree_mm  # noqa: F401  (registers the backbones)
 import softfree_mm.models.attention as kernel_attention
 from softfree_mm import models
-from softfree_mm.attention import AttentionKernel
+from softfree_mm.attention import AttentionKernel, list_attentions
 from softfree_mm.attention.base import mix
 from softfree_mm.models.attention import KernelAttention
 
@@ -193,6 +193,19 @@ def test_arch_and_index_errors_have_one_wording_in_every_family(name):
             build(name, out_indices=bad)
     with pytest.raises(ValueError, match=rf'^{name}: frozen_stages must be an int in \[-1, {n}\], got {n + 1}$'):
         cls(**dict(TINY[name], frozen_stages=n + 1))
+
+
+@pytest.mark.parametrize('kernel', ['polly', 'qqzx'])  # a near miss of a kernel's name, a name like none
+@pytest.mark.parametrize('name', FAMILIES)
+def test_an_unknown_kernel_is_one_error_naming_it_where_it_is_and_every_valid_kernel(name, kernel):
+    n = _stage_count(name)
+    unit = 'layer' if name == 'SoftFreeXCiT' else 'stage'
+    valid = ', '.join(list_attentions())
+    for given, where in ((kernel, 0), (['softmax'] * (n - 1) + [dict(type=kernel)], n - 1)):
+        with pytest.raises(KeyError) as e:
+            build(name, attn_cfg=given)
+        assert e.value.args[0] == (f'{name}: attn_cfg for {unit} {where}: unknown attention type {kernel!r}; '
+                                   f'valid types: {valid}')
 
 
 @pytest.mark.parametrize('name', FAMILIES)

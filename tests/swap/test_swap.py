@@ -165,6 +165,18 @@ def test_bad_arguments_are_clear_errors():
     assert not swap_summary(vit)
 
 
+@pytest.mark.parametrize('kernel', ['polly', 'qqzx'])  # a near miss of a kernel's name, a name like none
+def test_an_unknown_kernel_is_one_error_naming_the_argument_and_every_valid_kernel(kernel):
+    vit = build('timm ViT')
+    unknown = f"unknown attention type {kernel!r}; valid types: {', '.join(list_attentions())}"
+    for kwargs, where in ((dict(attn_cfg=kernel), 'attn_cfg'), (dict(attn_cfg=['poly', kernel]), 'attn_cfg[1]'),
+                          (dict(attn_cfg='inline', prefix_attention=kernel), 'prefix_attention')):
+        with pytest.raises(KeyError) as e:
+            swap_attention(vit, **kwargs)
+        assert e.value.args[0] == f'swap_attention: {where}: {unknown}'
+    assert not swap_summary(vit)
+
+
 # ------------------------------------------------------------------------------------------------ class tokens
 def test_grid_kernel_gets_patch_tokens_on_their_grid_and_prefix_tokens_attend_over_all_through_softmax():
     vit = build('timm DeiT-3 + registers')  # 1 class + 2 register tokens, 4x4 patches at 32x32

@@ -24,7 +24,8 @@ def _checked(value, kind, owner: str, name: str, where: str):
         try:
             return normalize_cfg(value)
         except (KeyError, TypeError, ValueError) as e:
-            raise type(e)(f'{owner}: {name} for {where}: {e}') from None
+            # the message itself: str() of a KeyError is its repr, quotes and escapes included
+            raise type(e)(f'{owner}: {name} for {where}: {e.args[0] if e.args else e}') from None
     if not isinstance(value, kind):
         raise TypeError(f'{owner}: {name} entries must be {kind.__name__}, got {value!r}')
     return value
