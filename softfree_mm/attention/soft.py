@@ -22,6 +22,7 @@ linear in N. ``inverse='cholesky'`` (ours, plain SOFT) replaces the iteration by
 a Cholesky solve of ``K(L, L) + 0.01 I`` (m^3 / 6).
 """
 import math
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -45,10 +46,15 @@ def gaussian_kernel(a, b, scale=1.0):
     return torch.exp(expo.clamp_max(0.0))  # exponent is <= 0 in exact arithmetic; clip rounding
 
 
+def _batched(k_ll, batched: Optional[bool]) -> bool:
+    """None: the batched form on CUDA, where each launch of a small matrix costs more than its arithmetic."""
+    return k_ll.is_cuda if batched is None else bool(batched)
+
+
 def _newton_steps(p, v, iters, batched: bool = False):
     """``iters`` steps ``v <- 2 v - v (p v)``. ``batched``: the (.., m, m) matrices as one batch of bmm calls, two
-    launches a step (``p v``, then ``2 v - v (p v)`` in one ``baddbmm``) instead of four; CUDA uses it, where each
-    launch of a small matrix costs more than its arithmetic."""
+    launches a step (``p v``, then ``2 v - v (p v)`` in one ``baddbmm``) instead of four; the same iterates on any
+    device (rounded in another order)."""
     if not batched:
         for _ in range(iters):
             v = 2.0 * v - v @ (p @ v)
@@ -64,12 +70,12 @@ class _NewtonInverse(torch.autograd.Function):
     """Forward: Newton steps from the official start, without gradient; backward: ``-V^T g V^T``."""
 
     @staticmethod
-    def forward(ctx, k_ll, iters, reg):
+    def forward(ctx, k_ll, iters, reg, batched):
         with torch.no_grad():
             eye = torch.eye(k_ll.shape[-1], dtype=k_ll.dtype, device=k_ll.device)
             alpha = 1.8 / k_ll.sum(-1).amax(-1) ** 2  # 0.9 * 2 / (max row sum)^2, per matrix
             p = k_ll + reg * eye
-            v = _newton_steps(p, alpha[..., None, None] * p, iters, batched=k_ll.is_cuda)
+            v = _newton_steps(p, alpha[..., None, None] * p, iters, batched=batched)
         ctx.save_for_backward(v)
         return v
 
@@ -77,19 +83,21 @@ class _NewtonInverse(torch.autograd.Function):
     def backward(ctx, grad):
         (v,) = ctx.saved_tensors
         vt = v.transpose(-2, -1)
-        return -(vt @ grad @ vt), None, None
+        return -(vt @ grad @ vt), None, None, None
 
 
-def newton_inverse(k_ll, iters=20, reg=NEWTON_REG):
+def newton_inverse(k_ll, iters=20, reg=NEWTON_REG, batched: Optional[bool] = None):
     """The official SOFT inverse of the (.., m, m) landmark kernels ``k_ll``: ``inv(k_ll + reg I)`` by ``iters``
-    Newton steps from ``V0 = 1.8 / (max row sum of k_ll)^2 * P``; analytic backward. Run it in fp32 / fp64."""
-    return _NewtonInverse.apply(k_ll, iters, reg)
+    Newton steps from ``V0 = 1.8 / (max row sum of k_ll)^2 * P``; analytic backward. Run it in fp32 / fp64.
+    ``batched``: the steps' batched form (see :func:`_newton_steps`); None: on CUDA only."""
+    return _NewtonInverse.apply(k_ll, iters, reg, _batched(k_ll, batched))
 
 
-def newton_inverse_norm(k_ll, iters=20):
+def newton_inverse_norm(k_ll, iters=20, batched: Optional[bool] = None):
     """The official SOFT-Norm inverse: unregularised, ``V0 = alpha P`` with ``alpha = 2 / (max row sum)^2`` taken
     over ALL matrices of the call (as the official code: the start couples the images and heads of one call),
-    halved at most 10 times until ``max column sum |I - P V0| <= 1.01``; differentiated through the steps."""
+    halved at most 10 times until ``max column sum |I - P V0| <= 1.01``; differentiated through the steps.
+    ``batched``: as :func:`newton_inverse`."""
     eye = torch.eye(k_ll.shape[-1], dtype=k_ll.dtype, device=k_ll.device)
     alpha = 2.0 / k_ll.sum(-1).max() ** 2
     # the official while-loop, without data-dependent control flow: the first of alpha / 2^j, j = 0..10, whose
@@ -102,7 +110,7 @@ def newton_inverse_norm(k_ll, iters=20):
         ok = torch.cat([ok[:-1], ok.new_ones(1)])
         first = ok & (torch.cumsum(ok.to(torch.int32), 0) == 1)  # one-hot: the first start that passes
         factor = (halves * first.to(halves.dtype)).sum()
-    return _newton_steps(k_ll, alpha * factor * k_ll, iters, batched=k_ll.is_cuda)
+    return _newton_steps(k_ll, alpha * factor * k_ll, iters, batched=_batched(k_ll, batched))
 
 
 def landmark_grid(hw, ratio, num_landmarks, cells='floor'):

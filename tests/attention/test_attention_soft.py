@@ -123,6 +123,41 @@ def test_newton_inverse_starts_where_the_official_code_does():
     assert not torch.allclose(newton_inverse_norm(other, 1)[0], newton_inverse_norm(p[:1], 1)[0])
 
 
+@pytest.mark.parametrize('lead', [(), (3,), (2, 3)], ids=['one', 'batch', 'batch_heads'])
+@pytest.mark.parametrize('dtype', [torch.float64, torch.float32])
+def test_newton_batched_form_takes_the_loops_steps_on_the_cpu(lead, dtype):
+    """The batched form (CUDA's default: the matrices as one bmm batch, ``2 V - V (P V)`` in one baddbmm) runs on
+    the CPU too and gives the iterates the steps written out here give, for any leading dims: plain SOFT from its
+    per-matrix start, SOFT-Norm from its shared start, with the Norm inverse's gradient through the steps."""
+    tol = dict(rtol=1e-10, atol=1e-12) if dtype == F64 else dict(rtol=1e-4, atol=1e-5)
+    lm = rand(*lead, 6, 4, seed=9)
+    p = gaussian_kernel(lm, lm, 0.5).to(dtype)
+    eye = torch.eye(6, dtype=dtype)
+    pr = p + 0.01 * eye
+    for iters in (0, 1, 7, 20):
+        v = (1.8 / p.sum(-1).amax(-1) ** 2)[..., None, None] * pr
+        for _ in range(iters):
+            v = 2 * v - v @ pr @ v
+        for batched in (False, True):
+            torch.testing.assert_close(newton_inverse(p, iters, batched=batched), v, **tol)
+    alpha, halved = 2 / p.sum(-1).max() ** 2, 1.0
+    while (eye - p @ (alpha * halved * p)).abs().sum(-2).max() > 1.01:
+        halved /= 2
+    g = rand(*p.shape, seed=10).to(dtype)
+    grads = []
+    for batched in (None, False, True):  # None: the CPU's own choice (the loop)
+        pn = p.clone().requires_grad_()
+        # the start's scale follows the largest row sum (with its gradient); the halving is a constant
+        v, ref = newton_inverse_norm(pn, 7, batched=batched), 2 / pn.sum(-1).max() ** 2 * halved * pn
+        for _ in range(7):
+            ref = 2 * ref - ref @ pn @ ref
+        torch.testing.assert_close(v, ref, **tol)
+        grads.append(torch.autograd.grad((v * g).sum(), pn)[0])
+        expect = torch.autograd.grad((ref * g).sum(), pn)[0]
+        torch.testing.assert_close(grads[-1], expect, **tol)
+    torch.testing.assert_close(grads[2], grads[1], **tol)
+
+
 def test_newton_inverse_backward_is_the_analytic_inverse_gradient():
     """The official backward: grad_P = -V^T g V^T with V the computed inverse (not the unrolled steps)."""
     lm = rand(1, 4, 3, seed=7)
