@@ -21,6 +21,8 @@ import softfree_mm  # noqa: F401  (puts the stand-in in place in this process to
 from softfree_mm import compat
 from softfree_mm.mmcv_ext import finder
 
+from tests.helpers import ROOT
+
 STANDIN = compat.mmcv_ext_is_standin()
 needs_standin = pytest.mark.skipif(not STANDIN, reason='mmcv._ext is a compiled build here (MMCV_COMPILED=1)')
 TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}  # relative
@@ -407,3 +409,26 @@ def test_the_repair_route_is_not_applied_over_the_standin():
     for name in ('nms', 'roi_align'):
         assert sys.modules[f'mmcv.ops.{name}'].ext_module is _ext()
     assert finder.is_standin(_ext()) and _ext().get_compiling_cuda_version() == 'not available'
+
+
+@needs_standin
+def test_mmdets_own_train_py_trains_a_shipped_config_on_the_standin(tmp_path):
+    """mmdet's tools/train.py (as mim ships it), not ours: it imports mmdet before the config's custom_imports bring
+    softfree_mm, and the Mask R-CNN's RPN / RoI heads and mask targets call nms and roi_align on every step."""
+    import mmdet
+    from tests.helpers.demo import DEMO, TINY
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+    data = subprocess.run([sys.executable, os.path.join(ROOT, 'tools', 'make_demo_data.py'), '--out', 'data/demo',
+                           '--only', 'coco'], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert data.returncode == 0, data.stderr[-2000:]
+    base, text = TINY['maskrcnn']
+    (tmp_path / 'tiny.py').write_text(f'_base_ = {os.path.join(DEMO, base)!r}\n{text}\n'
+                                      'train_cfg = dict(max_iters=2, val_interval=1000)\n'
+                                      'default_hooks = dict(logger=dict(interval=1))\n')
+    train = os.path.join(os.path.dirname(mmdet.__file__), '.mim', 'tools', 'train.py')
+    proc = subprocess.run([sys.executable, train, 'tiny.py', '--work-dir', 'work'], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    steps = [line for line in proc.stdout.splitlines() if 'Iter(train) [' in line]
+    assert len(steps) == 2 and all('loss_mask:' in line and 'loss_rpn_cls:' in line for line in steps)
+    assert (tmp_path / 'work' / 'iter_2.pth').is_file()
