@@ -9,6 +9,7 @@ out here by hand); loading a file of another depth / width / heads is one short 
 file holds against the model and the arguments that fit it, and a model built with those arguments loads the file
 with no shape mismatch; ``tools/train.py --dry-run`` checks the start checkpoint both ways.
 """
+import logging
 import os.path as osp
 import re
 
@@ -408,6 +409,33 @@ def test_print_arch_names_the_preset_of_a_full_size_release_file(name, tmp_path,
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and out[0].startswith(expected), out
     assert not list(tmp_path.glob('*_ours*'))  # --print-arch alone writes nothing
+
+
+def test_print_arch_logs_nothing_of_the_probe_models_it_builds(tmp_path, capsys, monkeypatch):
+    """Naming the family builds a small model of each family (once a process); the InLine-Swin probe's build note
+    (no bias table in its InLine stages) is about that model, not the file. Checked on the logger's records with
+    the probes built here (their cache emptied), so neither an earlier test's probes nor the stream the logger's
+    handler was given when it was made decide what is seen."""
+    from mmengine.logging import MMLogger
+    from softfree_mm.models.converters import detect
+    monkeypatch.setattr(detect, '_PATTERNS', {})
+    make, expected = FULL['inline-swin-base']
+    src = save(tmp_path, 'inline-swin-base', make())
+    records = []
+    seen = logging.Handler()
+    seen.emit = records.append
+    logger = MMLogger.get_current_instance()
+    level = logger.level
+    logger.setLevel(logging.INFO)  # a fresh process's level: what the tool would print
+    logger.addHandler(seen)
+    try:
+        assert convert_checkpoint.main(['auto', src, '--print-arch']) == 0
+    finally:
+        logger.removeHandler(seen)
+        logger.setLevel(level)
+    assert [r.getMessage() for r in records] == []
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith(expected), out
 
 
 def test_print_arch_says_what_the_file_holds_stage_by_stage(tmp_path, capsys):

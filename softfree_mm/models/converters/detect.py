@@ -3,7 +3,9 @@
 Each backbone file holds its family's pure conversion function (``convert_<family>(state_dict) -> state_dict``),
 next to the model it serves, as timm does; this module unwraps files and dispatches to those functions.
 """
+import contextlib
 import importlib
+import logging
 from collections import OrderedDict
 from typing import Callable, Dict
 
@@ -78,11 +80,31 @@ _PROBES = {  # family -> (class name, build arguments): a small model with every
 _PATTERNS: Dict[str, set] = {}
 
 
+class _BelowWarning(logging.Filter):
+    def filter(self, record):
+        return record.levelno >= logging.WARNING
+
+
+@contextlib.contextmanager
+def _no_build_notes():
+    """mmengine's INFO notes of a probe model stay unlogged: they describe that model, not the user's, and a tool's
+    output (``--print-arch``: one line) would otherwise hold them the first time a process builds each probe."""
+    from mmengine.logging import MMLogger
+    logger, drop = MMLogger.get_current_instance(), _BelowWarning()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
+
+
 def _family_patterns(family: str) -> set:
     if family not in _PATTERNS:
         from ... import models
         cls_name, kwargs = _PROBES[family]
-        _PATTERNS[family] = {_pattern(k) for k in getattr(models, cls_name)(**kwargs).state_dict()}
+        with _no_build_notes():
+            probe = getattr(models, cls_name)(**kwargs)
+        _PATTERNS[family] = {_pattern(k) for k in probe.state_dict()}
     return _PATTERNS[family]
 
 
