@@ -4,15 +4,17 @@
 #   0. a CUDA GPU at all? (nvidia-smi lists one) - else one line and exit status 2, at once, before any set-up;
 #   1. set-up: the project's environment when it is ready; else, with GPU_CHECK_WHEELS=DIR (default
 #      work_dirs/gpu_wheels when it exists: a node without a package index), a venv on the machine's own torch
-#      (its packages seen after the venv's own), the OpenMMLab wheels from DIR (--no-index) and mmcv 2.1.0 built from its source in
-#      DIR with CPU ops on all cores but two, in the background while the steps that need no mmcv run (on CUDA,
-#      nms / roi_align go to torchvision's kernels); without DIR, tools/setup_env.sh (a package index);
+#      (its packages seen after the venv's own) with mmcv-lite 2.1.0, the OpenMMLab packages and their requirements
+#      from DIR in one pip call (--no-index, nothing compiled: mmcv's ops are softfree_mm's stand-in for mmcv._ext on
+#      torchvision's kernels), then this package (-e, which puts the stand-in in place in every process of the venv),
+#      then a check in a bare Python that mmcv.ops and the mm packages import; without DIR, tools/setup_env.sh (a
+#      package index);
 #   2. torch sees CUDA (else the cause in one line: driver too old for the torch build, ...);
 #   3. the kernels against SDPA at N = 1k..64k, forward + backward, bf16 then fp32 (fp16 where the GPU has no bf16),
 #      CUDA events, peak memory, TFLOP/s and GB/s against the device's measured matrix rate and copy bandwidth (each
 #      fused variant checks itself against the explicit path on first use; a failure is listed in the summary);
-#   4. (mmcv ready) one Mask R-CNN training step at 800x1216, batch 2: our Swin-T / PVTv2-b2 with softmax, poly3 and
-#      inline against mmdet's own SwinTransformer / PyramidVisionTransformerV2 in the same detector;
+#   4. one Mask R-CNN training step at 800x1216, batch 2: our Swin-T / PVTv2-b2 with softmax, poly3 and inline
+#      against mmdet's own SwinTransformer / PyramidVisionTransformerV2 in the same detector;
 #   5. the fused Triton kernels compiled on the GPU against the explicit path (tests/attention/test_attention_fused.py);
 #   6. the CUDA-only tests (tests/test_cuda.py);
 #   7. the summary in work_dirs/gpu_check/summary.txt (each step's log beside it, the tables in *.csv).
@@ -22,18 +24,32 @@
 # Environment: GPU_CHECK_DIR (work_dirs/gpu_check), GPU_CHECK_BUDGET (540), GPU_CHECK_WHEELS, GPU_CHECK_PYTHON (the
 # Python that holds torch, for the offline venv: python3), GPU_CHECK_TOKENS ("1024 4096 16384 65536"),
 # GPU_CHECK_STEPS, and what tools/setup_env.sh reads (SOFTFREE_VENV, TORCH_INDEX_URL, MMCV_CUDA, ...).
-#   bash tools/gpu_check.sh --fetch-wheels DIR [PYTHON_VERSION]   on a machine WITH a package index: the wheels (and
-#   mmcv's source) that the offline set-up installs, for the GPU node's Python (default 3.12), into DIR (~10 MB).
+#   bash tools/gpu_check.sh --fetch-wheels DIR [PYTHON_VERSION]   on a machine WITH a package index: the wheels (all
+#   binary, no source to build) that the offline set-up installs, for the GPU node's Python (default 3.12), into DIR.
 # Sourced (`source tools/gpu_check.sh`), it only defines its functions (tests/tools/test_gpu_check.py runs them on CPU).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 STEPS_ALL="cuda fused bench-bf16 bench-fp32 detector tests"
-# installed with --no-deps from the wheel folder, in this order: mmengine's, mmdet's, mmseg's and mmpretrain's
-# requirements that a CUDA image with torch, numpy, scipy, matplotlib, opencv and timm usually lacks, then the
-# OpenMMLab packages themselves (mmcv from source, separately)
-OFFLINE_BASE=('setuptools<82' addict termcolor yapf platformdirs pycocotools shapely terminaltables prettytable wcwidth
-    ftfy mat4py modelindex ordered-set importlib-metadata 'mmengine==0.10.7')
+# what the offline set-up installs with --no-deps from the wheel folder: setuptools as torch requires it (>= 77.0.3)
+# with pkg_resources (< 82: mmengine imports it) and wheel, the build that the -e install runs without isolation
+# (pyproject.toml); mmengine's, mmdet's, mmseg's and mmpretrain's requirements (and theirs) that a CUDA image with
+# torch, numpy, scipy, matplotlib, opencv and timm usually lacks; then mmcv and the OpenMMLab packages themselves
+OFFLINE_BASE=('setuptools>=77.0.3,<82' wheel addict termcolor yapf platformdirs pycocotools shapely terminaltables
+    prettytable wcwidth ftfy mat4py modelindex model-index markdown ordered-set importlib-metadata lazy-importer zipp
+    'mmengine==0.10.7')
+# requirements/mmcv.txt's pin: mmcv's Python without its compiled mmcv._ext; one universal wheel, named here for the
+# set-up's error when the folder lacks it
+OFFLINE_MMCV='mmcv-lite==2.1.0'
+MMCV_LITE_WHEEL=mmcv_lite-2.1.0-py2.py3-none-any.whl
 OFFLINE_MM=('mmdet==3.3.0' 'mmsegmentation==1.2.2' 'mmpretrain==1.2.0')
+OFFLINE_ALL=("${OFFLINE_BASE[@]}" "$OFFLINE_MMCV" "${OFFLINE_MM[@]}")
+# the offline set-up's check, in a bare Python (softfree_mm not imported): mmcv.ops must find mmcv._ext through the
+# .pth that the package's install wrote, as mmdet's own imports in every later step do
+MM_READY='import sys, torch, mmcv
+from mmcv.ops import nms, roi_align
+import mmdet.models, mmseg.models, mmpretrain.models
+assert "softfree_mm" not in sys.modules, "softfree_mm was imported: this check would not see a missing .pth"
+print(f"torch {torch.__version__}, mmcv {mmcv.__version__}: mmcv.ops and the mm packages import without softfree_mm")'
 
 # begin OUT_DIR: the summary file, the clock and the budget
 begin() {
@@ -103,7 +119,10 @@ finish() {
         echo "---"
         nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -n 1 | sed 's/^/gpu: /'
         [ -x "${PY:-}" ] && "$PY" -c 'import torch, triton; print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), triton {triton.__version__}")' 2>/dev/null
-        [ -x "${PY:-}" ] && "$PY" -c 'import mmcv, mmdet; print(f"mmcv {mmcv.__version__}, mmdet {mmdet.__version__}")' 2>/dev/null
+        # which mmcv ops the detector ran on: the stand-in (mmcv-lite, the default) or a compiled mmcv's
+        [ -x "${PY:-}" ] && "$PY" -c 'import mmcv, mmdet; from softfree_mm.compat import mmcv_ext_is_standin
+ops = "ops: the mmcv._ext stand-in on torchvision" if mmcv_ext_is_standin() else "compiled ops"
+print(f"mmcv {mmcv.__version__} ({ops}), mmdet {mmdet.__version__}")' 2>/dev/null
         # a fused kernel that failed its first-use check (the benchmarks then measured the tiled path)
         grep -h 'softfree_mm: fused .* attention kernel' "$OUT"/*.log 2>/dev/null | sort -u | sed 's/^/warning: /'
         for f in "$OUT"/bench-*.log "$OUT"/detector.log; do
@@ -119,17 +138,34 @@ finish() {
 }
 
 # ------------------------------------------------------------------------------------------- offline set-up
-fetch_wheels() {  # fetch_wheels DIR [PYTHON_VERSION]: the offline set-up's wheels and mmcv's source, into DIR
+fetch_wheels() {  # fetch_wheels DIR [PYTHON_VERSION]: the offline set-up's wheels, binary only, into DIR
     local dir=$1 pyver=${2:-3.12} py=${PYTHON:-python3}
-    mkdir -p "$dir"
+    [[ $pyver =~ ^[0-9]+\.[0-9]+$ ]] || {
+        echo "error: PYTHON_VERSION must be the GPU node's MAJOR.MINOR, e.g. 3.12; got '$pyver'" >&2; return 2; }
+    mkdir -p "$dir" || return 2
     "$py" -m pip download --disable-pip-version-check --no-deps --only-binary=:all: --dest "$dir" \
         --python-version "$pyver" --implementation cp --platform manylinux2014_x86_64 \
         --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --platform any \
-        "${OFFLINE_BASE[@]}" "${OFFLINE_MM[@]}" || return 2
-    "$py" -m pip download --disable-pip-version-check --no-deps --no-binary=:all: --dest "$dir" 'mmcv==2.1.0' \
-        || return 2
+        "${OFFLINE_ALL[@]}" || return 2
     echo "gpu-check: wheels for Python $pyver in $dir ($(du -sh "$dir" | cut -f1)); on the GPU node:" \
          "GPU_CHECK_WHEELS=$dir make gpu-check" >&2
+}
+
+# missing_wheels DIR REQUIREMENT...: those with no wheel in DIR, one a line. Names compare as pip compares them (any
+# case; '-', '_' and '.' alike); a pinned version must match, other specifiers are left to pip.
+missing_wheels() {
+    local dir=$1 req key have
+    shift
+    have=$(find "$dir" -maxdepth 1 -name '*.whl' -printf '%f\n' \
+           | awk -F- '{n = tolower($1); gsub(/[-_.]+/, "_", n); print n "-" $2}')
+    for req in "$@"; do
+        key=$(printf '%s' "${req%%[<>=!~]*}" | tr '[:upper:]' '[:lower:]' | sed -E 's/[-_.]+/_/g')-
+        if [[ $req == *==* ]]; then
+            grep -qxF -- "$key${req#*==}" <<< "$have" || echo "$req"
+        else
+            grep -q -- "^$key" <<< "$have" || echo "$req"  # the key holds only [a-z0-9_-]
+        fi
+    done
 }
 
 offline_venv() {  # offline_venv BASE_PYTHON VENV: a venv that sees BASE_PYTHON's packages after its own
@@ -143,44 +179,30 @@ offline_venv() {  # offline_venv BASE_PYTHON VENV: a venv that sees BASE_PYTHON'
 }
 
 offline_setup() {  # offline_setup WHEELS VENV: a venv on this machine's torch, the wheels from WHEELS, no index
-    local wheels=$1 venv=$2 base=${GPU_CHECK_PYTHON:-python3}
+    local wheels=$1 venv=$2 base=${GPU_CHECK_PYTHON:-python3} missing py
     "$base" -c 'import torch, triton' 2>/dev/null || {
         echo "error: $base cannot import torch and triton: set GPU_CHECK_PYTHON to the Python that holds them"; return 2; }
-    ls "$wheels"/mmcv-2.1.0.tar.gz >/dev/null 2>&1 || {
-        echo "error: no mmcv-2.1.0.tar.gz in GPU_CHECK_WHEELS=$wheels (bash tools/gpu_check.sh --fetch-wheels DIR)"
-        return 2; }
-    offline_venv "$base" "$venv" || return 2
-    local py="$venv/bin/python"
-    "$py" -m pip install -q --disable-pip-version-check --no-index --find-links "$wheels" --no-deps \
-        "${OFFLINE_BASE[@]}" || return 2
-    "$py" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-build-isolation -e "$ROOT" || return 2
-    "$py" -c 'import torch, mmengine, softfree_mm.attention; print(f"torch {torch.__version__}, mmengine {mmengine.__version__}")'
-}
-
-mmcv_build() {  # mmcv_build WHEELS PY: mmcv 2.1.0 with CPU ops from its source in WHEELS (no index), then the mm packages
-    local wheels=$1 py=$2 jobs wrap real
-    jobs=$(( $(nproc) - 2 ))
-    [ "$jobs" -ge 1 ] || jobs=1
-    wrap=$(mktemp -d)
-    real=$(command -v c++ || command -v g++ || true)
-    [ -n "$real" ] || { echo "error: no C++ compiler (c++ / g++) to build mmcv's ops"; return 2; }
-    # torch >= 2.14 headers need C++20; mmcv's setup.py pins -std=c++14/17
-    printf '#!/usr/bin/env bash\nargs=()\nfor a in "$@"; do case "$a" in -std=c++14|-std=c++17) args+=(-std=c++20) ;; *) args+=("$a") ;; esac; done\nexec %s "${args[@]}"\n' \
-        "$real" > "$wrap/c++"
-    chmod +x "$wrap/c++"
-    echo "building mmcv 2.1.0 with CPU ops, MAX_JOBS=$jobs"
-    if ! "$py" -c 'from mmcv.ops import nms, roi_align' 2>/dev/null; then
-        env MMCV_WITH_OPS=1 FORCE_CUDA=0 CUDA_VISIBLE_DEVICES= MAX_JOBS="$jobs" CXX="$wrap/c++" nice -n 10 \
-            "$py" -m pip install --disable-pip-version-check --no-index --find-links "$wheels" --no-deps \
-            --no-build-isolation --no-cache-dir 'mmcv==2.1.0' || return 2
+    [ -d "$wheels" ] || { echo "error: GPU_CHECK_WHEELS=$wheels is not a folder"; return 2; }
+    # before anything is made: a folder from an older --fetch-wheels (mmcv's source, no mmcv-lite) is one line
+    missing=$(missing_wheels "$wheels" "${OFFLINE_ALL[@]}" | sed "s/^$OFFLINE_MMCV\$/$MMCV_LITE_WHEEL/" | paste -sd, \
+              | sed 's/,/, /g')
+    if [ -n "$missing" ]; then
+        echo "error: no $missing in GPU_CHECK_WHEELS=$wheels: fetch them where there is a package index with" \
+             "bash tools/gpu_check.sh --fetch-wheels DIR $("$base" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+        return 2
     fi
+    offline_venv "$base" "$venv" || return 2
+    py="$venv/bin/python"
     "$py" -m pip install -q --disable-pip-version-check --no-index --find-links "$wheels" --no-deps \
-        "${OFFLINE_MM[@]}" || return 2
-    if ! "$py" -c 'import mmdet.models, mmseg.models, mmpretrain.models' 2>/dev/null \
-            && "$py" -c 'import transformers' 2>/dev/null; then
+        "${OFFLINE_ALL[@]}" || return 2
+    # also writes softfree_mm-mmcv-ext.pth into the venv's site-packages (mmcv._ext for every process there)
+    "$py" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-build-isolation -e "$ROOT" || return 2
+    # transformers first: where it is absent (most images), no need to import the mm packages twice
+    if "$py" -c 'import transformers' 2>/dev/null \
+            && ! "$py" -c 'import mmdet.models, mmseg.models, mmpretrain.models' 2>/dev/null; then
         shadow_transformers "$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
     fi
-    "$py" -c 'import softfree_mm, mmdet.models, mmseg.models, mmpretrain.models; from mmcv.ops import nms, roi_align; print("mm stack ready")'
+    "$py" -c "$MM_READY"
 }
 
 shadow_transformers() {  # shadow_transformers SITE_PACKAGES
@@ -192,37 +214,18 @@ shadow_transformers() {  # shadow_transformers SITE_PACKAGES
     echo "mmpretrain: transformers' metadata shadowed in $1 (version 0.0.0; the package itself untouched)"
 }
 
-await_mmcv() {  # the background build's end within the budget, recorded as the step 'mmcv' (log: mmcv-build.log)
-    local t0=$SECONDS rc
-    while kill -0 "$MMCV_PID" 2>/dev/null && [ $(( $(date +%s) - START )) -lt "$BUDGET" ]; do sleep 2; done
-    if kill -0 "$MMCV_PID" 2>/dev/null; then
-        kill "$MMCV_PID" 2>/dev/null
-        printf '%-10s FAIL %5ss  not built within the %ss budget (log: %s)\n' mmcv $((SECONDS - t0)) "$BUDGET" \
-            "$OUT/mmcv-build.log" >> "$SUMMARY"
-        FAILED=1
-        return 1
-    fi
-    wait "$MMCV_PID"
-    rc=$?
-    if [ "$rc" = 0 ]; then
-        printf '%-10s PASS %5ss  %s\n' mmcv $((SECONDS - t0)) "built in the background; $(tail -n 1 "$OUT/mmcv-build.log")" \
-            >> "$SUMMARY"
-        return 0
-    fi
-    printf '%-10s FAIL %5ss  %s (log: %s)\n' mmcv $((SECONDS - t0)) \
-        "$(grep -E '^error:|Error' "$OUT/mmcv-build.log" | tail -n 1 | cut -c1-120)" "$OUT/mmcv-build.log" >> "$SUMMARY"
-    FAILED=1
-    return 1
-}
-
 # ------------------------------------------------------------------------------------------- main
 main() {
     cd "$ROOT"
-    if [ "${1-}" = --fetch-wheels ]; then
-        [ -n "${2-}" ] || { echo "usage: bash tools/gpu_check.sh --fetch-wheels DIR [PYTHON_VERSION]" >&2; exit 2; }
-        fetch_wheels "$2" "${3-}"
-        exit $?
-    fi
+    case "${1-}" in
+        '') ;;
+        --fetch-wheels)
+            [ -n "${2-}" ] || { echo "usage: bash tools/gpu_check.sh --fetch-wheels DIR [PYTHON_VERSION]" >&2; exit 2; }
+            [ $# -le 3 ] || { echo "error: unexpected argument '$4' after --fetch-wheels DIR PYTHON_VERSION" >&2; exit 2; }
+            fetch_wheels "$2" "${3-}"
+            exit $? ;;
+        *) echo "error: unknown argument '$1' (valid: --fetch-wheels DIR [PYTHON_VERSION], or none)" >&2; exit 2 ;;
+    esac
     if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
         echo "gpu-check: no CUDA GPU on this machine (nvidia-smi lists none); run it where nvidia-smi lists a GPU" >&2
         exit 2
@@ -233,13 +236,10 @@ main() {
     [ -n "$WHEELS" ] || { [ -d "$ROOT/work_dirs/gpu_wheels" ] && WHEELS=$ROOT/work_dirs/gpu_wheels; }
     TOKENS=${GPU_CHECK_TOKENS:-1024 4096 16384 65536}
     begin "${GPU_CHECK_DIR:-$ROOT/work_dirs/gpu_check}"
-    MMCV_PID=
     if [ -f "$VENV/.softfree_mm_setup_done" ] && "$PY" -c 'import softfree_mm, mmdet' >/dev/null 2>&1; then
         :  # the project's environment, ready
     elif [ -n "$WHEELS" ]; then
         step setup 0 offline_setup "$WHEELS" "$VENV" || finish
-        mmcv_build "$WHEELS" "$PY" > "$OUT/mmcv-build.log" 2>&1 &
-        MMCV_PID=$!
     else
         step setup 0 bash tools/setup_env.sh || finish
     fi
@@ -261,9 +261,6 @@ print(f"{torch.cuda.device_count()} x {p.name} (sm_{p.major}{p.minor}, {p.total_
     wanted bench-fp32 && step bench-fp32 90 "$PY" tools/benchmark.py kernels --device cuda --dtype fp32 \
         --tokens $TOKENS --backward --heads 4 --head-dim 64 --ceilings --kernels "${KERNELS[@]}" \
         --csv "$OUT/kernels_fp32.csv"
-    if [ -n "$MMCV_PID" ]; then
-        await_mmcv || finish
-    fi
     wanted detector && step detector 200 "$PY" tools/benchmark.py detector --device cuda --batch 2 --size 800x1216 \
         --repeats 3 --csv "$OUT/detector.csv" --detectors swin_t:mmdet swin_t:softmax pvt_v2_b2:mmdet \
         pvt_v2_b2:softmax pvt_v2_b2:poly3 swin_t:poly3 pvt_v2_b2:inline swin_t:inline

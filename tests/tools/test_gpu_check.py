@@ -3,12 +3,15 @@
 Guards: without CUDA the check stops at once with one line and exit status 2, before any set-up; the budget: a step
 past its cap or the budget is stopped and reported, later steps are skipped, the summary still comes; the kernel
 benchmark runs as the check calls it (N = 1k..64k, forward + backward, the device ceilings), in the half dtypes;
-the offline set-up (a node without a package index): the wheel list it installs is what --fetch-wheels fetches,
-its errors are one line, mmcv's background build is awaited within the budget and recorded, and the transformers
-metadata shadow turns mmpretrain's multimodal switch off; the SOFT detection set-ups keep activation checkpointing,
-and the saved-bytes figure the README's memory estimate rests on (about 21.5 bytes per token x landmark x head)
-holds.
+the offline set-up (a node without a package index): --fetch-wheels fetches wheels only (mmcv-lite at
+requirements/mmcv.txt's pin, no mmcv source), the set-up installs exactly those from the folder, then this package,
+and checks mmcv.ops in a bare Python (the stand-in for mmcv._ext from the install's .pth); what the folder lacks and
+bad arguments are one error line, before anything is made; the transformers metadata shadow turns mmpretrain's
+multimodal switch off; the SOFT detection set-ups keep activation checkpointing, and the saved-bytes figure the
+README's memory estimate rests on (about 21.5 bytes per token x landmark x head) holds.
 """
+import importlib.util
+import json
 import math
 import os
 import os.path as osp
@@ -89,61 +92,158 @@ def test_benchmark_runs_as_the_gpu_check_calls_it(capsys):
         assert len(rows) == 1 and float(rows[0].split('|')[4]) > 0, name
 
 
-def _source(script, tmp_path):
+def _source(script, tmp_path, env=None):
     return subprocess.run(['bash', '-c', f"source {osp.join(ROOT, 'tools', 'gpu_check.sh')!r}\n{script}"],
-                          capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+                          capture_output=True, text=True, timeout=120, cwd=str(tmp_path), env=env)
 
 
-def test_offline_setup_installs_what_fetch_wheels_fetches_and_says_what_is_missing(tmp_path):
-    """The offline set-up installs OFFLINE_BASE, then (after mmcv) OFFLINE_MM, from the folder that --fetch-wheels
-    fills with exactly those two lists and mmcv's source; a Python without torch, or a folder without mmcv's source,
-    is one error line, before anything is installed."""
-    text = open(osp.join(ROOT, 'tools', 'gpu_check.sh')).read()
-    fetch = text[text.index('fetch_wheels() {'):text.index('offline_setup() {')]
-    assert '"${OFFLINE_BASE[@]}" "${OFFLINE_MM[@]}"' in fetch and "'mmcv==2.1.0'" in fetch
-    proc = _source('printf "%s\\n" "${OFFLINE_BASE[@]}" "${OFFLINE_MM[@]}"', tmp_path)
-    names = proc.stdout.split()
-    assert 'mmengine==0.10.7' in names and 'mmdet==3.3.0' in names and 'setuptools<82' in names
-    # mmengine's, mmdet's, mmseg's and mmpretrain's own requirements that a CUDA image lacks are in the list
-    for need in ('addict', 'termcolor', 'yapf', 'pycocotools', 'shapely', 'terminaltables', 'prettytable', 'ftfy',
-                 'mat4py', 'modelindex', 'importlib-metadata'):
-        assert need in names, need
+# `python -m pip` for the offline set-up's tests (first on PYTHONPATH): logs each call's arguments and requirements;
+# `download` writes an empty wheel per requirement, named as on PyPI; `install -e` writes what the package's install
+# puts in site-packages (a path entry for the package and, unless FAKE_PIP_NO_PTH, the mmcv._ext .pth)
+FAKE_PIP = r"""
+import json, os, re, sys, sysconfig
+args = sys.argv[1:]
+valued = {'--dest', '--python-version', '--implementation', '--platform', '--find-links', '-e'}
+reqs = [a for i, a in enumerate(args) if i and not a.startswith('-') and args[i - 1] not in valued]
+with open(os.environ['FAKE_PIP_LOG'], 'a') as f:
+    f.write(json.dumps({'args': args, 'reqs': reqs}) + '\n')
+if args[0] == 'download':
+    for req in reqs:
+        name = re.split('[<>=!~]', req)[0]
+        version = req.split('==')[1] if '==' in req else '1.0'
+        tag = 'py2.py3-none-any' if name == 'mmcv-lite' else 'py3-none-any'
+        wheel = f"{re.sub('[-_.]+', '_', name)}-{version}-{tag}.whl"
+        open(os.path.join(args[args.index('--dest') + 1], wheel), 'w').close()
+elif '-e' in args:
+    site = sysconfig.get_paths()['purelib']
+    with open(os.path.join(site, '__editable__.softfree_mm.pth'), 'w') as f:
+        f.write(args[args.index('-e') + 1] + '\n')
+    if not os.environ.get('FAKE_PIP_NO_PTH'):
+        with open(os.path.join(site, PTH_NAME), 'w') as f:
+            f.write(PTH_LINE)
+"""
+
+
+def _fake_pip(tmp_path):
+    """The environment that runs the script's pip calls through FAKE_PIP, and the log of those calls."""
+    from softfree_mm.mmcv_ext import PTH_LINE, PTH_NAME
+    pkg = tmp_path / 'fake_pip' / 'pip'
+    pkg.mkdir(parents=True)
+    (pkg / '__init__.py').write_text('')
+    (pkg / '__main__.py').write_text(f'PTH_NAME, PTH_LINE = {PTH_NAME!r}, {PTH_LINE!r}\n{FAKE_PIP}')
+    log = tmp_path / 'pip_calls.jsonl'
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / 'fake_pip'), FAKE_PIP_LOG=str(log), PYTHON=sys.executable,
+               GPU_CHECK_PYTHON=sys.executable)
+    return env, log
+
+
+def _pip_calls(log):
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    log.unlink()
+    return calls
+
+
+def _needs_triton():
+    if importlib.util.find_spec('triton') is None:
+        pytest.skip('the offline set-up needs a Python with torch and triton; this one has no triton')
+
+
+def test_offline_setup_installs_exactly_what_fetch_wheels_fetches_and_checks_mmcv_ops_in_a_bare_python(tmp_path):
+    """--fetch-wheels: one pip download, of wheels only (no mmcv source), with mmcv-lite at requirements/mmcv.txt's
+    pin; the offline set-up: exactly those requirements from that folder alone, then this package (-e), then mmcv.ops
+    and the mm packages imported in a bare Python, where mmcv._ext can only come from the .pth that the install
+    writes: without it the set-up fails. pip is FAKE_PIP; the venv, its view of this environment and the check are
+    real."""
+    _needs_triton()
+    env, log = _fake_pip(tmp_path)
+    wheels, venv = tmp_path / 'wheels', tmp_path / 'venv'
+    proc = _source(f'fetch_wheels {wheels} 3.11', tmp_path, env)
+    assert proc.returncode == 0, proc.stderr
+    (fetch,) = _pip_calls(log)
+    args, fetched = fetch['args'], fetch['reqs']
+    assert args[0] == 'download' and '--only-binary=:all:' in args and not any('no-binary' in a for a in args)
+    assert args[args.index('--python-version') + 1] == '3.11' and args[args.index('--dest') + 1] == str(wheels)
+    with open(osp.join(ROOT, 'requirements', 'mmcv.txt')) as f:
+        pin = [line.split('#')[0].strip() for line in f if line.split('#')[0].strip()]
+    assert pin == ['mmcv-lite==2.1.0'] and pin[0] in fetched
+    assert not [r for r in fetched if r.split('==')[0] == 'mmcv']
+    # the OpenMMLab packages, what they need that a CUDA image lacks, and what the -e install builds with
+    for need in ('mmengine==0.10.7', 'mmdet==3.3.0', 'mmsegmentation==1.2.2', 'mmpretrain==1.2.0', 'addict',
+                 'termcolor', 'yapf', 'pycocotools', 'shapely', 'terminaltables', 'prettytable', 'ftfy', 'mat4py',
+                 'modelindex', 'model-index', 'importlib-metadata', 'wheel'):
+        assert need in fetched, need
+    assert 'mmcv_lite-2.1.0-py2.py3-none-any.whl' in os.listdir(wheels)
+    assert all(name.endswith('.whl') for name in os.listdir(wheels))
+
+    subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(venv)], check=True)  # pip is FAKE_PIP
+    proc = _source(f'offline_setup {wheels} {venv}', tmp_path, env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[-1].endswith('mmcv.ops and the mm packages import without softfree_mm')
+    install, editable = _pip_calls(log)
+    args = install['args']
+    assert args[0] == 'install' and install['reqs'] == fetched
+    assert '--no-index' in args and '--no-deps' in args and args[args.index('--find-links') + 1] == str(wheels)
+    assert editable['reqs'] == [] and editable['args'][-2:] == ['-e', ROOT] and '--no-index' in editable['args']
+
+    from softfree_mm.mmcv_ext import PTH_NAME
+    purelib = 'import sysconfig; print(sysconfig.get_paths()["purelib"])'
+    site = subprocess.run([str(venv / 'bin' / 'python'), '-c', purelib], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    os.remove(osp.join(site, PTH_NAME))
+    proc = _source(f'offline_setup {wheels} {venv}', tmp_path, dict(env, FAKE_PIP_NO_PTH='1'))
+    assert proc.returncode != 0 and "No module named 'mmcv._ext'" in proc.stderr, proc.stdout + proc.stderr[-3000:]
+
+
+def test_offline_setup_and_fetch_wheels_name_what_is_missing_or_wrong_in_one_line(tmp_path):
+    """A Python without torch, a wheel folder that is no folder, one that lacks wheels (one filled by the former
+    --fetch-wheels: mmcv's source, no mmcv-lite wheel; a pinned package at another version) is one error line naming
+    them and the fetch command for this Python, before any venv is made; names compare as pip's do. --fetch-wheels
+    with a bad Python version or a fourth argument, and an unknown argument, are one line naming it."""
     no_torch = tmp_path / 'python'
     no_torch.write_text('#!/bin/sh\nexit 1\n')
     no_torch.chmod(0o755)
-    proc = _source(f'GPU_CHECK_PYTHON={no_torch} offline_setup {tmp_path} {tmp_path / "venv"}', tmp_path)
+    venv = tmp_path / 'venv'
+    proc = _source(f'GPU_CHECK_PYTHON={no_torch} offline_setup {tmp_path} {venv}', tmp_path)
     assert proc.returncode == 2 and proc.stdout.strip() == (
         f'error: {no_torch} cannot import torch and triton: set GPU_CHECK_PYTHON to the Python that holds them')
-    proc = _source(f'GPU_CHECK_PYTHON={sys.executable} offline_setup {tmp_path} {tmp_path / "venv"}', tmp_path)
-    if proc.returncode == 2 and 'cannot import torch and triton' in proc.stdout:
-        pytest.skip('this Python has no triton')
-    assert proc.returncode == 2 and proc.stdout.strip().startswith(f'error: no mmcv-2.1.0.tar.gz in GPU_CHECK_WHEELS=')
-    assert not (tmp_path / 'venv').exists()
-    usage = subprocess.run(['bash', osp.join(ROOT, 'tools', 'gpu_check.sh'), '--fetch-wheels'], capture_output=True,
-                           text=True, timeout=60)
-    assert usage.returncode == 2 and 'usage: bash tools/gpu_check.sh --fetch-wheels DIR' in usage.stderr
+    _needs_triton()
+    env, log = _fake_pip(tmp_path)
+    wheels = tmp_path / 'wheels'
+    proc = _source(f'offline_setup {wheels} {venv}', tmp_path, env)
+    assert proc.returncode == 2 and proc.stdout.strip() == f'error: GPU_CHECK_WHEELS={wheels} is not a folder'
+    assert _source(f'fetch_wheels {wheels} 3.12', tmp_path, env).returncode == 0
+    _pip_calls(log)
+    fetch = f'bash tools/gpu_check.sh --fetch-wheels DIR {sys.version_info[0]}.{sys.version_info[1]}'
+    os.remove(wheels / 'mmcv_lite-2.1.0-py2.py3-none-any.whl')
+    (wheels / 'mmcv-2.1.0.tar.gz').write_text('')
+    proc = _source(f'offline_setup {wheels} {venv}', tmp_path, env)
+    assert proc.returncode == 2 and proc.stdout.strip() == (
+        f'error: no mmcv_lite-2.1.0-py2.py3-none-any.whl in GPU_CHECK_WHEELS={wheels}: fetch them where there is a '
+        f'package index with {fetch}'), proc.stdout + proc.stderr
+    os.remove(wheels / 'mmdet-3.3.0-py3-none-any.whl')
+    os.rename(wheels / 'mmpretrain-1.2.0-py3-none-any.whl', wheels / 'mmpretrain-1.1.0-py3-none-any.whl')
+    os.rename(wheels / 'ordered_set-1.0-py3-none-any.whl', wheels / 'Ordered.Set-4.1.0-py3-none-any.whl')
+    os.remove(wheels / 'termcolor-1.0-py3-none-any.whl')
+    proc = _source(f'offline_setup {wheels} {venv}', tmp_path, env)
+    assert proc.returncode == 2 and proc.stdout.strip() == (
+        f'error: no termcolor, mmcv_lite-2.1.0-py2.py3-none-any.whl, mmdet==3.3.0, mmpretrain==1.2.0 in '
+        f'GPU_CHECK_WHEELS={wheels}: fetch them where there is a package index with {fetch}'), proc.stdout
+    assert not venv.exists() and not log.exists()  # no venv, no pip call
 
-
-def test_the_background_mmcv_build_is_awaited_within_the_budget_and_recorded(tmp_path):
-    """A build that ends in time is a PASS with its last line; one that fails, a FAIL with its error; one that
-    outlives the budget is stopped and a FAIL saying so; the later steps then do not run (finish)."""
-    script = f"""
-GPU_CHECK_BUDGET=3 begin {str(tmp_path / 'out')!r}
-( echo 'mm stack ready' ) > "$OUT/mmcv-build.log" 2>&1 & MMCV_PID=$!
-await_mmcv; echo "ok=$?"
-( echo 'error: Command failed: c++'; exit 2 ) > "$OUT/mmcv-build.log" 2>&1 & MMCV_PID=$!
-await_mmcv; echo "failed=$?"
-sleep 30 & MMCV_PID=$!
-await_mmcv; echo "late=$?"
-"""
-    t0 = time.time()
-    proc = _source(script, tmp_path)
-    assert time.time() - t0 < 20
-    assert 'ok=0' in proc.stdout and 'failed=1' in proc.stdout and 'late=1' in proc.stdout, proc.stdout + proc.stderr
-    lines = (tmp_path / 'out' / 'summary.txt').read_text().splitlines()
-    assert lines[0].split()[:2] == ['mmcv', 'PASS'] and lines[0].endswith('built in the background; mm stack ready')
-    assert lines[1].split()[:2] == ['mmcv', 'FAIL'] and 'error: Command failed: c++' in lines[1]
-    assert lines[2].split()[:2] == ['mmcv', 'FAIL'] and 'not built within the 3s budget' in lines[2]
+    script = osp.join(ROOT, 'tools', 'gpu_check.sh')
+    for args, line in (
+            ([], 'usage: bash tools/gpu_check.sh --fetch-wheels DIR [PYTHON_VERSION]'),
+            ([str(tmp_path / 'w'), 'py3.12'], "error: PYTHON_VERSION must be the GPU node's MAJOR.MINOR, e.g. 3.12; "
+                                              "got 'py3.12'"),
+            ([str(tmp_path / 'w'), '3.12', 'cp312'], "error: unexpected argument 'cp312' after --fetch-wheels DIR "
+                                                     "PYTHON_VERSION")):
+        proc = subprocess.run(['bash', script, '--fetch-wheels', *args], capture_output=True, text=True, timeout=60,
+                              env=env)
+        assert proc.returncode == 2 and proc.stderr.strip() == line, proc.stderr
+    assert not (tmp_path / 'w').exists() and not log.exists()
+    proc = subprocess.run(['bash', script, '--fetch_wheels'], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "error: unknown argument '--fetch_wheels' (valid: --fetch-wheels DIR [PYTHON_VERSION], or none)")
 
 
 def test_gpu_check_steps_runs_only_the_named_steps():
@@ -169,9 +269,9 @@ def test_transformers_metadata_shadow_turns_mmpretrains_multimodal_switch_off(tm
     assert out.stdout.split() == ['0.0.0', 'False'], out.stderr[-2000:]
 
 
-def test_setup_refuses_a_bad_mmcv_cuda_value_and_its_op_check_runs_the_ops(tmp_path, monkeypatch, capsys):
+def test_setup_refuses_a_bad_mmcv_cuda_value_and_its_op_check_runs_the_ops(tmp_path):
     """tools/setup_env.sh: MMCV_CUDA is 0 or 1 (one line, exit status 2, nothing created); the check it runs after
-    installing mmcv calls nms and roi_align (not just imports them)."""
+    installing mmcv calls nms and roi_align (not just imports them), in a bare Python as the set-up runs it."""
     import re
     env = dict(os.environ, SOFTFREE_VENV=str(tmp_path / 'venv'), MMCV_CUDA='yes')
     proc = subprocess.run(['bash', osp.join(ROOT, 'tools', 'setup_env.sh')], env=env, capture_output=True, text=True,
@@ -180,10 +280,9 @@ def test_setup_refuses_a_bad_mmcv_cuda_value_and_its_op_check_runs_the_ops(tmp_p
     assert not (tmp_path / 'venv').exists()
     text = open(osp.join(ROOT, 'tools', 'setup_env.sh')).read()
     ops_run = re.search(r"OPS_RUN='(.*?)'\n", text, re.S).group(1)
-    monkeypatch.setattr(sys, 'argv', ['-c', 'cpu'])  # what `python -c "$OPS_RUN" cpu` sees (run here: no new import)
-    capsys.readouterr()
-    exec(compile(ops_run, 'OPS_RUN', 'exec'), {'__name__': '__main__'})
-    assert capsys.readouterr().out.strip() == 'mmcv nms and roi_align ran on cpu'
+    out = subprocess.run([sys.executable, '-c', ops_run, 'cpu'], capture_output=True, text=True, timeout=120,
+                         cwd=str(tmp_path))
+    assert out.stdout.strip() == 'mmcv nms and roi_align ran on cpu', out.stderr[-2000:]
     assert '--no-cache-dir "mmcv==2.1.0"' in text  # a cached CPU build never comes back for MMCV_CUDA=1
 
 
