@@ -24,6 +24,11 @@ def checkpointed(owner: nn.Module, fn: Callable, *args):
     return fn(*args)
 
 
+class AttentionBlock(nn.Module):
+    """A residual attention block of a backbone (x -> x + attention -> ... -> x + MLP, same shape in and out): the
+    unit attention transfer matches one by one (softfree_mm/models/transfer.py). A family's blocks subclass it."""
+
+
 def kernel_owned(module: nn.Module) -> set:
     """The ids of every module inside an attention kernel of ``module`` (kernels initialise their own)."""
     return {id(m) for k in module.modules() if isinstance(k, AttentionKernel) for m in k.modules()}

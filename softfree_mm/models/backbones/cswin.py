@@ -17,7 +17,7 @@ from ..utils.cfg import expand_attn_cfg, per_stage
 from ..utils.mlp import Mlp
 from ..utils.tokens import PatchEmbed
 from ..utils.windows import _from_windows, _to_windows, identity_mask
-from .base import StagedBackbone, checkpointed
+from .base import AttentionBlock, StagedBackbone, checkpointed
 
 __all__ = ['SoftFreeCSWin']
 
@@ -96,7 +96,7 @@ class StripeBranch(KernelAttention):
         return out[:, top:top + h, left:left + w]
 
 
-class CSWinBlock(nn.Module):
+class CSWinBlock(AttentionBlock):
     def __init__(self, dim, num_heads, stripe_width, global_window, last_stage, attn_cfg, mlp_ratio, qkv_bias,
                  drop, drop_path, with_cp, pad_keys='mask'):
         super().__init__()

@@ -20,7 +20,7 @@ from ..attention import KernelAttention
 from ..utils.cfg import check_foreign_args, expand_attn_cfg, pretrain_hw
 from ..utils.mlp import DWConvMlp, Mlp
 from ..utils.tokens import PatchEmbed, grid_view, token_view
-from .base import SoftFreeBackbone, checkpointed, mmdet_checks
+from .base import AttentionBlock, SoftFreeBackbone, checkpointed, mmdet_checks
 
 __all__ = ['SoftFreePVT', 'SoftFreePVTv2']
 
@@ -70,7 +70,7 @@ class SRAttention(KernelAttention):
         return self.proj(self.merge(out))
 
 
-class PVTBlock(nn.Module):
+class PVTBlock(AttentionBlock):
     def __init__(self, dim, num_heads, attn_cfg, mlp_ratio, sr_ratio, linear_sra, conv_mlp, qkv_bias, drop_path,
                  owner, where):
         super().__init__()

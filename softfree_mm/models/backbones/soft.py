@@ -18,7 +18,7 @@ from ...attention.fit import require_kernel_fit
 from ..attention import KernelAttention
 from ..utils.cfg import expand_attn_cfg
 from ..utils.mlp import Mlp
-from .base import SoftFreeBackbone, checkpointed
+from .base import AttentionBlock, SoftFreeBackbone, checkpointed
 
 __all__ = ['SoftFreeSOFT']
 
@@ -76,7 +76,7 @@ class SoftAttentionLayer(KernelAttention):
         super().__init__(dim, num_heads, attn_cfg, owner=OWNER, where=where, inputs='q_v')
 
 
-class SoftBlock(nn.Module):
+class SoftBlock(AttentionBlock):
     """Stages 1-3, post-norm: x = LN(x + drop(attn(x))); x = LN(x + drop(fc2(gelu_tanh(fc1(x)))))."""
 
     def __init__(self, dim, num_heads, attn_cfg, drop, where):
@@ -103,7 +103,7 @@ class GlobalAttentionLayer(KernelAttention):
                            no_grid='the class token joins the grid there, so there is no (H, W) token grid')
 
 
-class GlobalBlock(nn.Module):
+class GlobalBlock(AttentionBlock):
     """Stage 4, pre-norm (PVT's block without spatial reduction): LayerNorms with eps 1e-6."""
 
     def __init__(self, dim, num_heads, attn_cfg, mlp_ratio, qkv_bias, drop_path, where):

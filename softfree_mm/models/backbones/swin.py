@@ -19,7 +19,7 @@ from ..utils.cfg import check_foreign_args, expand_per_block, pretrain_hw
 from ..utils.mlp import Mlp
 from ..utils.tokens import PatchEmbed
 from ..utils.windows import _GEOMETRIES, WindowGeometry, geometry, relative_position_index  # noqa: F401  (cache)
-from .base import StagedBackbone, checkpointed, mmdet_checks
+from .base import AttentionBlock, StagedBackbone, checkpointed, mmdet_checks
 
 __all__ = ['SoftFreeSwin']
 
@@ -93,7 +93,7 @@ class WindowAttention(KernelAttention):
         return self.merge(out)
 
 
-class SwinBlock(nn.Module):
+class SwinBlock(AttentionBlock):
     def __init__(self, dim, num_heads, window, shifted, attn_cfg, mlp_ratio, qkv_bias, drop, drop_path,
                  with_bias_table, with_cp, qk_scale=None, where=''):
         super().__init__()

@@ -21,7 +21,7 @@ from ..utils.cfg import expand_attn_cfg
 from ..utils.mlp import Mlp, gelu_inference
 from ..utils.tokens import grid_view, token_view
 from ..utils.deconv import BlockDeconv
-from .base import SoftFreeBackbone, checkpointed
+from .base import AttentionBlock, SoftFreeBackbone, checkpointed
 
 __all__ = ['SoftFreeXCiT']
 
@@ -143,7 +143,7 @@ class XCA(KernelAttention):
         return self.proj(out.permute(0, 3, 1, 2).reshape(b, n, c))
 
 
-class XCABlock(nn.Module):
+class XCABlock(AttentionBlock):
     def __init__(self, dim, num_heads, attn_cfg, mlp_ratio, qkv_bias, drop_path, eta, norm_cfg, where):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)

@@ -236,6 +236,21 @@ def arch_differences(module, state_dict: Dict[str, torch.Tensor]) -> Optional[li
     return rows
 
 
+def structure_differences(a, b, fields=('depth', 'dim', 'heads', 'mlp')) -> list:
+    """Lines naming where two backbone modules of one family differ, stage by stage, in ``fields`` (by default what
+    their blocks' weights mean: depth, width, heads, MLP ratio; not the layout, such as spatial reduction)."""
+    spec = _spec(a)
+    ia, ib = spec.model_info(a), spec.model_info(b)
+    rows = []
+    for i in range(max(len(ia['stages']), len(ib['stages']))):
+        x = ia['stages'][i] if i < len(ia['stages']) else None
+        y = ib['stages'][i] if i < len(ib['stages']) else None
+        bad = [k for k in fields if x is not None and y is not None and _differs(x.get(k), y.get(k))]
+        if x is None or y is None or bad:
+            rows.append(f'{f"stage {i}: " if spec.staged else ""}{_stage_text(x, bad)} against {_stage_text(y, bad)}')
+    return rows
+
+
 def check_arch(module, state_dict: Dict[str, torch.Tensor], checkpoint: str) -> Optional[dict]:
     """Raise one ValueError when the converted ``state_dict`` holds another architecture than ``module`` (see
     :func:`arch_differences`), naming per stage what differs and the arguments that fit the file; returns the

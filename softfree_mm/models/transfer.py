@@ -1,0 +1,215 @@
+"""Attention transfer: a softmax-free backbone started from a softmax backbone's released weights, block by block.
+
+The teacher is the backbone with softmax and the release's weights (frozen, always in eval mode); the student is
+the same backbone with the new kernel (its own layout options may differ: Swin's global windows, PVT without spatial
+reduction), starting from the teacher's weights, and only the kernel's own parameters plus the chosen groups train.
+Each step runs the teacher on the images and records every block's input and output (:class:`AttentionBlock`:
+x -> x + attention -> x + MLP); the student then runs with each block given its twin's recorded input in place of its
+own, so the blocks learn independently and no block's error reaches the next, and nothing of size N x N is kept. The loss of block l is
+``mean((student_l(x_l) - teacher_l(x_l))^2) / mean((teacher_l(x_l) - x_l)^2)``: the error relative to what the
+teacher's block adds to its residual stream, so that no layer dominates by its scale. Images only: labels are not
+read. The checkpoint holds the student as ``backbone.*`` (the teacher is the release file, not saved), which the
+detection and segmentation configs load with ``prefix='backbone.'`` and the fine-tuning classifier with the same.
+"""
+import re
+from typing import Dict, List, Optional, Sequence
+
+import torch
+from mmengine.logging import print_log
+from mmengine.model import BaseModel
+from torch import nn
+
+from ..attention import AttentionKernel
+from .attention import KernelAttention
+from .backbones.base import AttentionBlock
+
+GROUPS = ('kernel', 'qkv', 'proj', 'blocks')
+_INPUTS = re.compile(r'(^|\.)(qkv|q|k|v|kv)\.[^.]+$')
+_PROJ = re.compile(r'(^|\.)proj\.[^.]+$')
+
+
+def blocks_of(backbone: nn.Module) -> List[tuple]:
+    """(path, block) of every :class:`AttentionBlock` of ``backbone``, in module order."""
+    return [(name, m) for name, m in backbone.named_modules() if isinstance(m, AttentionBlock)]
+
+
+def parameter_groups(block: nn.Module) -> Dict[str, List[str]]:
+    """The names (within ``block``) of its parameters in each of :data:`GROUPS`: ``kernel``, the kernels' own
+    (InLine's residual, SOFT's landmark convolutions); ``qkv``, the input projections (and what an attention layer
+    holds itself, such as XCA's temperature); ``proj``, the output projection; ``blocks``, every parameter."""
+    kernels = {name for name, m in block.named_modules() if isinstance(m, AttentionKernel)}
+    layers = {name for name, m in block.named_modules() if isinstance(m, KernelAttention)}
+    out = {g: [] for g in GROUPS}
+    for name, _ in block.named_parameters():
+        owner = name.rsplit('.', 1)[0] if '.' in name else ''
+        out['blocks'].append(name)
+        if any(name.startswith(k + '.') for k in kernels):
+            out['kernel'].append(name)
+        elif _INPUTS.search(name) or owner in layers:
+            out['qkv'].append(name)
+        elif _PROJ.search(name):
+            out['proj'].append(name)
+    return out
+
+
+class AttentionTransfer(BaseModel):
+    """Stage 1 of the warm start: ``tools/train.py configs/transfer_{backbone}_{attention}.py``.
+
+    Args:
+        backbone: the student (the kernel's classification config's backbone; its init is replaced by the
+            teacher's weights).
+        teacher: the softmax backbone with ``init_cfg=dict(type='Pretrained', checkpoint=<the release>)``; the
+            same family and architecture as the student (depths, widths, heads).
+        train: the groups of :func:`parameter_groups` that train: ``kernel`` (always), ``qkv``, ``proj``, ``blocks``
+            (every block parameter); what the teacher has no value for trains in any case.
+        neck, head: the classification config's; not built (stage 1 reads no labels).
+    """
+
+    def __init__(self, backbone: dict, teacher: dict, train: Sequence[str] = ('kernel', 'qkv'),
+                 neck: Optional[dict] = None, head: Optional[dict] = None, data_preprocessor: Optional[dict] = None,
+                 init_cfg=None, eps: float = 1e-8):
+        super().__init__(data_preprocessor=data_preprocessor, init_cfg=init_cfg)
+        train = (train, ) if isinstance(train, str) else tuple(train)
+        bad = [g for g in train if g not in GROUPS]
+        if bad or not train:
+            raise ValueError(f'AttentionTransfer: train must name groups of {list(GROUPS)}, got {list(train)!r}')
+        self.train_groups = tuple(dict.fromkeys(('kernel', *train)))
+        self.eps = eps
+        from ..registry import MODELS  # softfree_mm's own scope: the backbones with AttentionBlocks, in any scope
+        self.teacher = MODELS.build(teacher)
+        self.backbone = MODELS.build(backbone)
+        self._check_twins()
+        self.teacher.requires_grad_(False)
+        self.teacher.eval()
+        self._freeze_student()
+        self._register_state_dict_hook(_drop_teacher)
+        self._register_load_state_dict_pre_hook(self._teacher_from_itself, with_module=False)
+
+    # ------------------------------------------------------------------ structure
+    def _check_twins(self):
+        """The student is the teacher's twin: same family, same blocks, same architecture."""
+        t, s = self.teacher, self.backbone
+        if type(t) is not type(s):
+            raise ValueError(f'AttentionTransfer: the student backbone is a {type(s).__name__}, the teacher a '
+                             f'{type(t).__name__}: both must be the same family')
+        tb, sb = [n for n, _ in blocks_of(t)], [n for n, _ in blocks_of(s)]
+        if not tb:
+            raise ValueError(f'AttentionTransfer: {type(t).__name__} has no AttentionBlock to transfer')
+        if tb != sb:
+            raise ValueError(f'AttentionTransfer: the student {type(s).__name__} has {len(sb)} attention blocks, the '
+                             f'teacher {len(tb)}: they must have the same depths (first difference: '
+                             f'{next((a, b) for a, b in zip(tb + [None], sb + [None]) if a != b)})')
+        from .converters import structure_differences
+        rows = structure_differences(s, t)
+        if rows:
+            raise ValueError(f'AttentionTransfer: the student {type(s).__name__} has another architecture than the '
+                             f'teacher (student against teacher): ' + '; '.join(rows))
+
+    def _freeze_student(self):
+        """Train the chosen groups and every student parameter the teacher has no value for (what the kernel or
+        layout change adds: InLine's residual, SOFT's landmark convolutions, a CSWin global branch's LePE)."""
+        own, src = self.backbone.state_dict(), self.teacher.state_dict()
+        self.new = [k for k in own if k not in src or src[k].shape != own[k].shape]
+        self.backbone.requires_grad_(False)
+        params = dict(self.backbone.named_parameters())
+        self.trained = [k for k in self.new if k in params]
+        for path, block in blocks_of(self.backbone):
+            groups = parameter_groups(block)
+            for g in self.train_groups:
+                self.trained += [f'{path}.{name}' for name in groups[g]]
+        self.trained = list(dict.fromkeys(self.trained))
+        for name in self.trained:
+            params[name].requires_grad_(True)
+
+    def train(self, mode: bool = True):
+        """Teacher and student stay in eval mode: the student's blocks must compute what the teacher's do (no drop
+        path or dropout, BatchNorm with the release's statistics); its parameters still get their gradients."""
+        super().train(mode)
+        self.teacher.eval()
+        self.backbone.eval()
+        return self
+
+    def init_weights(self):
+        """The teacher loads its release; the student starts from the teacher's weights (what the teacher has no value
+        for keeps its own initialisation, and trains)."""
+        super().init_weights()
+        own = self.backbone.state_dict()
+        src = {k: v for k, v in self.teacher.state_dict().items() if k in own and v.shape == own[k].shape}
+        self.backbone.load_state_dict(src, strict=False)
+        new = self.new
+        extra = [k for k in self.teacher.state_dict() if k not in own]
+        print_log(f'AttentionTransfer: the student starts from the teacher\'s weights: {len(src)} of its {len(own)} '
+                  f'placed; new to its kernels or layout (their own initialisation): {len(new)} {new[:6]}'
+                  f'{"..." if len(new) > 6 else ""}; the teacher\'s, not in the student: {len(extra)} {extra[:6]}'
+                  f'{"..." if len(extra) > 6 else ""}; training {len(self.trained)} tensors '
+                  f'({", ".join(self.train_groups)})', logger='current')
+
+    def _teacher_from_itself(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                             error_msgs):
+        # checkpoints leave the teacher out (it is the release file): strict loading gets its current tensors
+        for k, v in self.teacher.state_dict(keep_vars=True).items():
+            state_dict.setdefault(f'{prefix}teacher.{k}', v.detach())
+
+    # ------------------------------------------------------------------ the loss
+    def transfer_losses(self, images: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """``loss_transfer`` (the mean over blocks) and ``block_<i>`` (each block's, detached) for a batch.
+
+        The teacher's blocks record their input and output; then the student runs, each of its blocks given its
+        twin's recorded input in place of its own (the layout arguments, such as Swin's window geometry, stay the
+        student's own: its stages compute them from the same grid)."""
+        teacher = [b for _, b in blocks_of(self.teacher)]
+        student = [b for _, b in blocks_of(self.backbone)]
+        inputs, targets, outputs = {}, {}, {}
+
+        def record(i):
+            def hook(module, args, kwargs, output):
+                inputs[i], targets[i] = args[0].detach(), output.detach()
+            return hook
+
+        def substitute(i):
+            def hook(module, args, kwargs):
+                return (inputs[i], *args[1:]), kwargs
+            return hook
+
+        def keep(i):
+            def hook(module, args, kwargs, output):
+                outputs[i] = output
+            return hook
+
+        handles = [b.register_forward_hook(record(i), with_kwargs=True) for i, b in enumerate(teacher)]
+        try:
+            with torch.no_grad():
+                self.teacher(images)
+        finally:
+            for h in handles:
+                h.remove()
+        handles = [h for i, b in enumerate(student)
+                   for h in (b.register_forward_pre_hook(substitute(i), with_kwargs=True),
+                             b.register_forward_hook(keep(i), with_kwargs=True))]
+        try:
+            self.backbone(images)
+        finally:
+            for h in handles:
+                h.remove()
+        per_block = []
+        for i in range(len(student)):
+            x, target = inputs[i].float(), targets[i].float()
+            err = (outputs[i].float() - target).pow(2).mean()
+            per_block.append(err / (target - x).pow(2).mean().clamp_min(self.eps))
+        losses = {'loss_transfer': torch.stack(per_block).mean()}
+        losses.update({f'block_{i:02d}': v.detach() for i, v in enumerate(per_block)})
+        return losses
+
+    def forward(self, inputs: torch.Tensor, data_samples=None, mode: str = 'tensor'):
+        if mode == 'loss':
+            return self.transfer_losses(inputs)
+        if mode == 'tensor':
+            return self.backbone(inputs)
+        raise ValueError(f"AttentionTransfer: mode must be 'loss' or 'tensor' (stage 1 has no predictions), got "
+                         f'{mode!r}')
+
+
+def _drop_teacher(module, state_dict, prefix, local_metadata):
+    for k in [k for k in state_dict if k.startswith(prefix + 'teacher.')]:
+        del state_dict[k]
+    return state_dict

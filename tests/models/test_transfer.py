@@ -1,0 +1,154 @@
+"""softfree_mm.models.transfer.AttentionTransfer: the warm start's stage 1, block by block.
+
+Guards: with softmax in the student (the teacher's own kernel, the same weights) every block's loss is exactly zero,
+in every family; with another kernel it is not, and a few optimiser steps lower it on a tiny model; each block's loss
+equals the formula computed here from the teacher's and the student's blocks run by hand (the teacher's input fed
+to the student's block, the error over the teacher block's own update); only the chosen groups and what the teacher
+has no value for get gradients, and frozen parameters are bit-identical after the steps; the checkpoint holds the
+student as ``backbone.*`` and no teacher; a student of another family, depth or width is refused at build.
+"""
+import pytest
+import torch
+
+import softfree_mm  # noqa: F401  (registers the backbones)
+from softfree_mm.models.transfer import AttentionTransfer, blocks_of, parameter_groups
+
+from tests.helpers.presets import TINY
+
+FAMILIES = ('SoftFreeXCiT', 'SoftFreePVT', 'SoftFreePVTv2', 'SoftFreeSwin', 'SoftFreeCSWin')
+# a kernel with parameters of its own in each layout that takes it (XCA's channel attention takes none)
+OWN = {'SoftFreePVTv2': dict(attn_cfg='inline', sr_ratios=(1, 1, 1, 1)),
+       'SoftFreeSwin': dict(attn_cfg='soft', global_window=True),
+       'SoftFreeCSWin': dict(attn_cfg='inline', global_window=True)}
+
+
+@pytest.fixture(scope='module')
+def releases(tmp_path_factory):
+    """A softmax 'release' of each tiny family: random weights saved as a file the teacher loads."""
+    from softfree_mm.registry import MODELS
+    folder = tmp_path_factory.mktemp('releases')
+    out = {}
+    for fam in FAMILIES:
+        torch.manual_seed(1)
+        model = MODELS.build(dict(type=fam, **TINY[fam], attn_cfg='softmax'))
+        out[fam] = str(folder / f'{fam}.pth')
+        torch.save({'state_dict': model.state_dict()}, out[fam])
+    return out
+
+
+def _transfer(fam, release, student=None, train=('kernel', 'qkv')):
+    from softfree_mm.registry import MODELS
+    base = dict(type=fam, **TINY[fam])
+    model = MODELS.build(dict(type='AttentionTransfer', backbone=dict(base, **(student or {})),
+                              teacher=dict(base, attn_cfg='softmax',
+                                           init_cfg=dict(type='Pretrained', checkpoint=release)), train=train))
+    model.init_weights()
+    return model.train()
+
+
+def _images(seed=0):
+    return torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize('fam', FAMILIES)
+def test_the_loss_is_zero_with_the_teachers_own_kernel_and_not_with_another(fam, releases):
+    same = _transfer(fam, releases[fam], dict(attn_cfg='softmax'))
+    losses = same(_images(), mode='loss')
+    blocks = [k for k in losses if k.startswith('block_')]
+    assert len(blocks) == len(blocks_of(same.backbone)) > 0
+    assert all(float(losses[k]) == 0.0 for k in blocks) and float(losses['loss_transfer']) == 0.0
+    other = _transfer(fam, releases[fam], dict(attn_cfg='linear'))
+    assert float(other(_images(), mode='loss')['loss_transfer']) > 1e-6
+
+
+@pytest.mark.parametrize('fam', FAMILIES)
+def test_each_blocks_loss_is_the_teacher_fed_error_over_the_teachers_update(fam, releases):
+    """The formula by hand: the teacher's blocks run in order from its own stem; block l of the student gets the
+    teacher's input of block l (and, for the layout arguments, what the student's own stage gives it)."""
+    model = _transfer(fam, releases[fam], OWN.get(fam, dict(attn_cfg='poly')))
+    x = _images(3)
+    losses = model(x, mode='loss')
+    seen_t, seen_s = [], []
+    for net, seen in ((model.teacher, seen_t), (model.backbone, seen_s)):
+        hooks = [b.register_forward_pre_hook(lambda m, a, k, s=seen, b=b: s.append((b, a, k)), with_kwargs=True)
+                 for _, b in blocks_of(net)]
+        with torch.no_grad():
+            net(x)
+        for h in hooks:
+            h.remove()
+    with torch.no_grad():
+        for i, ((tb, targs, tkw), (sb, sargs, skw)) in enumerate(zip(seen_t, seen_s)):
+            target = tb(*targs, **tkw)
+            out = sb(targs[0], *sargs[1:], **skw)
+            expected = (out - target).pow(2).mean() / (target - targs[0]).pow(2).mean()
+            torch.testing.assert_close(losses[f'block_{i:02d}'], expected, rtol=1e-5, atol=1e-7)
+    assert float(losses['loss_transfer']) == pytest.approx(
+        float(torch.stack([losses[f'block_{i:02d}'] for i in range(len(seen_t))]).mean()), rel=1e-6)
+
+
+@pytest.mark.parametrize('fam', FAMILIES)
+def test_steps_lower_the_loss_and_touch_only_what_trains(fam, releases):
+    model = _transfer(fam, releases[fam], OWN.get(fam, dict(attn_cfg='poly')))
+    before = {k: v.clone() for k, v in model.state_dict(keep_vars=False).items()}
+    teacher_before = {k: v.clone() for k, v in model.teacher.state_dict().items()}
+    trained = set(model.trained)
+    assert trained, 'nothing trains'
+    params = dict(model.backbone.named_parameters())
+    assert {n for n, p in params.items() if p.requires_grad} == trained
+    assert not any(p.requires_grad for p in model.teacher.parameters())
+    # what the teacher has no value for (the kernel's own, a new layout's) trains in any case
+    assert set(n for n in model.new if n in params) <= trained
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.05)
+    x = _images(5)
+    first = float(model(x, mode='loss')['loss_transfer'])
+    for _ in range(25):
+        opt.zero_grad()
+        loss = model(x, mode='loss')['loss_transfer']
+        loss.backward()
+        assert all((p.grad is not None) == (n in trained) for n, p in params.items())
+        opt.step()
+    last = float(model(x, mode='loss')['loss_transfer'])
+    assert last < 0.9 * first, (first, last)
+    after = model.state_dict()
+    assert not any(k.startswith('teacher.') for k in after)  # the teacher is the release file, not the checkpoint
+    changed = {k[len('backbone.'):] for k, v in after.items() if not torch.equal(v, before[k])}
+    assert changed <= trained, sorted(changed - trained)  # frozen: bit-identical
+    assert len(changed) >= 0.8 * len(trained)
+    assert all(torch.equal(v, teacher_before[k]) for k, v in model.teacher.state_dict().items())
+
+
+def test_groups_name_the_kernel_the_input_projections_and_the_output_projection():
+    from softfree_mm.registry import MODELS
+    swin = MODELS.build(dict(type='SoftFreeSwin', **TINY['SoftFreeSwin'], attn_cfg='inline', global_window=True))
+    _, block = blocks_of(swin)[0]
+    groups = parameter_groups(block)
+    assert groups['kernel'] and all('.kernel.' in n for n in groups['kernel'])
+    assert set(groups['qkv']) == {'attn.qkv.weight', 'attn.qkv.bias'}
+    assert set(groups['proj']) == {'attn.proj.weight', 'attn.proj.bias'}
+    assert set(groups['blocks']) == {n for n, _ in block.named_parameters()}
+    xcit = MODELS.build(dict(type='SoftFreeXCiT', **TINY['SoftFreeXCiT'], attn_cfg='poly'))
+    _, block = blocks_of(xcit)[0]
+    assert 'attn.temperature' in parameter_groups(block)['qkv']  # held by the attention layer itself
+
+
+@pytest.mark.parametrize('student, message', [
+    (dict(type='SoftFreePVTv2'), 'the student backbone is a SoftFreePVTv2, the teacher a SoftFreeSwin'),
+    (dict(arch=dict(embed_dims=16, depths=(2, 2, 2, 1), num_heads=(1, 2, 2, 4))), 'attention blocks'),
+    (dict(arch=dict(embed_dims=24, depths=(2, 2, 1, 1), num_heads=(1, 2, 2, 4))), 'another architecture'),
+    (dict(arch=dict(embed_dims=16, depths=(2, 2, 1, 1), num_heads=(2, 2, 2, 4))), 'another architecture'),
+])
+def test_a_student_that_is_not_the_teachers_twin_is_refused_at_build(student, message, releases):
+    base = dict(type='SoftFreeSwin', **TINY['SoftFreeSwin'])
+    if student.get('type') == 'SoftFreePVTv2':
+        student = dict(TINY['SoftFreePVTv2'], **student)
+    with pytest.raises(ValueError, match=message):
+        AttentionTransfer(backbone=dict(base, **student, attn_cfg='poly'),
+                          teacher=dict(base, attn_cfg='softmax', init_cfg=dict(type='Pretrained',
+                                                                             checkpoint=releases['SoftFreeSwin'])))
+
+
+def test_bad_groups_are_refused():
+    base = dict(type='SoftFreeSwin', **TINY['SoftFreeSwin'])
+    with pytest.raises(ValueError, match=r"train must name groups of \['kernel', 'qkv', 'proj', 'blocks'\], got "
+                                         r"\['mlp'\]"):
+        AttentionTransfer(backbone=dict(base, attn_cfg='poly'), teacher=dict(base, attn_cfg='softmax'), train='mlp')
