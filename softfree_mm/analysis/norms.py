@@ -1,14 +1,12 @@
 """Attention norms as N grows: the theory for poly on Gaussian inputs, and ``||A||_F`` / the score-Jacobian norm of
-freshly built kernels over a range of token counts. The per-call measures are the hooks' (re-exported here)."""
+freshly built kernels over a range of token counts (the per-call measures of the norms hook, ``matrix_norms``)."""
 import math
 from typing import Dict, List, Sequence
 
 import torch
 
-from ..attention import build_attention, normalize_cfg
-from ..engine.hooks.matrix_norms import (NO_SCORE_MAP, NoScoreMap, _masked_sum, _row_normalised_sq,  # noqa: F401
-                                         _rows, call_stats, has_score_map, jacobian_row_sq, keep_of, matrix_norms,
-                                         no_score_map_reason)
+from ..attention import build_attention, kernel_label, normalize_cfg
+from ..engine.hooks.matrix_norms import matrix_norms
 
 
 # ---------------------------------------------------------------------------------------------- theory
@@ -48,8 +46,6 @@ def norms_vs_n(kernels: Sequence, sides: Sequence[int], heads: int = 4, head_dim
             try:
                 kern = build_attention(cfg, num_heads=heads, head_dim=head_dim).eval()
                 res = matrix_norms(kern, dict(q=q, k=k, hw=(side, side), scale=None, bias=None, mask=None))
-            except NoScoreMap as e:
-                row['note'] = str(e)
             except (ValueError, RuntimeError) as e:
                 row['note'] = ' '.join(str(e).split())
             else:
@@ -57,13 +53,6 @@ def norms_vs_n(kernels: Sequence, sides: Sequence[int], heads: int = 4, head_dim
                 if res['jac'] is not None:
                     row['jac'] = float(res['jac'].mean())
                 else:
-                    row['note'] = f'{kern.name}: {no_score_map_reason(kern)}'
+                    row['note'] = res['note']
             rows.append(row)
     return rows
-
-
-def kernel_label(cfg) -> str:
-    """'poly' / dict(type='poly', degree=1) -> 'poly' / 'poly:degree=1' (the tools' kernel syntax)."""
-    cfg = normalize_cfg(cfg)
-    args = ','.join(f'{k}={v}' for k, v in cfg.items() if k != 'type')
-    return cfg['type'] + (f':{args}' if args else '')

@@ -18,7 +18,7 @@ import time
 from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence
 
-from .norms import kernel_label
+from ..attention import kernel_label
 from .sweep import child_config, json_records, newest_scalars, safe_name, train_one
 
 RESULT = 'result.json'

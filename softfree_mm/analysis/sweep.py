@@ -16,8 +16,7 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
-from ..attention import normalize_cfg
-from .norms import kernel_label
+from ..attention import kernel_label, normalize_cfg
 
 METRIC_PREFERENCE = ('accuracy/top1', 'mIoU', 'coco/bbox_mAP', 'coco/segm_mAP', 'aAcc')
 NOT_METRICS = ('step', 'time', 'data_time', 'lr', 'base_lr', 'memory', 'epoch', 'iter')

@@ -9,6 +9,7 @@ import inspect
 from typing import Dict, List, Optional, Type, Union
 
 from .base import AttentionKernel
+from .score_map import ScoreMap
 
 
 class KernelRegistry:
@@ -91,8 +92,42 @@ def kernel_class(cfg: Union[str, dict, None]) -> Type[AttentionKernel]:
     return ATTENTION.get(normalize_cfg(cfg)['type'])
 
 
+_LITERALS = {'True': True, 'False': False, 'None': None}
+
+
+def parse_kernel(text: str) -> Union[str, dict]:
+    """A kernel in the tools' syntax: 'poly' stays 'poly'; 'poly:degree=1,scale=0.1' is
+    ``dict(type='poly', degree=1, scale=0.1)`` (ints, floats, True / False / None as such, anything else a string).
+    Not validated here (:func:`normalize_cfg` does); :func:`kernel_label` is its inverse."""
+    name, _, rest = text.partition(':')
+    cfg = dict(type=name)
+    for item in filter(None, rest.split(',')):
+        key, eq, value = item.partition('=')
+        if not eq:
+            raise ValueError(f'kernel spec {text!r}: expected name:arg=value,..., got {item!r}')
+        cfg[key] = _LITERALS[value] if value in _LITERALS else _number(value)
+    return cfg if len(cfg) > 1 else name
+
+
+def _number(text: str):
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def kernel_label(cfg: Union[str, dict]) -> str:
+    """A kernel config in the tools' syntax: 'poly', dict(type='poly', degree=1) -> 'poly:degree=1'."""
+    if isinstance(cfg, str):
+        return cfg
+    args = ','.join(f'{key}={value}' for key, value in cfg.items() if key != 'type')
+    return f"{cfg['type']}:{args}" if args else cfg['type']
+
+
 # Kernel families register themselves on import.
 from . import softmax, poly, pointwise, linear, inline, soft, synthesizer, extra  # noqa: E402,F401
 
-__all__ = ['ATTENTION', 'AttentionKernel', 'build_attention', 'list_attentions', 'kernel_arguments',
-           'kernel_class', 'normalize_cfg']
+__all__ = ['ATTENTION', 'AttentionKernel', 'ScoreMap', 'build_attention', 'list_attentions', 'kernel_arguments',
+           'kernel_class', 'kernel_label', 'normalize_cfg', 'parse_kernel']

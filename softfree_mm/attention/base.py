@@ -30,6 +30,9 @@ class AttentionKernel(nn.Module):
     # token-mixing matrix shared by v's channels (InLine's official per-channel residual): then
     # ``out == attention_matrix(...) @ v + residual_output(...)``
     matrix_is_complete: bool = True
+    # why A is no function of one per-pair score matrix, for kernels whose ``_score_map`` gives none (the norms hook
+    # names it instead of a score-Jacobian norm)
+    no_score_map: str = ''
 
     def __init__(self, num_heads: Optional[int] = None, head_dim: Optional[int] = None):
         super().__init__()
@@ -56,6 +59,13 @@ class AttentionKernel(nn.Module):
         self._check(q, k, None, hw, scale, bias, mask)
         return self._matrix(q, k, hw, scale, bias, mask)
 
+    def score_map(self, q, k, hw=None, scale: Scale = None, bias=None, mask=None):
+        """How A depends on per-pair scores: a :class:`~softfree_mm.attention.score_map.ScoreMap` (S and the row map
+        S -> A, in the working dtype), or None where A is no such function (``no_score_map`` says why). The score
+        Jacobian of the norms hook and of the analyses comes from it."""
+        self._check(q, k, None, hw, scale, bias, mask)
+        return self._score_map(q, k, hw, scale, bias, mask)
+
     def residual_output(self, q, k, v, hw=None, scale: Scale = None, bias=None, mask=None, context=None):
         """``out - attention_matrix(...) @ v``: zero for every kernel whose matrix is complete."""
         self._check(q, k, v, hw, scale, bias, mask)
@@ -78,6 +88,9 @@ class AttentionKernel(nn.Module):
     # ------------------------------------------------------------------ to override
     def _matrix(self, q, k, hw, scale, bias, mask):
         raise NotImplementedError
+
+    def _score_map(self, q, k, hw, scale, bias, mask):
+        return None
 
     def _forward_context(self, q, k, v, hw, scale, bias, mask, context):
         raise NotImplementedError

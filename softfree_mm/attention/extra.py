@@ -10,6 +10,7 @@ from torch import nn
 from . import ATTENTION
 from .base import AttentionKernel, default_scale, no_autocast, resolve_hw, upcast
 from .inline import local_conv, neighbour_onehot
+from .score_map import row_normalised_map
 
 
 def _to_common(*ts):
@@ -57,6 +58,7 @@ class NystromAttention(AttentionKernel):
     With m = N the landmarks are the tokens and A is softmax attention. No bias, no mask."""
 
     complexity = 'linear'
+    no_score_map = 'A is a product of three landmark softmaxes: no per-pair score map'
 
     def __init__(self, num_heads=None, head_dim=None, num_landmarks=64, pinv_iters=6):
         super().__init__(num_heads, head_dim)
@@ -155,11 +157,15 @@ class PerformerAttention(AttentionKernel):
         s = default_scale(scale, q.shape[-1], q)
         return self.features(q, s, True), self.features(k, s, False)
 
-    def _matrix(self, q, k, hw, scale, bias, mask):
+    def _score_map(self, q, k, hw, scale, bias, mask):
+        """S = phi(q) phi(k)^T (the stabilisers are constants of a row or of the call, and cancel), normalised per
+        row."""
         with no_autocast(q):  # exponentials and sums in fp32
             fq, fk = self._feats(q, k, scale)
-            num = fq @ fk.transpose(-2, -1)
-            return num / (num.sum(-1, keepdim=True) + self.eps)
+            return row_normalised_map(fq @ fk.transpose(-2, -1), None, eps=self.eps)
+
+    def _matrix(self, q, k, hw, scale, bias, mask):
+        return self._score_map(q, k, hw, scale, bias, mask).matrix()
 
     def _forward(self, q, k, v, hw, scale, bias, mask):
         with no_autocast(q):  # exponentials and sums in fp32
@@ -201,11 +207,14 @@ class CosFormerAttention(AttentionKernel):
         fq, fk = F.relu(q), F.relu(k)
         return (fq * torch.cos(aq), fq * torch.sin(aq)), (fk * torch.cos(ak), fk * torch.sin(ak))
 
-    def _matrix(self, q, k, hw, scale, bias, mask):
+    def _score_map(self, q, k, hw, scale, bias, mask):
+        """S = relu(q) relu(k)^T cos(pi/2 (i - j) / M), normalised per row."""
         with no_autocast(q):  # sums in fp32
             (qc, qs), (kc, ks) = self._feats(q, k)
-            num = qc @ kc.transpose(-2, -1) + qs @ ks.transpose(-2, -1)
-            return num / (num.sum(-1, keepdim=True) + self.eps)
+            return row_normalised_map(qc @ kc.transpose(-2, -1) + qs @ ks.transpose(-2, -1), None, eps=self.eps)
+
+    def _matrix(self, q, k, hw, scale, bias, mask):
+        return self._score_map(q, k, hw, scale, bias, mask).matrix()
 
     def _forward(self, q, k, v, hw, scale, bias, mask):
         with no_autocast(q):  # sums in fp32
@@ -264,18 +273,22 @@ class FocusedLinearAttention(AttentionKernel):
                              f'Nq={q.shape[2]} and Nk={k.shape[2]}; set local_conv=False for this layout')
         return resolve_hw(self.name, hw, k.shape[2])
 
-    def _matrix(self, q, k, hw, scale, bias, mask):
+    def _score_map(self, q, k, hw, scale, bias, mask):
+        """S = phi(q) phi(k)^T normalised per row, plus the local conv's weights (no function of S)."""
         grid = self._grid(q, k, hw) if self.local_conv else None
         q, k = upcast(q, k)
         with no_autocast(q):  # powers, norms and sums in fp32
             fq, fk = self.features(q), self.features(k)
-            a = fq @ fk.transpose(-2, -1)
-            a = a / ((fq * fk.sum(2, keepdim=True)).sum(-1, keepdim=True) + self.eps)
+            s = fq @ fk.transpose(-2, -1)
+            conv = None
             if self.local_conv:
-                w = self.conv_weight.to(a.dtype).view(1, -1, 1, 9)
-                a = a + torch.einsum('bhio,ioj->bhij', w.expand(1, -1, q.shape[2], 9),
-                                     neighbour_onehot(grid, q.device, a.dtype))
-            return a
+                w = self.conv_weight.to(s.dtype).view(1, -1, 1, 9)
+                conv = torch.einsum('bhio,ioj->bhij', w.expand(1, -1, q.shape[2], 9),
+                                    neighbour_onehot(grid, q.device, s.dtype))
+            return row_normalised_map(s, None, eps=self.eps, offset=conv)
+
+    def _matrix(self, q, k, hw, scale, bias, mask):
+        return self._score_map(q, k, hw, scale, bias, mask).matrix()
 
     def _forward(self, q, k, v, hw, scale, bias, mask):
         grid = self._grid(q, k, hw) if self.local_conv else None

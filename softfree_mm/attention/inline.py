@@ -25,6 +25,7 @@ from torch import nn
 
 from . import ATTENTION
 from .base import AttentionKernel, default_scale, resolve_hw, upcast, work_dtype, no_autocast
+from .score_map import ScoreMap
 
 FEATURE_MAPS = ('identity', 'relu', 'leakyrelu', 'exp')
 RESIDUALS = ('channel', 'head')
@@ -219,21 +220,6 @@ class InLineAttention(AttentionKernel):
                              f'({b}, {nh}, {d}), got {tuple(context.shape)}')
         return ctx.to(work_dtype(q))
 
-    def _masked_parts(self, q, k, scale, mask):
-        """Explicit linear part of A (B, h, Nq, Nk) and the per-row mean key tokens, for a mask (or None)."""
-        fq, fk = _feature(q, self.feature_map), _feature(k, self.feature_map)
-        if mask is None:
-            keep = torch.ones(1, 1, q.shape[2], k.shape[2], dtype=q.dtype, device=q.device)
-        else:
-            keep = _as_4d(mask).to(q.dtype)
-        n = keep.sum(-1, keepdim=True).clamp_min(1.0)  # (.., Nq, 1)
-        kbar_phi = (keep @ fk) / n  # (B, h, Nq, d) mean of phi(k) over the valid keys of each row
-        s = scale
-        a = (s * (fq @ fk.transpose(-2, -1)) + (1.0 - s * (fq * kbar_phi).sum(-1, keepdim=True))) / n
-        a = a * keep
-        kbar = (keep @ k) / n  # masked mean key token, one per row
-        return a, kbar, keep
-
     def _channel_term(self, k, v, grid, mask, context):
         """The official residual for v (B, h, N, d): weights from the context (or the mean key token)."""
         if v.shape[-1] != k.shape[-1]:
@@ -250,17 +236,35 @@ class InLineAttention(AttentionKernel):
         return channel_conv(v, w, grid, keep=mask)
 
     # ------------------------------------------------------------------ API
-    def _matrix(self, q, k, hw, scale, bias, mask):
+    def _score_map(self, q, k, hw, scale, bias, mask):
+        """S = s phi(q) phi(k)^T, and per row over its N valid keys ``A = (S + 1 - mean S) / N`` (plus the 'head'
+        residual's weights, which do not depend on S): ``||J_i||_F^2 = (N - 1) / N^2``."""
         grid = self._grid(q, k, hw) if self.local_residual else None
         q, k = upcast(q, k)
         with no_autocast(q):  # sums and means in fp32
-            s = default_scale(scale, q.shape[-1], q)
-            a, kbar, keep = self._masked_parts(q, k, s, mask)
+            fq, fk = _feature(q, self.feature_map), _feature(k, self.feature_map)
+            s = default_scale(scale, q.shape[-1], q) * (fq @ fk.transpose(-2, -1))
+            if mask is None:
+                keep = torch.ones(1, 1, q.shape[2], k.shape[2], dtype=q.dtype, device=q.device)
+            else:
+                keep = _as_4d(mask).to(q.dtype)
+            n = keep.sum(-1, keepdim=True).clamp_min(1.0)  # (.., Nq, 1)
+            offset = 0.0
             if self.local_residual == 'head':
-                r = self._residual_weights(kbar).expand(q.shape[0], q.shape[1], q.shape[2], 9)
-                onehot = neighbour_onehot(grid, q.device, q.dtype)
-                a = a + torch.einsum('bhio,ioj->bhij', r, onehot) * keep
-            return a
+                r = self._residual_weights((keep @ k) / n)  # from the mean of each row's valid key tokens
+                r = r.expand(q.shape[0], q.shape[1], q.shape[2], 9)
+                offset = torch.einsum('bhio,ioj->bhij', r, neighbour_onehot(grid, q.device, q.dtype)) * keep
+
+        def weights(x):
+            return (x + (1.0 - (x * keep).sum(-1, keepdim=True) / n)) / n * keep + offset
+
+        def row_jacobian_sq(x):
+            valid = keep.sum(-1)
+            return ((valid - 1.0).clamp_min(0.0) / (valid * valid).clamp_min(1.0)).expand(x.shape[:-1])
+        return ScoreMap(s.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2]), weights, row_jacobian_sq)
+
+    def _matrix(self, q, k, hw, scale, bias, mask):
+        return self._score_map(q, k, hw, scale, bias, mask).matrix()
 
     def residual_output(self, q, k, v, hw=None, scale=None, bias=None, mask=None, context=None):
         """``out - attention_matrix(...) @ v``: the official per-channel residual ('channel'), else zero."""

@@ -15,9 +15,7 @@ import torch.nn.functional as F
 
 from . import ATTENTION
 from .base import AttentionKernel, upcast, work_dtype, no_autocast
-
-
-
+from .score_map import row_normalised_map
 
 FEATURE_MAPS = ('elu+1', 'relu')
 
@@ -43,7 +41,19 @@ class _FactorisedAttention(AttentionKernel):
 
     def _explicit(self, q, k, mask):
         """``A`` (B, h, Nq, Nk), honouring ``mask`` (None = every key); inputs in the working dtype."""
+        sm = self._row_map(q, k, mask)
+        return sm.weights(sm.scores)
+
+    def _row_map(self, q, k, mask):
+        """The score map of a row-normalised kernel; inputs in the working dtype (efficient has none)."""
         raise NotImplementedError
+
+    def _score_map(self, q, k, hw, scale, bias, mask):
+        if self.no_score_map:
+            return None
+        q, k = upcast(q, k)
+        with no_autocast(q):  # sums and normalisers in fp32 (fp64 for fp64 inputs)
+            return self._row_map(q, k, mask)
 
     def _matrix(self, q, k, hw, scale, bias, mask):
         q, k = upcast(q, k)
@@ -92,11 +102,8 @@ class LinearAttention(_FactorisedAttention):
         den = (qf @ z.transpose(-2, -1)).add_(self.eps)  # (B, h, N, 1)
         return (qf @ kv).div_(den)
 
-    def _explicit(self, q, k, mask):
-        a = self.phi(q) @ self.phi(k).transpose(-2, -1)
-        if mask is not None:
-            a = a.masked_fill(~mask, 0.0)
-        return a / (a.sum(-1, keepdim=True) + self.eps)
+    def _row_map(self, q, k, mask):
+        return row_normalised_map(self.phi(q) @ self.phi(k).transpose(-2, -1), mask, eps=self.eps)
 
 
 @ATTENTION.register('efficient')
@@ -105,6 +112,9 @@ class EfficientAttention(_FactorisedAttention):
 
     With a mask the softmax over keys runs, for each row, over that row's valid keys only.
     """
+
+    no_score_map = ('A = softmax over channels of q times softmax over tokens of k: the normaliser runs over the '
+                    'keys of each channel before any pair product, so A is no row map of per-pair scores')
 
     def flops(self, nq, nk, d, dv, masked=False, hw=None):
         if masked:  # the per-row normaliser keep @ e, the weights, A @ v
@@ -147,9 +157,7 @@ class TaylorAttention(_FactorisedAttention):
         # den >= 0; it is 0 only when every key points exactly away from the query: keep that row finite
         return num.div_(den.clamp_min(torch.finfo(den.dtype).tiny))
 
-    def _explicit(self, q, k, mask):
+    def _row_map(self, q, k, mask):
         qn, kn = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
-        a = (1.0 + qn @ kn.transpose(-2, -1)).clamp_min(0.0)
-        if mask is not None:
-            a = a.masked_fill(~mask, 0.0)
-        return a / a.sum(-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)  # zero row when no valid key
+        s = (1.0 + qn @ kn.transpose(-2, -1)).clamp_min(0.0)
+        return row_normalised_map(s, mask, floor=torch.finfo(s.dtype).tiny)  # zero row when no valid key

@@ -19,6 +19,7 @@ import torch
 from . import ATTENTION, dispatch
 from .base import AttentionKernel, cast_back, default_scale, key_count, scores, upcast, no_autocast, work_dtype
 from .blocked import pointwise_attention
+from .score_map import pointwise_map
 
 
 class _PointwiseAttention(AttentionKernel):
@@ -39,6 +40,10 @@ class _PointwiseAttention(AttentionKernel):
     def _activation(self, s, n):
         raise NotImplementedError
 
+    def _derivative(self, s, n):
+        """d activation / d s, elementwise."""
+        raise NotImplementedError
+
     def flops(self, nq, nk, d, dv, masked=False, hw=None):
         return nq * nk * (d + dv)  # S = q k^T, A @ v
 
@@ -54,14 +59,15 @@ class _PointwiseAttention(AttentionKernel):
         """'explicit' | 'tiled' | 'fused': the path of a call (``dispatch.py``)."""
         return dispatch.choose(dispatch.resolve(self.impl), q, k, self.explicit_mib)
 
-    def _matrix(self, q, k, hw, scale, bias, mask):
+    def _score_map(self, q, k, hw, scale, bias, mask):
         q, k = upcast(q, k)
         with no_autocast(q):  # activation and normaliser in fp32 (fp64 for fp64 inputs)
             s = scores(q, k, default_scale(scale, q.shape[-1], q), bias)
-            a = self._activation(s, key_count(mask, q, k))
-            if mask is not None:
-                a = a.masked_fill(~mask, 0.0)
-            return a
+            n = key_count(mask, q, k)
+            return pointwise_map(s, mask, lambda x: self._activation(x, n), lambda x: self._derivative(x, n))
+
+    def _matrix(self, q, k, hw, scale, bias, mask):
+        return self._score_map(q, k, hw, scale, bias, mask).matrix()
 
     def _forward(self, q, k, v, hw, scale, bias, mask):
         path = self.path(q, k, v, bias, mask)
@@ -96,6 +102,9 @@ class ReluAttention(_PointwiseAttention):
     def _activation(self, s, n):
         return torch.relu(s) / n
 
+    def _derivative(self, s, n):
+        return (s > 0).to(s.dtype) / n
+
     def _tiled(self, q, k, v, scale, bias, mask):
         return pointwise_attention(q, k, v, 'relu', 1, scale, key_count(mask, q, k).reciprocal(), bias=bias,
                                    mask=mask, tile=dispatch.tile_for(q, k))
@@ -112,6 +121,10 @@ class SigmoidAttention(_PointwiseAttention):
 
     def _activation(self, s, n):
         return torch.sigmoid(s - torch.log(n))
+
+    def _derivative(self, s, n):
+        sig = torch.sigmoid(s - torch.log(n))
+        return sig * (1.0 - sig)
 
     def _tiled(self, q, k, v, scale, bias, mask):
         return pointwise_attention(q, k, v, 'sigmoid', 1, scale, 1.0, bias=bias, shift=-key_count(mask, q, k).log(),

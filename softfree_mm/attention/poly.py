@@ -20,6 +20,7 @@ import torch
 from . import ATTENTION, dispatch
 from .base import AttentionKernel, cast_back, default_scale, key_count, scores, work_dtype, no_autocast
 from .blocked import pointwise_attention
+from .score_map import pointwise_map
 
 SCALE_OPTIONS = "'sqrt_n' (1/sqrt(number of keys a row may look at)) or a float > 0"
 
@@ -121,16 +122,18 @@ class PolyAttention(AttentionKernel):
             return key_count(mask, q, k).rsqrt()
         return self.scale
 
-    def _matrix(self, q, k, hw, scale, bias, mask):
-        wd = work_dtype(q)
+    def _score_map(self, q, k, hw, scale, bias, mask):
+        wd, p = work_dtype(q), self.degree
         with no_autocast(q):
             q, k = q.to(wd), k.to(wd)
             s = scores(q, k, default_scale(scale, q.shape[-1], q), bias)
-            # the power runs in fp32 (fp64 for fp64 inputs): |S| > 40 overflows S^3 in fp16
-            a = s.pow(self.degree) * self._coef(mask, q, k)
-            if mask is not None:
-                a = a.masked_fill(~mask, 0.0)  # masks act after the power, multiplicatively
-            return a
+            c = self._coef(mask, q, k)
+            # the power runs in fp32 (fp64 for fp64 inputs): |S| > 40 overflows S^3 in fp16; masks act after the
+            # power, multiplicatively
+            return pointwise_map(s, mask, lambda x: x.pow(p) * c, lambda x: x.pow(p - 1) * (c * p))
+
+    def _matrix(self, q, k, hw, scale, bias, mask):
+        return self._score_map(q, k, hw, scale, bias, mask).matrix()
 
     def path(self, q, k, v, bias=None, mask=None) -> str:
         """'factorised' | 'explicit' | 'tiled' | 'fused': the path of a call (``dispatch.py``)."""

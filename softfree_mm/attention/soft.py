@@ -166,6 +166,7 @@ class SoftAttention(AttentionKernel):
     # 2 * iters * m^3 (cubic in N); with a fixed num_landmarks everything is linear (the instance says so)
     complexity = 'cubic'
     needs_hw = True
+    no_score_map = 'A = K(Q, L) pinv(K(L, L)) K(L, K), a Nystrom product of Gaussian kernels: no per-pair score map'
 
     def __init__(self, num_heads=None, head_dim=None, landmark_ratio=8, num_landmarks=None, landmark_op='conv',
                  landmark_cells='floor', newton_iters=20, normalized=False, tie_qk=True, conv_size=0,

@@ -23,6 +23,7 @@ from torch.autograd.function import once_differentiable
 
 from . import ATTENTION
 from .base import AttentionKernel, cast_back, default_scale, no_autocast, scores, upcast, work_dtype
+from .score_map import softmax_map
 
 # (Nq x Nk) matrices up to this size take the explicit path on the CPU when they carry a bias or a mask, and up to
 # the tiny size always on the CPU, and on CUDA when head_dim exceeds the fused kernels' head sizes (XCiT's d_h x d_h
@@ -113,14 +114,13 @@ class SoftmaxAttention(AttentionKernel):
     def flops(self, nq, nk, d, dv, masked=False, hw=None):
         return nq * nk * (d + dv)  # S = q k^T, A @ v (SDPA's fused kernel does the same products)
 
-    def _matrix(self, q, k, hw, scale, bias, mask):
+    def _score_map(self, q, k, hw, scale, bias, mask):
         q, k = upcast(q, k)
         with no_autocast(q):
-            s = scores(q, k, default_scale(scale, q.shape[-1], q), bias)
-            if mask is not None:
-                s = s.masked_fill(~mask, float('-inf'))
-            # a row with no allowed key would be NaN: give it zero weights instead
-            return torch.softmax(s, dim=-1).nan_to_num(0.0)
+            return softmax_map(scores(q, k, default_scale(scale, q.shape[-1], q), bias), mask)
+
+    def _matrix(self, q, k, hw, scale, bias, mask):
+        return self._score_map(q, k, hw, scale, bias, mask).matrix()
 
     def _explicit(self, q, k, v, scale, bias, mask):
         """softmax(S) @ v without SDPA, in the working dtype (masked keys weigh exactly 0; a row that keeps no key

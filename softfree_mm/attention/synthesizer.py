@@ -18,9 +18,7 @@ from torch import nn
 
 from . import ATTENTION
 from .base import AttentionKernel, default_scale, scores, upcast, work_dtype, no_autocast
-
-
-
+from .score_map import softmax_map
 
 MODES = ('random', 'factorized_random', 'dense', 'factorized_dense')
 
@@ -31,16 +29,6 @@ def compact_key_positions(logits, mask):
     logits, mask = torch.broadcast_tensors(logits, mask)
     pos = (mask.to(torch.long).cumsum(-1) - 1).clamp_min(0)
     return torch.gather(logits, -1, pos)
-
-
-def masked_softmax(logits, mask):
-    """softmax over the last dim with masked entries at -inf; a row with no valid entry gives zeros (and finite
-    gradients). Call it in fp32 / fp64."""
-    if mask is None:
-        return torch.softmax(logits, dim=-1)
-    any_valid = mask.any(-1, keepdim=True)
-    logits = logits.masked_fill(~mask, float('-inf')).masked_fill(~any_valid, 0.0)
-    return torch.softmax(logits, dim=-1) * any_valid.to(logits.dtype)
 
 
 @ATTENTION.register('synthesizer')
@@ -133,7 +121,9 @@ class SynthesizerAttention(AttentionKernel):
             hidden = hidden @ self.u.to(dt)
         return hidden @ self.w2[..., :nk].to(dt) + self.b2[..., :nk].to(dt)
 
-    def _matrix(self, q, k, hw, scale, bias, mask):
+    def _score_map(self, q, k, hw, scale, bias, mask):
+        """The scores are the logits (synthetic, plus the dot products with ``mix``, plus the bias): A is their
+        softmax."""
         q, k = upcast(q, k)
         with no_autocast(q):  # logits and softmax in fp32
             logits = self.synthetic_logits(q, k.shape[2])
@@ -143,8 +133,10 @@ class SynthesizerAttention(AttentionKernel):
                 logits = logits + scores(q, k, default_scale(scale, q.shape[-1], q))
             if bias is not None:
                 logits = logits + bias.to(logits.dtype)
-            logits = logits.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-            return masked_softmax(logits, mask)
+            return softmax_map(logits.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2]), mask)
+
+    def _matrix(self, q, k, hw, scale, bias, mask):
+        return self._score_map(q, k, hw, scale, bias, mask).matrix()
 
     def _forward(self, q, k, v, hw, scale, bias, mask):
         a = self._matrix(q, k, hw, scale, bias, mask)

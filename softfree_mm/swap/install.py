@@ -43,7 +43,8 @@ def _device_dtype(m: nn.Module):
     return torch.device('cpu'), torch.float32
 
 
-def kernel_label(cfg: dict) -> str:
+def kernel_call(cfg: dict) -> str:
+    """A kernel config as the swap summary shows it: 'poly(degree=3)'."""
     args = ', '.join(f'{k}={v!r}' for k, v in cfg.items() if k != 'type')
     return f"{cfg['type']}({args})" if args else cfg['type']
 
@@ -99,10 +100,10 @@ def install(model, plan: Plan) -> dict:
         notes.append("context: the mean of the module's input over the kernel's tokens")
     if kern.needs_hw and lay.prefix:
         notes.append(f"{lay.prefix} prefix token(s) attend over all tokens through "
-                     f"{kernel_label(normalize_cfg(plan.prefix_kernel.name))}; patch tokens through the kernel on "
+                     f"{kernel_call(normalize_cfg(plan.prefix_kernel.name))}; patch tokens through the kernel on "
                      'their grid')
     record = dict(index=plan.entry.index, path=m._sf_path, type=type_key(original_class(m)),
-                  adapter=plan.entry.adapter.label, kernel=kernel_label(plan.cfg), notes=notes)
+                  adapter=plan.entry.adapter.label, kernel=kernel_call(plan.cfg), notes=notes)
     m._sf_record = record
     return record
 

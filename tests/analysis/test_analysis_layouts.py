@@ -162,7 +162,7 @@ def test_pvt_reduced_keys_come_from_the_cells_their_footprints_name(name):
 
 
 def test_soft_class_token_counts_in_norms_but_has_no_place_on_the_grid():
-    from softfree_mm.analysis.norms import call_stats
+    from softfree_mm.engine.hooks.matrix_norms import call_stats
     model = _build('SoftFreeSOFT')
     x = torch.randn(1, 3, *SIZE)
     got = {}
@@ -326,7 +326,7 @@ def _any_fitting_model(kernel):
 
 @pytest.mark.parametrize('kernel', list_attentions())
 def test_every_kernel_is_captured_with_a_matrix_that_reproduces_its_output(kernel):
-    from softfree_mm.analysis.norms import call_stats, has_score_map
+    from softfree_mm.engine.hooks.matrix_norms import call_stats
     model = _any_fitting_model(kernel)
     outputs = {}
     hooks = [k.register_forward_hook(lambda mod, a, kw, out, n=n: outputs.setdefault(n, out), with_kwargs=True)
@@ -342,5 +342,5 @@ def test_every_kernel_is_captured_with_a_matrix_that_reproduces_its_output(kerne
         torch.testing.assert_close(call.matrix() @ call.v.float() + rest, outputs[n].float(), rtol=1e-3, atol=1e-4)
         st = call_stats(call)
         assert torch.isfinite(st['fro']).all() and st['fro'].shape == (call.num_heads, )
-        assert (st['jac'] is not None) == has_score_map(call.kernel)
+        assert (st['jac'] is not None) == (not call.kernel.no_score_map)  # built-ins: a map, or why not
         assert st['jac'] is not None or call.kernel.name in st['jac_note']

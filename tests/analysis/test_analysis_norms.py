@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from softfree_mm.analysis.norms import (NoScoreMap, gaussian_score_moment, jacobian_row_sq, matrix_norms,
-                                        norms_vs_n, poly_theory)
-from softfree_mm.attention import build_attention
+from softfree_mm.analysis.norms import gaussian_score_moment, norms_vs_n, poly_theory
+from softfree_mm.attention import ATTENTION, AttentionKernel, ScoreMap, build_attention
+from softfree_mm.engine.hooks.matrix_norms import JacobianSkipped, NoScoreMap, jacobian_row_sq, matrix_norms
 
 B, H, NQ, NK, D = 2, 2, 5, 6, 4
 
@@ -77,6 +77,22 @@ def _normalised_a(eps):
     return f
 
 
+def _performer_s(q, k, m, kern):
+    # FAVOR+ features exp(w.x - |x|^2 / 2 - max) / sqrt(m) of x = q, k scaled by d^-1/4, the max over a query's
+    # features and over all keys' (up to eps in the ratio, they cancel)
+    def phi(x, dims):
+        x = x * D ** -0.25
+        e = x @ kern.projection.double().T - 0.5 * (x * x).sum(-1, keepdim=True)
+        return torch.exp(e - e.amax(dims, keepdim=True)) / math.sqrt(kern.num_features)
+    return phi(q, -1) @ phi(k, (-2, -1)).transpose(-2, -1)
+
+
+def _cosformer_s(q, k, m, kern):
+    i = torch.arange(1, NQ + 1, dtype=torch.float64).view(NQ, 1)
+    j = torch.arange(1, NK + 1, dtype=torch.float64).view(1, NK)
+    return torch.relu(q) @ torch.relu(k).transpose(-2, -1) * torch.cos(math.pi / 2 * (i - j) / max(NQ, NK))
+
+
 def _inline_s(q, k, m, kern):
     return q @ k.transpose(-2, -1) / math.sqrt(D)
 
@@ -99,7 +115,10 @@ CASES = {
     'linear_relu': (dict(type='linear', feature_map='relu'), _phi_dot(torch.relu), _normalised_a(1e-6)),
     'taylor': (dict(type='taylor'), _taylor_s, _normalised_a(0.0)),
     'inline': (dict(type='inline', local_residual=False), _inline_s, _inline_a),
+    'performer': (dict(type='performer'), _performer_s, _normalised_a(1e-6)),
+    'cosformer': (dict(type='cosformer'), _cosformer_s, _normalised_a(1e-6)),
 }
+UNMASKED = ('performer', 'cosformer')  # kernels without masks
 
 
 def _autograd_row_sq(f, s, m, kern):
@@ -115,6 +134,8 @@ def _autograd_row_sq(f, s, m, kern):
 @pytest.mark.parametrize('mask', [False, True], ids=['nomask', 'mask'])
 @pytest.mark.parametrize('case', list(CASES))
 def test_closed_form_score_jacobian_equals_autograd(case, mask):
+    if mask and case in UNMASKED:
+        pytest.skip(f'{case} takes no mask')
     cfg, score, f = CASES[case]
     q, k, m = _inputs(1, mask)
     kern = build_attention(cfg, num_heads=H, head_dim=D)
@@ -138,10 +159,70 @@ def test_synthesizer_jacobian_is_the_softmax_of_its_logits():
 def test_kernels_without_a_score_map_say_so_instead_of_a_number(name):
     kern = build_attention(dict(type=name), num_heads=H, head_dim=D)
     q = torch.randn(1, H, 16, D)
+    assert kern.score_map(q, q, hw=(4, 4)) is None and kern.no_score_map
     with pytest.raises(NoScoreMap, match=name):
         jacobian_row_sq(kern, q, q, hw=(4, 4))
     res = matrix_norms(kern, dict(q=q, k=q, hw=(4, 4), scale=None, bias=None, mask=None))
-    assert res['jac'] is None and torch.isfinite(res['fro']).all()
+    assert res['jac'] is None and res['note'] == f'{name}: {kern.no_score_map}' and torch.isfinite(res['fro']).all()
+
+
+def _grid_inputs(seed):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, H, 16, D, generator=g, dtype=torch.float64)
+    return q, torch.randn(2, H, 16, D, generator=g, dtype=torch.float64)
+
+
+@pytest.mark.parametrize('name', sorted(ATTENTION))
+def test_every_declared_score_map_gives_the_kernels_matrix_and_its_closed_form_is_autograds(name):
+    """Over the registry, each kernel's defaults (residuals and local convs included) on a 4x4 grid: the declared map
+    reproduces attention_matrix, and its closed form equals autograd's rows of the same map."""
+    from softfree_mm.engine.hooks.matrix_norms import autograd_row_sq
+    kern = build_attention(dict(type=name, mix=True) if name == 'synthesizer' else name, num_heads=H,
+                           head_dim=D).double()
+    q, k = _grid_inputs(4)
+    sm = kern.score_map(q, k, hw=(4, 4))
+    if sm is None:
+        assert kern.no_score_map, f'{name} gives no score map and no reason'
+        return
+    torch.testing.assert_close(sm.matrix(), kern.attention_matrix(q, k, hw=(4, 4)), rtol=1e-10, atol=1e-12)
+    assert sm.row_jacobian_sq is not None, f'{name}: every built-in map has its closed form'
+    torch.testing.assert_close(sm.row_jacobian_sq(sm.scores), autograd_row_sq(sm.weights, sm.scores),
+                               rtol=1e-9, atol=1e-12)
+
+
+class _SoftmaxByAutograd(AttentionKernel):
+    """Softmax declared as a map without a closed form: the Jacobian must come from autograd."""
+
+    name = 'softmax_by_autograd'
+
+    def _score_map(self, q, k, hw, scale, bias, mask):
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        return ScoreMap(s, lambda x: torch.softmax(x, -1))
+
+    def _matrix(self, q, k, hw, scale, bias, mask):
+        return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1)
+
+
+def test_a_map_without_closed_form_gets_autograds_jacobian_within_the_key_budget():
+    q, k, _ = _inputs(5)
+    kern = _SoftmaxByAutograd()
+    want = jacobian_row_sq(build_attention('softmax'), q, k)
+    torch.testing.assert_close(jacobian_row_sq(kern, q, k), want, rtol=1e-10, atol=1e-12)
+    with pytest.raises(JacobianSkipped, match=f'Nk={NK} > max_autograd_keys={NK - 1}'):
+        jacobian_row_sq(kern, q, k, max_autograd_keys=NK - 1)
+    res = matrix_norms(kern, dict(q=q, k=k, hw=None, scale=None, bias=None, mask=None), max_autograd_keys=NK - 1)
+    assert res['jac'] is None and 'max_autograd_keys' in res['note']
+
+
+def test_a_kernel_that_declares_nothing_is_named_as_such():
+    class Bare(AttentionKernel):
+        name = 'bare'
+
+        def _matrix(self, q, k, hw, scale, bias, mask):
+            return torch.softmax(q @ k.transpose(-2, -1), -1)
+    q, k, _ = _inputs(6)
+    with pytest.raises(NoScoreMap, match="bare: the kernel declares no score map"):
+        jacobian_row_sq(Bare(), q, k)
 
 
 def test_matrix_norms_are_the_frobenius_norms_over_real_query_rows():

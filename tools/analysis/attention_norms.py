@@ -35,7 +35,8 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     from softfree_mm.analysis import plots
-    from softfree_mm.analysis.norms import kernel_label, norms_vs_n, poly_theory
+    from softfree_mm.analysis.norms import norms_vs_n, poly_theory
+    from softfree_mm.attention import kernel_label
     from softfree_mm.analysis.probe import out_paths
     from softfree_mm.attention import list_attentions
 

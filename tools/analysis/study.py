@@ -112,7 +112,7 @@ def main(argv=None):
 
     from softfree_mm.analysis import study as st
     from softfree_mm.analysis import study_plots
-    from softfree_mm.analysis.norms import kernel_label
+    from softfree_mm.attention import kernel_label
     train_py = osp.join(ROOT, 'tools', 'train.py')
     out = args.out or osp.join(args.work_dir, 'results')
     os.makedirs(out, exist_ok=True)

@@ -6,7 +6,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .kernels import kernel_label
+from ...attention import kernel_label
 from .timing import DTYPES, in_fresh_process, peak_memory, timed
 
 

@@ -7,7 +7,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ...attention import build_attention
+from ...attention import build_attention, kernel_label
 from .timing import PASSES, peak_memory, saved_bytes, timed, timer
 
 
@@ -32,13 +32,6 @@ def crossover(ns: Sequence[int], ours: Sequence[float], ref: Sequence[float]) ->
     r0, r1 = math.log(ours[i - 1] / ref[i - 1]), math.log(ours[i] / ref[i])  # r0 >= 0 > r1
     t = r0 / (r0 - r1)
     return math.exp(math.log(ns[i - 1]) + t * (math.log(ns[i]) - math.log(ns[i - 1])))
-
-
-def kernel_label(cfg) -> str:
-    if isinstance(cfg, str):
-        return cfg
-    rest = ','.join(f'{k}={v}' for k, v in cfg.items() if k != 'type')
-    return f"{cfg['type']}:{rest}" if rest else cfg['type']
 
 
 class _Matmul(torch.nn.Module):

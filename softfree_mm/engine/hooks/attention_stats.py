@@ -15,7 +15,7 @@ from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 
 from .capture import AttentionCapture
-from .matrix_norms import call_stats
+from .matrix_norms import AUTOGRAD_MAX_KEYS, call_stats
 
 
 class AttentionStatsHook(Hook):
@@ -32,13 +32,16 @@ class AttentionStatsHook(Hook):
         max_matrix_elements (int): a layer whose A (heads x Nq x Nk of one attention problem) is larger is skipped,
             with a warning (the norms need the explicit matrix; global attention at detection resolutions would
             need gigabytes).
+        max_autograd_keys (int): a kernel whose score map has no closed-form Jacobian gets it from autograd, one
+            backward pass per key, in layers of at most this many keys; other layers get a note instead.
     """
 
     priority = 'LOW'
 
     def __init__(self, interval: int = 50, first: bool = True, layers: Optional[Sequence[str]] = None,
                  jacobian: bool = True, per_head: bool = True, prefix: str = 'attn',
-                 file_name: str = 'attention_stats.json', max_matrix_elements: int = 1 << 27):
+                 file_name: str = 'attention_stats.json', max_matrix_elements: int = 1 << 27,
+                 max_autograd_keys: int = AUTOGRAD_MAX_KEYS):
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
             raise ValueError(f'AttentionStatsHook: interval must be a positive int, got {interval!r}')
         if layers is not None and (isinstance(layers, str) or not all(isinstance(n, str) for n in layers)):
@@ -49,10 +52,10 @@ class AttentionStatsHook(Hook):
         for name, val in (('first', first), ('jacobian', jacobian), ('per_head', per_head)):
             if not isinstance(val, bool):
                 raise TypeError(f'AttentionStatsHook: {name} must be True or False, got {val!r}')
-        if isinstance(max_matrix_elements, bool) or not isinstance(max_matrix_elements, int) or max_matrix_elements < 1:
-            raise ValueError(f'AttentionStatsHook: max_matrix_elements must be a positive int, got '
-                             f'{max_matrix_elements!r}')
-        self.max_matrix_elements = max_matrix_elements
+        for name, val in (('max_matrix_elements', max_matrix_elements), ('max_autograd_keys', max_autograd_keys)):
+            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+                raise ValueError(f'AttentionStatsHook: {name} must be a positive int, got {val!r}')
+        self.max_matrix_elements, self.max_autograd_keys = max_matrix_elements, max_autograd_keys
         self.interval, self.first, self.layers = interval, first, None if layers is None else list(layers)
         self.jacobian, self.per_head, self.prefix, self.file_name = jacobian, per_head, prefix, file_name
         self._capture: Optional[AttentionCapture] = None
@@ -115,7 +118,7 @@ class AttentionStatsHook(Hook):
                                                f'max_matrix_elements={self.max_matrix_elements}')
             return
         try:
-            self._stats[call.name] = call_stats(call, jacobian=self.jacobian)
+            self._stats[call.name] = call_stats(call, jacobian=self.jacobian, max_autograd_keys=self.max_autograd_keys)
         except Exception as e:  # noqa: BLE001
             self._failed.setdefault(call.name, f'{type(e).__name__}: {e}')
 
