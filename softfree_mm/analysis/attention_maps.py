@@ -1,6 +1,6 @@
 """A query's attention drawn in image space for any layout (what tools/vis_attention.py draws).
 
-Its row of A goes back on the layer's grid (:meth:`Layout.spread`), NaN where the query sees nothing. For channel
+Its row of A goes back on the layer's grid (:meth:`TokenLayout.spread`), NaN where the query sees nothing. For channel
 attention (XCiT) query channel c's map is ``sum_c' A[c, c'] v[c', :]`` over the image tokens; for a kernel whose A is
 not its whole output (InLine's per-channel residual) the map is A, and the note says so.
 """
@@ -9,7 +9,15 @@ from typing import Tuple, Union
 
 import torch
 
-from .layouts import image_stride
+
+def image_stride(image_side: int, grid_side: int) -> float:
+    """Pixels per token along one axis: the power of two s with ceil(image / s) == grid (backbones pad the image
+    bottom / right to a stride multiple), else image / grid."""
+    for e in range(8):
+        s = 2 ** e
+        if -(-image_side // s) == grid_side:
+            return float(s)
+    return image_side / grid_side
 
 
 def token_under(call, xy: Tuple[float, float]) -> Tuple[int, int, Tuple[float, float]]:

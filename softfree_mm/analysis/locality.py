@@ -6,10 +6,10 @@ for an interior query of a global layer). Channel attention (XCiT) has no token 
 """
 import torch
 
-from ..engine.hooks.layouts import Layout
+from ..models.utils.token_layout import TokenLayout
 
 
-def neighbour_share(layout: Layout) -> torch.Tensor:
+def neighbour_share(layout: TokenLayout) -> torch.Tensor:
     """(groups, Nq, Nk): the share of key j inside the 3x3 neighbourhood of query i (0 for padding queries)."""
     if not layout.spatial:
         raise ValueError(f'{layout.kind} layout has no token positions ({layout.note}): no 3x3 neighbourhood')
@@ -21,7 +21,7 @@ def neighbour_share(layout: Layout) -> torch.Tensor:
     return (near.to(kw.dtype) * kw.unsqueeze(1)).sum(-1)
 
 
-def local_mass(a: torch.Tensor, layout: Layout, keep: torch.Tensor = None):
+def local_mass(a: torch.Tensor, layout: TokenLayout, keep: torch.Tensor = None):
     """Per attention problem, head and query: (mass (G, h, Nq), uniform (G, h|1, Nq)).
 
     ``a``: (G, h, Nq, Nk) rows of ONE image (``layout.groups`` problems); ``keep``: (G, h|1, Nq, Nk) bool, the keys

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from softfree_mm.analysis.injectivity import confusions
-from softfree_mm.analysis.layouts import Layout, _plain, reduced_keys, _windows, _token_keys
 from softfree_mm.analysis.locality import local_mass
 from softfree_mm.attention import build_attention
+from softfree_mm.models.utils.token_layout import TokenLayout
 
 
 def _brute(a, q, thr, qthr, valid):
@@ -75,7 +75,7 @@ def _nbhd(h, w):
 def test_locality_of_uniform_rows_is_the_neighbour_count_over_n(hw):
     h, w = hw
     n = h * w
-    layout = _plain(hw, n, n, 'test')
+    layout = TokenLayout.over_grid(hw, n, n, 'test')
     a = torch.full((1, 1, n, n), 1.0 / n, dtype=torch.float64)
     mass, uniform = local_mass(a, layout)
     want = _nbhd(h, w).sum(-1) / n  # 9/N inside, 6/N on an edge, 4/N in a corner
@@ -89,7 +89,7 @@ def test_locality_of_uniform_rows_is_the_neighbour_count_over_n(hw):
 def test_locality_of_a_pure_3x3_stencil_and_of_the_identity_is_one_and_of_far_rows_zero():
     h, w = 5, 6
     n = h * w
-    layout = _plain((h, w), n, n, 'test')
+    layout = TokenLayout.over_grid((h, w), n, n, 'test')
     nb = _nbhd(h, w)
     stencil = (nb / nb.sum(-1, keepdim=True)).view(1, 1, n, n)
     eye = torch.eye(n, dtype=torch.float64).view(1, 1, n, n)
@@ -103,9 +103,10 @@ def test_locality_in_windows_counts_only_the_window_and_skips_padding():
     h, w, win = 5, 4, 3
     index = torch.full((6, 6), -1)
     index[:h, :w] = torch.arange(h * w).view(h, w)
-    pos = _windows(index, win, win)
-    idx, wt = _token_keys(pos)
-    layout = Layout('window', grid=(h, w), groups=4, query_pos=pos, key_index=idx, key_weight=wt)
+    layout = TokenLayout.windows('window', (h, w), (6, 6), (win, win), 'test')
+    pos = layout.query_pos
+    want_pos = index.view(2, win, 2, win).permute(0, 2, 1, 3).reshape(4, win * win)  # windows row-major
+    assert torch.equal(pos, want_pos) and torch.equal(layout.key_index[..., 0], pos)
     keep = (pos >= 0).view(4, 1, 1, 9).expand(4, 1, 9, 9)  # pad keys masked
     a = keep.double() / keep.double().sum(-1, keepdim=True)
     mass, uniform = local_mass(a, layout, keep)
@@ -123,9 +124,7 @@ def test_locality_in_windows_counts_only_the_window_and_skips_padding():
 
 def test_locality_counts_the_part_of_a_reduced_keys_cell_inside_the_neighbourhood():
     h, w, r = 4, 6, 2
-    idx, wt = reduced_keys((h, w), (2, 3), adaptive=False, ratio=r)
-    layout = Layout('reduction', grid=(h, w), groups=1, query_pos=torch.arange(h * w).view(1, -1), key_index=idx,
-                    key_weight=wt, key_grid=(2, 3))
+    layout = TokenLayout.reduced((h, w), h * w, 6, (2, 3), 'test', adaptive=False, ratio=r)
     a = torch.zeros(1, 1, h * w, 6, dtype=torch.float64)
     a[..., 0] = 1.0  # every query looks at the key pooled from the top-left 2 x 2 cell
     mass, uniform = local_mass(a, layout)

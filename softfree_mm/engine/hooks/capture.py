@@ -1,6 +1,7 @@
 """Record what every attention kernel of a model receives, by forward hooks (no backbone changes): one pre-hook per
-``AttentionKernel`` (our backbones' and swapped foreign models'), and one on each module that owns a layout, so that
-each call carries it (:mod:`.layouts`).
+``AttentionKernel`` (our backbones' and swapped foreign models'), and one on each module that declares the layout of
+its kernel's tokens (a ``token_layout`` method, :mod:`softfree_mm.models.utils.token_layout`), so that each call
+carries it; a kernel without such an owner gets a global layout when one problem per image over a grid fits.
 
 >>> with AttentionCapture(model.backbone) as cap:
 ...     model.backbone(images)
@@ -10,13 +11,14 @@ each call carries it (:mod:`.layouts`).
 The first call of each kernel per capture is kept (gradient checkpointing re-runs a block in the backward pass).
 """
 import inspect
+import math
 from typing import Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 from torch import nn
 
 from ...attention import AttentionKernel
-from .layouts import Layout, adapters, default_layout
+from ...models.utils.token_layout import TokenLayout
 
 _ARGS = ('q', 'k', 'v', 'hw', 'scale', 'bias', 'mask', 'context')
 
@@ -42,7 +44,7 @@ def _detach(x):
 class AttentionCall:
     """The inputs of one kernel call (detached) and its layout; ``matrix()`` gives the explicit A on demand."""
 
-    def __init__(self, name: str, kernel: AttentionKernel, inputs: Dict[str, object], layout: Optional[Layout],
+    def __init__(self, name: str, kernel: AttentionKernel, inputs: Dict[str, object], layout: Optional[TokenLayout],
                  image_size: Optional[Tuple[int, int]]):
         self.name, self.kernel = name, kernel
         self.q, self.k, self.v = inputs['q'], inputs['k'], inputs['v']
@@ -146,7 +148,6 @@ class AttentionCapture:
 
     # ------------------------------------------------------------------ hooks
     def __enter__(self):
-        table = adapters()
         by_path = dict(self.module.named_modules())
         path_of = {id(m): p for p, m in by_path.items()}
         self._handles.append(self.module.register_forward_pre_hook(self._root_hook, with_kwargs=True))
@@ -155,16 +156,15 @@ class AttentionCapture:
             path = path_of[id(kernel)]
             owner = None
             parts = path.split('.') if path else []
-            for i in range(len(parts) - 1, -1, -1):  # nearest ancestor with a layout adapter
+            for i in range(len(parts) - 1, -1, -1):  # the nearest ancestor that declares its layout
                 m = by_path.get('.'.join(parts[:i]))
-                fn = _adapter_for(m, table)
-                if fn is not None:
-                    owner = (m, fn)
+                if callable(getattr(m, 'token_layout', None)):
+                    owner = m
                     break
             self._owners[id(kernel)] = owner
-            if owner is not None and id(owner[0]) not in owner_ids:
-                owner_ids.add(id(owner[0]))
-                self._handles.append(owner[0].register_forward_pre_hook(self._owner_hook, with_kwargs=True))
+            if owner is not None and id(owner) not in owner_ids:
+                owner_ids.add(id(owner))
+                self._handles.append(owner.register_forward_pre_hook(self._owner_hook, with_kwargs=True))
             self._handles.append(kernel.register_forward_pre_hook(
                 self._make_kernel_hook(name, kernel), with_kwargs=True))
         return self
@@ -212,28 +212,34 @@ class AttentionCapture:
             return None
         return hook
 
-    def _layout(self, kernel, call) -> Layout:
-        owner = self._owners.get(id(kernel))
-        if owner is not None:
-            m, fn = owner
-            ctx = self._owner_ctx.get(id(m))
-            if ctx is not None:
-                try:
-                    layout = fn(m, ctx[0], ctx[1], call)
-                except (KeyError, IndexError, AttributeError, TypeError, ValueError) as e:
-                    return Layout('unknown', note=f'the layout of {type(m).__name__} could not be read: {e}')
-                if layout.groups and self.batch and call.q.shape[0] != self.batch * layout.groups \
-                        and layout.kind != 'unknown':
-                    return Layout('unknown', note=f'{layout.note}; but the call has {call.q.shape[0]} problems for '
-                                                  f'{self.batch} images x {layout.groups} groups')
-                return layout
-        return default_layout(call, self.batch)
+    def _layout(self, kernel, call) -> TokenLayout:
+        m = self._owners.get(id(kernel))
+        ctx = None if m is None else self._owner_ctx.get(id(m))
+        if ctx is None:
+            return default_layout(call, self.batch)
+        try:
+            layout = m.token_layout(call.q.shape[2], call.k.shape[2], *ctx[0], **ctx[1])
+        except (KeyError, IndexError, AttributeError, TypeError, ValueError) as e:
+            return TokenLayout('unknown', note=f'the layout of {type(m).__name__} could not be read: {e}')
+        if layout.groups and self.batch and call.q.shape[0] != self.batch * layout.groups \
+                and layout.kind != 'unknown':
+            return TokenLayout('unknown', note=f'{layout.note}; but the call has {call.q.shape[0]} problems for '
+                                               f'{self.batch} images x {layout.groups} groups')
+        return layout
 
 
-def _adapter_for(module, table):
-    if module is None:
-        return None
-    for cls, fn in table.items():
-        if isinstance(module, cls):
-            return fn
-    return None
+def default_layout(call, batch: Optional[int]) -> TokenLayout:
+    """No module declares the layout: one problem per image over the call's grid (``hw``, else a square grid) when
+    that fits."""
+    nq, nk = call.q.shape[2], call.k.shape[2]
+    if batch is not None and call.q.shape[0] != batch:
+        return TokenLayout('unknown', note=f'{call.q.shape[0]} attention problems for {batch} images, and no module '
+                                           'above this kernel declares its token layout')
+    hw = call.hw
+    if hw is None:
+        r = math.isqrt(nq)
+        if r * r != nq or nq != nk:
+            return TokenLayout('unknown', note=f'no token grid (Nq={nq}, Nk={nk}, no hw) and no declared layout')
+        hw = (r, r)
+    return TokenLayout.over_grid(tuple(hw), nq, nk, f'global over the {hw[0]}x{hw[1]} grid (no declared layout: '
+                                                    'assumed)')

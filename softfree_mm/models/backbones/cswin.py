@@ -16,6 +16,7 @@ from ..attention import KernelAttention
 from ..utils.cfg import expand_attn_cfg, per_stage
 from ..utils.mlp import Mlp
 from ..utils.tokens import PatchEmbed
+from ..utils.token_layout import TokenLayout
 from ..utils.windows import _from_windows, _to_windows, identity_mask
 from .base import AttentionBlock, StagedBackbone, checkpointed
 
@@ -66,6 +67,21 @@ class StripeBranch(KernelAttention):
         if self.direction == 'horizontal':
             return self.stripe_width, hw[1]
         return None
+
+    def token_layout(self, nq, nk, q, k, v, context=None) -> TokenLayout:
+        """Where the tokens of this branch's kernel call sit: stripes of the symmetrically padded grid (or the whole
+        grid)."""
+        h, w = q.shape[1:3]
+        (sh, sw), (top, bottom, left, right) = stripe_geometry((h, w), self.stripe((h, w)))
+        hp, wp = h + top + bottom, w + left + right
+        if self.direction is None or (sh, sw) == (h, w):
+            kind, note = 'global', f'global over the {h}x{w} grid'
+        else:
+            kind, note = 'stripe', f'{self.direction} stripes of {sh}x{sw} on the {h}x{w} grid'
+            note += f', padded symmetrically to {hp}x{wp}' if (hp, wp) != (h, w) else ''
+        return TokenLayout.windows(kind, (h, w), (hp, wp), (sh, sw), note, origin=(top, left),
+                                   extra=dict(stripe=(sh, sw), direction=self.direction,
+                                              pad=(top, bottom, left, right)))
 
     def forward(self, q, k, v, context=None):
         """q, k, v: (B, H, W, c) -> (B, H, W, c); context (B, c): the kernel's context (when it takes one)."""

@@ -19,6 +19,7 @@ from ...attention.fit import require_kernel_fit
 from ..attention import KernelAttention
 from ..utils.cfg import check_foreign_args, expand_attn_cfg, pretrain_hw
 from ..utils.mlp import DWConvMlp, Mlp
+from ..utils.token_layout import TokenLayout
 from ..utils.tokens import PatchEmbed, grid_view, token_view
 from .base import AttentionBlock, SoftFreeBackbone, checkpointed, mmdet_checks
 
@@ -63,6 +64,22 @@ class SRAttention(KernelAttention):
             y = self.pool(y)
         y = self.norm(token_view(self.sr(y)))
         return y if self.act is None else self.act(y)
+
+    def token_layout(self, nq, nk, x, hw) -> TokenLayout:
+        """Where the tokens of this layer's kernel call sit: queries on the grid, keys on it or on its reduced grid
+        (each key over the cell of tokens its conv or pooling reads)."""
+        (h, w) = hw = tuple(int(s) for s in hw)
+        if not self.reduces:
+            return TokenLayout.over_grid(hw, nq, nk, f'global over the {h}x{w} grid')
+        if self.linear_sra:
+            out = self.pool.output_size
+            key_hw = (out, out) if isinstance(out, int) else tuple(out)
+            note = f'keys average-pooled to {key_hw[0]}x{key_hw[1]} (linear SRA) from the {h}x{w} grid'
+            return TokenLayout.reduced(hw, nq, nk, key_hw, note, adaptive=True)
+        (r, _), (kh, kw) = self.sr.stride, self.sr.kernel_size
+        key_hw = ((h - kh) // r + 1, (w - kw) // r + 1)
+        note = f'keys from a stride-{r} reduction of the {h}x{w} grid ({key_hw[0]}x{key_hw[1]} keys)'
+        return TokenLayout.reduced(hw, nq, nk, key_hw, note, adaptive=False, ratio=r)
 
     def forward(self, x, hw):
         q, k, v = self.project(x, self.reduce(x, hw) if self.reduces else None)

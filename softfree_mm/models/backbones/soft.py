@@ -18,6 +18,7 @@ from ...attention.fit import require_kernel_fit
 from ..attention import KernelAttention
 from ..utils.cfg import expand_attn_cfg
 from ..utils.mlp import Mlp
+from ..utils.token_layout import TokenLayout
 from .base import AttentionBlock, SoftFreeBackbone, checkpointed
 
 __all__ = ['SoftFreeSOFT']
@@ -88,6 +89,11 @@ class SoftBlock(AttentionBlock):
         self.drop1 = nn.Dropout(drop)
         self.drop2 = nn.Dropout(drop)
 
+    def token_layout(self, nq, nk, x, hw) -> TokenLayout:
+        """Attention over the whole grid."""
+        h, w = (int(s) for s in hw)
+        return TokenLayout.over_grid((h, w), nq, nk, f'global over the {h}x{w} grid')
+
     def forward(self, x, hw):
         x = self.norm1(x + self.drop1(self.attn(x, tuple(hw))))
         return self.norm2(x + self.drop2(self.mlp(x)))
@@ -113,6 +119,12 @@ class GlobalBlock(AttentionBlock):
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def token_layout(self, nq, nk, x, hw=None) -> TokenLayout:
+        """A class token, then the grid, all attending globally (the class token has no place on the grid)."""
+        h, w = (int(s) for s in hw)
+        return TokenLayout.over_grid((h, w), nq, nk, f'global over a class token and the {h}x{w} grid (the class '
+                                                     'token is not drawn)', prefix=max(0, nq - h * w))
 
     def forward(self, x, hw=None):
         x = x + self.drop_path(self.attn(self.norm1(x)))

@@ -17,6 +17,7 @@ from ...attention.fit import require_kernel_fit
 from ..attention import KernelAttention
 from ..utils.cfg import check_foreign_args, expand_per_block, pretrain_hw
 from ..utils.mlp import Mlp
+from ..utils.token_layout import TokenLayout
 from ..utils.tokens import PatchEmbed
 from ..utils.windows import _GEOMETRIES, WindowGeometry, geometry, relative_position_index  # noqa: F401  (cache)
 from .base import AttentionBlock, StagedBackbone, checkpointed, mmdet_checks
@@ -120,6 +121,20 @@ class SwinBlock(AttentionBlock):
         qkv = layout.to_windows(attn.qkv(x), fill=attn.qkv.bias)
         y = layout.from_windows(attn(qkv, mask=mask, hw=geo.window, context=context))
         return attn.proj_drop(attn.proj(y))
+
+    def token_layout(self, nq, nk, x, geo: WindowGeometry) -> TokenLayout:
+        """Where the tokens of this block's kernel call sit: windows of the padded grid, rolled by the shift in a
+        shifted block (it rolls by (-sh, -sw), so frame position p holds token (p + shift) mod the padded size)."""
+        (h, w), (hp, wp), (wh, ww) = geo.hw, geo.padded, geo.window
+        sh, sw = geo.shift if self.shifted else (0, 0)
+        if (wh, ww) == (h, w) and (hp, wp) == (h, w):
+            kind, note = 'global', f'global window over the {h}x{w} grid'
+        else:
+            kind, note = 'window', f'{wh}x{ww} windows on the {h}x{w} grid'
+            note += f', shifted by ({sh}, {sw})' if (sh, sw) != (0, 0) else ''
+            note += f', padded to {hp}x{wp}' if (hp, wp) != (h, w) else ''
+        return TokenLayout.windows(kind, (h, w), (hp, wp), (wh, ww), note, shift=(sh, sw),
+                                   extra=dict(window=(wh, ww), shift=(sh, sw), padded=(hp, wp)))
 
     def _forward(self, x, geo):
         x = x + self.drop_path(self._attend(self.norm1(x), geo))

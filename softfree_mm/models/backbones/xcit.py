@@ -19,6 +19,7 @@ from ...attention.fit import probe, refusal, require_kernel_fit
 from ..attention import KernelAttention
 from ..utils.cfg import expand_attn_cfg
 from ..utils.mlp import Mlp, gelu_inference
+from ..utils.token_layout import TokenLayout
 from ..utils.tokens import grid_view, token_view
 from ..utils.deconv import BlockDeconv
 from .base import AttentionBlock, SoftFreeBackbone, checkpointed
@@ -162,6 +163,12 @@ class XCABlock(AttentionBlock):
         if isinstance(self.drop_path, nn.Identity) or not self.training:
             return torch.addcmul(x, gamma, y)
         return x + self.drop_path(gamma * y)
+
+    def token_layout(self, nq, nk, x, hw) -> TokenLayout:
+        """Attention over the d_h channels of each head: its tokens are channels, the values token maps."""
+        h, w = (int(s) for s in hw)
+        return TokenLayout.channels((h, w), f'cross-covariance attention over {nq} channels per head; the values '
+                                            f'are {h}x{w} token maps')
 
     def forward(self, x, hw: Tuple[int, int]):
         x = self._residual(x, self.gamma1, self.attn(self.norm1(x)))
