@@ -50,11 +50,14 @@ def _iou(a, b, offset):
 
 
 def nms_reference(boxes, scores, thr, offset=0, score_threshold=0.0, max_num=-1):
-    """Greedy NMS in Python floats: by descending score, a box stays unless its IoU with a kept box is > thr."""
-    b, s = boxes.double().tolist(), scores.double().tolist()
+    """Greedy NMS in Python floats, in mmcv's order: the boxes scoring above ``score_threshold`` (when > 0) first
+    (mmcv's Python), sorted as its C++ sorts them (``scores.sort(0, descending=True)``, so tied scores come in that sort's
+    order); a box stays unless its IoU with a kept box is > thr."""
+    b = boxes.double().tolist()
+    valid = torch.nonzero(scores > score_threshold).squeeze(1) if score_threshold > 0 else torch.arange(len(scores))
     keep = []
-    for i in sorted(range(len(s)), key=lambda i: -s[i]):
-        if s[i] > score_threshold and all(_iou(b[i], b[j], offset) <= thr for j in keep):
+    for i in valid[scores[valid].sort(0, descending=True)[1]].tolist():
+        if all(_iou(b[i], b[j], offset) <= thr for j in keep):
             keep.append(i)
     return keep[:max_num] if max_num > 0 else keep
 
@@ -76,6 +79,21 @@ def test_nms_keeps_what_greedy_nms_keeps(dtype, offset):
         assert 5 <= len(ref) < 400 and dets.dtype == dtype
         assert torch.equal(dets[:, :4], boxes[inds]) and torch.equal(dets[:, 4], scores[inds])
     assert _ext().calls['nms'] == calls + 3  # the stand-in served each call
+
+
+@needs_standin
+def test_nms_with_tied_scores_keeps_mmcvs_order():
+    """Tied scores (zero-padded image borders give many): the kept set and its order follow mmcv's sort, which
+    torchvision's stable sort alone would not (the demo detector's numbers move with it)."""
+    from mmcv.ops import nms
+    g = torch.Generator().manual_seed(0)
+    xy = torch.rand(3000, 2, generator=g) * 200
+    boxes = torch.cat([xy, xy + 5 + torch.rand(3000, 2, generator=g) * 40], 1)
+    scores = (torch.rand(3000, generator=g) * 20).round() / 20  # 21 distinct values
+    inds = nms(boxes, scores, 0.7)[1]
+    assert inds.tolist() == nms_reference(boxes, scores, 0.7)
+    stable = torch.ops.torchvision.nms(boxes, scores, 0.7)
+    assert stable.tolist() != inds.tolist()  # the case tells the two orders apart
 
 
 # ------------------------------------------------------------------------------------------------ RoIAlign

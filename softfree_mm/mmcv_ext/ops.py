@@ -71,12 +71,16 @@ def get_compiling_cuda_version():
 # ------------------------------------------------------------------------------------------------ nms
 @_served
 def nms(bboxes, scores, iou_threshold, offset=0):
-    """Indices kept, by descending score; a box goes when its IoU with a kept box is > iou_threshold. ``offset=1``
-    is mmcv's legacy +1 box size, the same IoU as boxes one unit larger."""
+    """Indices kept, in mmcv's order: by descending score as ``scores.sort(0, descending=True)`` leaves them (mmcv's
+    own call, so tied scores come in its order, not torchvision's stable one); a box goes when its IoU with a kept
+    box is > iou_threshold. ``offset=1`` is mmcv's legacy +1 box size, the same IoU as boxes one unit larger."""
     if offset:
         bboxes = torch.cat([bboxes[:, :2], bboxes[:, 2:4] + offset], dim=1)
     dt = _compute_dtype(bboxes, scores)
-    return torch.ops.torchvision.nms(bboxes.to(dt), scores.to(dt), float(iou_threshold))
+    order = scores.sort(0, descending=True)[1]
+    rank = torch.arange(len(order), 0, -1, dtype=dt, device=bboxes.device)  # torchvision keeps this order
+    keep = torch.ops.torchvision.nms(bboxes[order].to(dt), rank, float(iou_threshold))
+    return order[keep]
 
 
 # ------------------------------------------------------------------------------------------------ RoIAlign

@@ -62,12 +62,16 @@ class AttentionTransfer(BaseModel):
             same family and architecture as the student (depths, widths, heads).
         train: the groups of :func:`parameter_groups` that train: ``kernel`` (always), ``qkv``, ``proj``, ``blocks``
             (every block parameter); what the teacher has no value for trains in any case.
-        neck, head: the classification config's; not built (stage 1 reads no labels).
+        neck, head, train_cfg: the classification config's (a transfer config inherits it for the student's backbone
+            and the data); not built or used: stage 1 reads no labels.
     """
 
     def __init__(self, backbone: dict, teacher: dict, train: Sequence[str] = ('kernel', 'qkv'),
-                 neck: Optional[dict] = None, head: Optional[dict] = None, data_preprocessor: Optional[dict] = None,
-                 init_cfg=None, eps: float = 1e-8):
+                 neck: Optional[dict] = None, head: Optional[dict] = None, train_cfg: Optional[dict] = None,
+                 data_preprocessor: Optional[dict] = None, init_cfg=None, eps: float = 1e-8):
+        if isinstance(data_preprocessor, dict) and 'type' not in data_preprocessor:
+            # a classification config's preprocessor settings (mmpretrain's ImageClassifier adds the same type)
+            data_preprocessor = dict(data_preprocessor, type='mmpretrain.ClsDataPreprocessor')
         super().__init__(data_preprocessor=data_preprocessor, init_cfg=init_cfg)
         train = (train, ) if isinstance(train, str) else tuple(train)
         bad = [g for g in train if g not in GROUPS]
