@@ -140,8 +140,8 @@ def main(argv=None):
                 normalize_cfg(k)
         sizes = [parse_size(s) for s in (args.sizes or [])]
         for name in args.backbones or []:
-            if name not in bm.BACKBONES:
-                raise ValueError(f'unknown backbone {name!r}; valid: {", ".join(bm.BACKBONES)}')
+            if name not in bm.backbone_presets():
+                raise ValueError(f"unknown backbone {name!r}; valid: {', '.join(sorted(bm.backbone_presets()))}")
     except (KeyError, TypeError, ValueError) as e:
         return fail(e.args[0] if e.args else str(e))
 

@@ -25,8 +25,9 @@ import torch
 
 def main(argv=None):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from softfree_mm.models.converters import (arch_report, detect_family, family_match, get_converter,
-                                               list_converters, read_checkpoint, unplaced_keys, unwrap_state_dict)
+    from softfree_mm.models.converters import (arch_report, checkpoint_class, detect_family, family_match,
+                                               get_converter, list_converters, read_checkpoint, unplaced_keys,
+                                               unwrap_state_dict)
 
     families = ['auto'] + list_converters()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -56,7 +57,7 @@ def main(argv=None):
         family, out = detect_family(sd)
     else:
         family, out = args.family, get_converter(args.family)(sd)
-    if family == 'soft' and not args.ema:  # the official SOFT evaluation loads 'state_dict_ema'
+    if checkpoint_class(family)._prefer_ema and not args.ema:  # releases evaluated with their EMA weights (SOFT)
         sd = unwrap_state_dict(raw, prefer_ema=True)
         out = get_converter(family)(sd)
     share = family_match(family, out)

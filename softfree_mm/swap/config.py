@@ -11,13 +11,12 @@ def SoftFreeSwap(backbone, attn_cfg, layers=None, prefix_attention='softmax', in
                       attn_cfg=dict(type='poly', degree=3))
 
     ``init_cfg`` / ``pretrained`` given here (as downstream models and --cfg-options may do) go to the inner model.
-    The inner type is looked up in the registry of the current default scope (mmdet, mmseg, mmpretrain), or by its
-    scope prefix ('mmdet.SwinTransformer').
+    The inner type is looked up as mmengine's scoped build does: in the registry of the current default scope
+    (mmdet, mmseg, mmpretrain, softfree_mm), or by its scope prefix ('mmdet.SwinTransformer').
     """
     from mmengine.config import ConfigDict
-    from mmengine.registry import MODELS, DefaultScope
+    from mmengine.registry import MODELS
 
-    from ..registry import REGISTERED
     from .core import swap_attention
     if not isinstance(backbone, dict) or not backbone.get('type'):
         raise TypeError(f"SoftFreeSwap: 'backbone' must be a model config dict with a 'type', got {backbone!r}")
@@ -29,9 +28,7 @@ def SoftFreeSwap(backbone, attn_cfg, layers=None, prefix_attention='softmax', in
             raise ValueError(f'SoftFreeSwap: {key} is given both on the wrapper ({val!r}) and on the inner backbone '
                              f'({backbone[key]!r}); give it once')
         backbone[key] = val
-    scope = DefaultScope.get_current_instance()
-    registry = REGISTERED.get(scope.scope_name, MODELS) if scope is not None else MODELS
-    model = registry.build(backbone)
+    model = MODELS.build(backbone)
     if model is None:
         raise ValueError(f"SoftFreeSwap: building {backbone['type']!r} gave no model")
     return swap_attention(model, attn_cfg, layers=layers, prefix_attention=prefix_attention)

@@ -13,9 +13,10 @@ import torch
 
 from softfree_mm import models
 from softfree_mm.analysis.attention_maps import query_map
-from softfree_mm.analysis.support import TINY
 from softfree_mm.attention import list_attentions
 from softfree_mm.engine.hooks import AttentionCapture, attention_layers
+
+from tests.helpers.presets import TINY
 
 SIZE = (61, 90)  # odd sizes: padding in Swin / CSwin / PVT v1 patch embedding, partial windows
 TINY = {**TINY, 'SoftFreeSOFT': dict(arch=dict(embed_dims=(16, 32, 40, 64), depths=(1, 1, 1, 1),

@@ -1,8 +1,7 @@
-"""Tiny presets of every backbone class softfree_mm registers (tests that go over all of them share these).
-
-The five families of the support table (``softfree_mm.analysis.support.TINY``) plus SOFT's own backbone.
+"""Tiny presets of every backbone family softfree_mm declares (tests that go over all of them share these): each
+family's own ``Family.tiny``, by class name.
 """
-from softfree_mm.analysis import support
+import softfree_mm  # noqa: F401  (declares every family)
+from softfree_mm.models.backbones.base import FAMILIES
 
-TINY = dict(support.TINY, SoftFreeSOFT=dict(arch=dict(embed_dims=(16, 32, 32, 32), num_heads=(1, 2, 2, 2),
-                                                     depths=(1, 1, 1, 1))))
+TINY = {name: dict(cls.family.tiny) for name, cls in FAMILIES.items()}

@@ -20,7 +20,6 @@ import torch
 
 import softfree_mm  # noqa: F401  (registers the backbones)
 from softfree_mm import models
-from softfree_mm.analysis.support import FITS
 from softfree_mm.attention import build_attention, kernel_arguments, list_attentions
 
 from tests.helpers.presets import TINY  # every registered backbone
@@ -37,7 +36,7 @@ def build(family, kernel):
     """The tiny backbone with ``kernel`` (None: the family's default), in the set-up it fits (None when none)."""
     cls = getattr(models, family)
     attn = dict(type=kernel, mix=True) if kernel == 'synthesizer' else kernel
-    for extra in ({}, FITS.get(family, (None, None))[1]):
+    for extra in ({}, (cls.family.fit or (None, None))[1]):
         if extra is None:
             break
         try:

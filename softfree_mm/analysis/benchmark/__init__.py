@@ -5,7 +5,7 @@ apart (``references``), how things are measured in ``timing`` and written out in
 one run on one machine, the two sides alternating.
 """
 # every name that tools/, the tests and the docs used from the former one-file module
-from .backbones import (BACKBONE_COLUMNS, BACKBONES, BN, backbone_point, build_backbone,  # noqa: F401
+from .backbones import (BACKBONE_COLUMNS, backbone_point, backbone_presets, build_backbone,  # noqa: F401
                         flops_table, run_backbones)
 from .comparison import COMPARE_COLUMNS, compare, kept_for_backward  # noqa: F401
 from .detector import (DETECTOR_COLUMNS, DETECTOR_KERNELS, DETECTOR_SIZE, DETECTORS, detector_batch,  # noqa: F401

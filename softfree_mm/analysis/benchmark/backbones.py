@@ -10,36 +10,27 @@ from ...attention import kernel_label
 from .timing import DTYPES, in_fresh_process, peak_memory, timed
 
 
-BN = dict(type='BN')
-BACKBONES = {
-    'swin_t': ('SoftFreeSwin', dict(arch='tiny')),
-    'swin_s': ('SoftFreeSwin', dict(arch='small')),
-    'pvt_v2_b0': ('SoftFreePVTv2', dict(arch='b0')),
-    'pvt_v2_b2': ('SoftFreePVTv2', dict(arch='b2')),
-    'pvt_s': ('SoftFreePVT', dict(arch='small')),
-    'xcit_s12': ('SoftFreeXCiT', dict(arch='s12', patch_size=16, norm_cfg=BN)),
-    'xcit_t12': ('SoftFreeXCiT', dict(arch='t12', patch_size=16, norm_cfg=BN)),
-    'cswin_t': ('SoftFreeCSWin', dict(arch='tiny')),
-}
+def backbone_presets() -> Dict[str, Tuple[type, dict]]:
+    """Preset name (``--backbones``) -> (backbone class, build arguments): what every family declares
+    (``Family.benchmark``)."""
+    from ...models.backbones.base import FAMILIES
+    return {name: (cls, kw) for cls in FAMILIES.values() for name, kw in cls.family.benchmark.items()}
 
 
 def build_backbone(name: str, kernel='softmax', extra: Optional[dict] = None):
     """A backbone preset with ``kernel`` in every attention layer. Where the backbone's own layout refuses the
-    kernel, the set-up that fits it (analysis/support.py) is used; returns (model, set-up label)."""
-    from ... import models
-    from ..support import FITS
-
-    if name not in BACKBONES:
-        raise ValueError(f'unknown backbone {name!r}; valid: {", ".join(BACKBONES)}')
-    cls_name, kw = BACKBONES[name]
-    cls = getattr(models, cls_name)
+    kernel, the set-up its family declares for that (``Family.fit``) is used; returns (model, set-up label)."""
+    presets = backbone_presets()
+    if name not in presets:
+        raise ValueError(f'unknown backbone {name!r}; valid: {", ".join(sorted(presets))}')
+    cls, kw = presets[name]
     kw = dict(kw, attn_cfg=kernel, drop_path_rate=0.0, **(extra or {}))
     try:
         return cls(**kw), 'own layout'
     except ValueError:
-        if cls_name not in FITS:
+        if cls.family.fit is None:
             raise
-        label, fit = FITS[cls_name]
+        label, fit = cls.family.fit
         return cls(**dict(kw, **fit)), label
 
 

@@ -29,6 +29,61 @@ class AttentionBlock(nn.Module):
     unit attention transfer matches one by one (softfree_mm/models/transfer.py). A family's blocks subclass it."""
 
 
+class Family:
+    """What a backbone family declares for the package's tools (the converter, the hooks, the support table, the
+    benchmark, the tests): a ``family`` attribute of its class, read from there; no central table names a family.
+
+    Args:
+        tiny: build arguments of a small instance: the tests and the support table build it with every kernel and run
+            it on odd image sizes.
+        fit: ``(label, build arguments)`` of the set-up under which kernels that the family's own layout refuses
+            run (global windows, no spatial reduction), or None when there is none.
+        checkpoints: checkpoint kind (the converter's family name) -> build arguments of a small instance whose
+            state dict holds every name a converted file of that kind may use (family detection compares files with
+            it); files convert through the class's ``_convert``. Kinds are unique over all families.
+        arch_spec: how the architecture shows in a converted state dict
+            (:class:`softfree_mm.models.converters.spec.ArchSpec`), for the one-line errors of a file of another
+            architecture; None when the family has none.
+        benchmark: preset names that ``tools/benchmark.py`` builds -> build arguments (unique over all families).
+    """
+
+    def __init__(self, tiny: dict, fit: Optional[Tuple[str, dict]] = None,
+                 checkpoints: Optional[Dict[str, dict]] = None, arch_spec=None,
+                 benchmark: Optional[Dict[str, dict]] = None):
+        if not isinstance(tiny, dict):
+            raise TypeError(f'Family: tiny must be a dict of build arguments, got {tiny!r}')
+        if fit is not None and not (isinstance(fit, tuple) and len(fit) == 2 and isinstance(fit[0], str)
+                                    and isinstance(fit[1], dict)):
+            raise TypeError(f'Family: fit must be None or (label, build arguments), got {fit!r}')
+        self.tiny, self.fit, self.arch_spec = tiny, fit, arch_spec
+        self.checkpoints, self.benchmark = dict(checkpoints or {}), dict(benchmark or {})
+
+
+FAMILIES: Dict[str, type] = {}  # class name -> backbone class, in the order the families were declared
+
+
+def register_family(cls):
+    """Declare ``cls`` a backbone family to the package's tools (a class decorator); its ``family`` attribute says
+    what they read. Registering it into the OpenMMLab registries is ``softfree_mm.registry.register_backbone``."""
+    if not (isinstance(cls, type) and issubclass(cls, SoftFreeBackbone)):
+        raise TypeError(f'register_family: {cls!r} is no SoftFreeBackbone subclass')
+    if not isinstance(cls.__dict__.get('family'), Family):
+        raise TypeError(f'register_family: {cls.__name__} declares no family = Family(...) of its own')
+    if cls.__name__ in FAMILIES and FAMILIES[cls.__name__] is not cls:
+        raise KeyError(f'register_family: a family {cls.__name__!r} is already declared by {FAMILIES[cls.__name__]}')
+    for what in ('checkpoints', 'benchmark'):
+        taken = {n: other.__name__ for other in FAMILIES.values() if other is not cls
+                 for n in getattr(other.family, what)}
+        clash = sorted(set(getattr(cls.family, what)) & set(taken))
+        if clash:
+            raise KeyError(f'register_family: {cls.__name__} declares {what} {clash}, already declared by '
+                           f'{", ".join(sorted({taken[n] for n in clash}))}')
+    if cls.family.checkpoints and cls._convert is None:
+        raise TypeError(f'register_family: {cls.__name__} declares checkpoints but no _convert function')
+    FAMILIES[cls.__name__] = cls
+    return cls
+
+
 def kernel_owned(module: nn.Module) -> set:
     """The ids of every module inside an attention kernel of ``module`` (kernels initialise their own)."""
     return {id(m) for k in module.modules() if isinstance(k, AttentionKernel) for m in k.modules()}
@@ -75,6 +130,7 @@ class SoftFreeBackbone(BaseModule):
     # (what, key regex) pairs: keys a start checkpoint and this model do not share by design (a classifier's head
     # parts in a dense model, an adapter new to it); loading names them in one note each instead of warning
     by_design_keys: Tuple[Tuple[str, str], ...] = ()
+    family: Optional[Family] = None  # what the tools read, on each family's class (register_family)
 
     def __init__(self, init_cfg=None, pretrained: Optional[str] = None, with_cp: bool = False,
                  norm_eval: bool = False):

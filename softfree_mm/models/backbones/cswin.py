@@ -18,7 +18,8 @@ from ..utils.mlp import Mlp
 from ..utils.tokens import PatchEmbed
 from ..utils.token_layout import TokenLayout
 from ..utils.windows import _from_windows, _to_windows, identity_mask
-from .base import AttentionBlock, StagedBackbone, checkpointed
+from .base import AttentionBlock, Family, StagedBackbone, checkpointed, register_family
+from .cswin_convert import CSWinArchSpec, convert_cswin
 
 __all__ = ['SoftFreeCSWin']
 
@@ -177,6 +178,7 @@ class CSWinStage(nn.Module):
         return x
 
 
+@register_family
 class SoftFreeCSWin(StagedBackbone):
     """CSWin Transformer backbone with swappable attention kernels.
 
@@ -196,7 +198,13 @@ class SoftFreeCSWin(StagedBackbone):
     arch_zoo = ARCH_ZOO
     arch_keys = ('embed_dims', 'depths', 'num_heads', 'stripe_widths')
     arch_options = ('attn_cfg', 'global_window')
-    _convert = staticmethod(lambda sd: convert_cswin(sd))
+    _convert = staticmethod(convert_cswin)
+    family = Family(
+        tiny=dict(arch=dict(embed_dims=16, depths=(1, 1, 1, 1), num_heads=(2, 2, 4, 4), stripe_widths=(1, 2, 4, 7))),
+        fit=('global stripes', dict(global_window=True)), arch_spec=CSWinArchSpec(),
+        checkpoints={'cswin': dict(arch='tiny', embed_dims=8, num_heads=(2, 2, 2, 2)),
+                     'inline_cswin': dict(arch='inline_tiny', embed_dims=8, num_heads=(2, 2, 2, 2))},
+        benchmark={'cswin_t': dict(arch='tiny')})
 
     def __init__(self, arch: Union[str, dict] = 'tiny', embed_dims: Optional[int] = None,
                  depths: Optional[Sequence[int]] = None, num_heads: Optional[Sequence[int]] = None,
@@ -253,46 +261,3 @@ class SoftFreeCSWin(StagedBackbone):
         self._add_out_norms(dims)
         self._init_default()
         self._freeze_stages()
-
-# ---------------------------------------------------------------------------------------------- conversion
-def convert_cswin(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    """Official CSWin layouts -> ours (pure function).
-
-    Official names: ``stage1_conv_embed.{0,2}`` (conv, LayerNorm), ``stage{s}.{j}.{qkv,norm1,proj,norm2,
-    mlp.fc1,mlp.fc2,attns.{b}.get_v}`` (official InLine-CSwin adds ``attns.{b}.residual.{0,2}``),
-    ``merge{m}.{conv,norm}`` (after stage m), and either the classifier's
-    final ``norm`` + ``head`` or the segmentation backbone's per-output ``norm1..norm4``. The head is dropped;
-    any other key is kept unchanged so that loading reports it.
-    """
-    keys = list(state_dict)
-    if not any(k.startswith(('stage1', 'merge1')) for k in keys):
-        return dict(state_dict)  # already ours
-    stage_ids = {int(k.split('.')[0][len('stage'):]) for k in keys
-                 if k.startswith('stage') and k.split('.')[0][len('stage'):].isdigit()}
-    num_stages = max(stage_ids) if stage_ids else 4
-    per_output_norms = any(k.startswith(f'norm{num_stages}.') for k in keys)  # segmentation release
-    out = {}
-    for k, v in state_dict.items():
-        if k.startswith('head.'):
-            continue
-        p = k.split('.')
-        nk = k
-        if p[0] == 'stage1_conv_embed':
-            if p[1] in ('0', '2'):
-                nk = ('patch_embed.proj.' if p[1] == '0' else 'patch_embed.norm.') + '.'.join(p[2:])
-        elif p[0].startswith('stage') and p[0][len('stage'):].isdigit():
-            s = int(p[0][len('stage'):]) - 1
-            rest = '.'.join(p[2:])
-            if rest.startswith('attns.') and p[4] == 'get_v':
-                rest = f'branches.{p[3]}.lepe.' + '.'.join(p[5:])
-            elif rest.startswith('attns.') and p[4] == 'residual':  # official InLine-CSwin
-                rest = f'branches.{p[3]}.kernel.residual.' + '.'.join(p[5:])
-            nk = f'stages.{s}.blocks.{p[1]}.{rest}'
-        elif p[0].startswith('merge') and p[0][len('merge'):].isdigit():
-            nk = f'stages.{int(p[0][len("merge"):])}.downsample.' + '.'.join(p[1:])
-        elif p[0] == 'norm':
-            nk = f'norm{num_stages - 1}.' + '.'.join(p[1:])
-        elif per_output_norms and p[0].startswith('norm') and p[0][len('norm'):].isdigit():
-            nk = f'norm{int(p[0][len("norm"):]) - 1}.' + '.'.join(p[1:])
-        out[nk] = v
-    return out

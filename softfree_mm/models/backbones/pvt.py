@@ -3,11 +3,8 @@
 Queries come from every token, keys and values from the grid reduced by a strided conv (PVTv2-li: 7x7 pooling);
 without reduction (the InLine set-up ``sr_ratios=(1, 1, 1, 1)``) the kernel also gets ``hw``, and a kernel that
 needs a grid is refused under reduction. No token is padded, so nothing is masked. Presets: v1 tiny .. large and
-the official InLine-PVT models; v2 b0 .. b5, b2_li. ``convert_pvt`` / ``convert_pvt_v2`` map the official and
+the official InLine-PVT models; v2 b0 .. b5, b2_li. ``convert_pvt`` / ``convert_pvt_v2`` (pvt_convert.py) map the official and
 timm releases."""
-import math
-import re
-from collections import OrderedDict
 from typing import Dict, Optional, Sequence, Union
 
 import torch
@@ -21,9 +18,14 @@ from ..utils.cfg import check_foreign_args, expand_attn_cfg, pretrain_hw
 from ..utils.mlp import DWConvMlp, Mlp
 from ..utils.token_layout import TokenLayout
 from ..utils.tokens import PatchEmbed, grid_view, token_view
-from .base import AttentionBlock, SoftFreeBackbone, checkpointed, mmdet_checks
+from .base import AttentionBlock, Family, SoftFreeBackbone, checkpointed, mmdet_checks, register_family
+from .pvt_convert import PVTArchSpec, PVTv2ArchSpec, convert_pvt, convert_pvt_v2
 
 __all__ = ['SoftFreePVT', 'SoftFreePVTv2']
+
+_TINY = dict(embed_dims=(16, 32, 40, 64), depths=(1, 1, 1, 1))
+_PROBE = dict(embed_dims=(8, 8, 8, 8), num_heads=(1, 1, 1, 1))  # a small model with every name of a file
+_NO_REDUCTION = ('sr_ratios=(1,1,1,1)', dict(sr_ratios=(1, 1, 1, 1)))  # where grid kernels fit
 
 
 # ---------------------------------------------------------------------- layers
@@ -232,6 +234,7 @@ class _PVTBase(SoftFreeBackbone):
         return sum(self.depths[:i + (part not in ('patch_embed', 'pos_embed'))])
 
 
+@register_family
 class SoftFreePVT(_PVTBase):
     """PVT v1 (T/S/M/L): non-overlapping patch embeddings, learned positions resized to the grid, SRA; no
     per-output norm (the official v1 detection backbone has none).
@@ -254,7 +257,10 @@ class SoftFreePVT(_PVTBase):
     OWNER = 'SoftFreePVT'
     VERSION = 1
     arch_options = ('attn_cfg',)
-    _convert = staticmethod(lambda sd: convert_pvt(sd))
+    _convert = staticmethod(convert_pvt)
+    family = Family(tiny=dict(arch='tiny', **_TINY), fit=_NO_REDUCTION, arch_spec=PVTArchSpec(),
+                    checkpoints={'pvt': dict(arch='tiny', **_PROBE), 'inline_pvt': dict(arch='inline_tiny', **_PROBE)},
+                    benchmark={'pvt_s': dict(arch='small')})
     MMDET_LAYOUT = dict(patch_sizes=(4, 2, 2, 2), strides=(4, 2, 2, 2), paddings=(0, 0, 0, 0), use_abs_pos_embed=True,
                         norm_after_stage=False, use_conv_ffn=False)
     _common = dict(embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8), mlp_ratios=(8, 8, 4, 4),
@@ -296,6 +302,7 @@ class SoftFreePVT(_PVTBase):
                          pretrained, num_layers, mmdet_args)
 
 
+@register_family
 class SoftFreePVTv2(_PVTBase):
     """PVT v2 (b0-b5, b2_li): overlapping patch embeddings, depthwise conv in the MLP, per-stage LayerNorm,
     SRA (or linear SRA for 'b2_li': 7x7 adaptive pool + 1x1 conv + LN + GELU, with a ReLU in the MLP).
@@ -313,7 +320,10 @@ class SoftFreePVTv2(_PVTBase):
     OWNER = 'SoftFreePVTv2'
     VERSION = 2
     arch_options = ('linear',)
-    _convert = staticmethod(lambda sd: convert_pvt_v2(sd))
+    _convert = staticmethod(convert_pvt_v2)
+    family = Family(tiny=dict(arch='b0', **_TINY), fit=_NO_REDUCTION, arch_spec=PVTv2ArchSpec(),
+                    checkpoints={'pvt_v2': dict(arch='b0', **_PROBE)},
+                    benchmark={'pvt_v2_b0': dict(arch='b0'), 'pvt_v2_b2': dict(arch='b2')})
     MMDET_LAYOUT = dict(strides=(4, 2, 2, 2))
     _wide = dict(embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8), mlp_ratios=(8, 8, 4, 4),
                  sr_ratios=(8, 4, 2, 1))
@@ -344,71 +354,3 @@ class SoftFreePVTv2(_PVTBase):
         super().__init__(arch, in_channels, embed_dims, depths, num_heads, mlp_ratios, sr_ratios, linear, qkv_bias,
                          attn_cfg, out_indices, drop_path_rate, frozen_stages, with_cp, pretrain_img_size, init_cfg,
                          pretrained, num_layers, mmdet_args)
-
-
-# ---------------------------------------------------------------------- checkpoint conversion
-_OURS = re.compile(r'^stages\.\d+\.')
-
-
-def _official_stage_key(k: str) -> Optional[str]:
-    """Official v1/v2 names (patch_embed{s}, block{s}.{j}, norm{s}, pos_embed{s}) -> ours; None if not one."""
-    m = re.match(r'^patch_embed(\d+)\.(.*)$', k)
-    if m:
-        return f'stages.{int(m.group(1)) - 1}.patch_embed.{m.group(2)}'
-    m = re.match(r'^block(\d+)\.(\d+)\.(.*)$', k)
-    if m:
-        rest = m.group(3).replace('mlp.dwconv.dwconv.', 'mlp.dwconv.')
-        rest = rest.replace('attn.residual.', 'attn.kernel.residual.')  # official InLine-PVT
-        return f'stages.{int(m.group(1)) - 1}.blocks.{m.group(2)}.{rest}'
-    m = re.match(r'^norm(\d+)\.(.*)$', k)
-    if m:
-        return f'stages.{int(m.group(1)) - 1}.norm.{m.group(2)}'
-    m = re.match(r'^pos_embed(\d+)$', k)
-    if m:
-        return f'stages.{int(m.group(1)) - 1}.pos_embed'
-    return None
-
-
-def convert_pvt(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    """Official PVT v1 release (and the official InLine-PVT releases: ``attn.residual.*`` -> the kernel's) -> our
-    layout. Pure and idempotent (our layout passes through).
-
-    Dropped: the classifier (``head``), ``cls_token`` and the final ``norm`` (classification only; our v1 has no
-    output norm), and the class-token row of the last stage's positional table (N = s*s + 1 -> s*s).
-    """
-    out = OrderedDict()
-    for k, v in state_dict.items():
-        if _OURS.match(k):
-            out[k] = v
-            continue
-        if k.startswith(('head.', 'cls_token', 'norm.')):
-            continue
-        new = _official_stage_key(k)
-        if new is None:
-            out[k] = v  # unknown: left for load_pretrained to report
-            continue
-        if new.endswith('pos_embed'):
-            n = v.shape[1]
-            side = math.isqrt(n - 1)
-            if side * side == n - 1 and math.isqrt(n) ** 2 != n:
-                v = v[:, 1:]
-        out[new] = v
-    return out
-
-
-def convert_pvt_v2(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    """Official PVTv2 release or timm ``pvt_v2_*`` -> our layout. Pure and idempotent; ``head`` is dropped."""
-    out = OrderedDict()
-    for k, v in state_dict.items():
-        if k.startswith('head.'):
-            continue
-        if _OURS.match(k):  # ours, or timm's stages.{i}.{blocks,norm,downsample}
-            k = re.sub(r'^stages\.(\d+)\.downsample\.', r'stages.\1.patch_embed.', k)
-            out[k.replace('mlp.dwconv.dwconv.', 'mlp.dwconv.')] = v
-            continue
-        if k.startswith('patch_embed.'):  # timm's stem
-            out['stages.0.' + k] = v
-            continue
-        new = _official_stage_key(k)
-        out[new if new is not None else k] = v
-    return out

@@ -4,8 +4,6 @@ computation with a swappable kernel in every stage.
 Stages 1-3: post-norm SOFT blocks whose attention ties keys to queries (W_q, W_v) and gets the grid ``hw``; stage 4:
 a class token joins the grid, pre-norm blocks with softmax by default (a grid kernel is refused there). Learned
 positions per stage, bilinearly resized. ``convert_soft`` maps the official release (EMA weights preferred)."""
-import re
-from collections import OrderedDict
 from typing import Dict, Optional, Sequence, Union
 
 import torch
@@ -19,7 +17,8 @@ from ..attention import KernelAttention
 from ..utils.cfg import expand_attn_cfg
 from ..utils.mlp import Mlp
 from ..utils.token_layout import TokenLayout
-from .base import AttentionBlock, SoftFreeBackbone, checkpointed
+from .base import AttentionBlock, Family, SoftFreeBackbone, checkpointed, register_family
+from .soft_convert import SOFTArchSpec, convert_soft
 
 __all__ = ['SoftFreeSOFT']
 
@@ -150,6 +149,7 @@ class SOFTStage(nn.Module):
 
 
 # ---------------------------------------------------------------------- backbone
+@register_family
 class SoftFreeSOFT(SoftFreeBackbone):
     """SOFT's backbone (the official sizes) with swappable attention kernels.
 
@@ -176,7 +176,11 @@ class SoftFreeSOFT(SoftFreeBackbone):
     arch_keys = ('embed_dims', 'depths', 'num_heads')
     arch_options = ('normalized',)
     trunc_normal_params = ('pos_embed', 'cls_token')  # as the official model; convs and BN keep torch's defaults
-    _convert = staticmethod(lambda sd: convert_soft(sd))
+    _convert = staticmethod(convert_soft)
+    family = Family(
+        tiny=dict(arch=dict(embed_dims=(16, 32, 32, 32), num_heads=(1, 2, 2, 2), depths=(1, 1, 1, 1))),
+        checkpoints={'soft': dict(arch=dict(depths=(1, 1, 1, 1), embed_dims=(8, 8, 8, 8), num_heads=(1, 1, 1, 1)))},
+        arch_spec=SOFTArchSpec())
     _prefer_ema = True
 
     def __init__(self,
@@ -263,41 +267,3 @@ class SoftFreeSOFT(SoftFreeBackbone):
     def no_weight_decay_keys(self):
         """Parameter-name fragments to exclude from weight decay (mmengine paramwise_cfg custom_keys)."""
         return ('pos_embed', 'cls_token')
-
-
-# ---------------------------------------------------------------------- checkpoint conversion
-_SOFT_BLOCK = (('att.mha.W_q.', 'attn.q.'), ('att.mha.W_v.', 'attn.v.'), ('att.mha.ff.', 'attn.proj.'),
-               ('att.mha.attn.Qlandmark_op.', 'attn.kernel.landmark_conv.'),
-               ('att.mha.attn.Qnorm_act.0.', 'attn.kernel.landmark_norm.'),
-               ('att.mha.attn.conv.', 'attn.kernel.v_conv.'),
-               ('att.norm1.', 'norm1.'), ('att.norm2.', 'norm2.'), ('att.ff1.', 'mlp.fc1.'), ('att.ff2.', 'mlp.fc2.'))
-
-
-def convert_soft(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    """Official SOFT / SOFT-Norm release (``patch_embed{s}``, ``pos_embed{s}``, ``block{s}.{j}.att.mha.*`` and
-    ``block4.{j}.*``, ``cls_token``, ``norm``, ``head``) -> our layout. Pure and idempotent; ``head`` is dropped;
-    any other key is kept unchanged so that loading reports it."""
-    out = OrderedDict()
-    for k, v in state_dict.items():
-        if k.startswith('head.'):
-            continue
-        m = re.match(r'^patch_embed(\d)\.(.*)$', k)
-        if m:
-            out[f'stages.{int(m.group(1)) - 1}.patch_embed.{m.group(2)}'] = v
-            continue
-        m = re.match(r'^pos_embed(\d)$', k)
-        if m:
-            out[f'stages.{int(m.group(1)) - 1}.pos_embed'] = v
-            continue
-        m = re.match(r'^block(\d)\.(\d+)\.(.*)$', k)
-        if m:
-            s, j, rest = int(m.group(1)) - 1, m.group(2), m.group(3)
-            for old, new in _SOFT_BLOCK:
-                if rest.startswith(old):
-                    rest = new + rest[len(old):]
-                    break
-            out[f'stages.{s}.blocks.{j}.{rest}'] = v
-            continue
-        out[k] = v
-    return out
-

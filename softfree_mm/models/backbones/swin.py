@@ -20,7 +20,8 @@ from ..utils.mlp import Mlp
 from ..utils.token_layout import TokenLayout
 from ..utils.tokens import PatchEmbed
 from ..utils.windows import _GEOMETRIES, WindowGeometry, geometry, relative_position_index  # noqa: F401  (cache)
-from .base import AttentionBlock, StagedBackbone, checkpointed, mmdet_checks
+from .base import AttentionBlock, Family, StagedBackbone, checkpointed, mmdet_checks, register_family
+from .swin_convert import SwinArchSpec, convert_swin
 
 __all__ = ['SoftFreeSwin']
 
@@ -166,6 +167,7 @@ class SwinStage(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------- backbone
+@register_family
 class SoftFreeSwin(StagedBackbone):
     """Swin Transformer backbone with swappable attention kernels.
 
@@ -201,7 +203,15 @@ class SoftFreeSwin(StagedBackbone):
     arch_options = ('attn_cfg', 'global_window')
     trunc_normal_params = ('absolute_pos_embed',)
     stem = ('patch_embed', 'absolute_pos_embed')
-    _convert = staticmethod(lambda sd: convert_swin(sd))
+    _convert = staticmethod(convert_swin)
+    family = Family(
+        tiny=dict(arch=dict(embed_dims=16, depths=(2, 2, 1, 1), num_heads=(1, 2, 2, 4))),  # shifted blocks too
+        fit=('global windows', dict(global_window=True)), arch_spec=SwinArchSpec(),
+        # mmdet's and the official files may hold the absolute positions; InLine-Swin-B's layout holds both block
+        # kinds (InLine with the residual, softmax with the bias table)
+        checkpoints={'swin': dict(arch='tiny', use_abs_pos_embed=True, embed_dims=8, num_heads=(1, 1, 1, 1)),
+                     'inline_swin': dict(arch='inline_base', embed_dims=8, num_heads=(1, 1, 1, 1))},
+        benchmark={'swin_t': dict(arch='tiny'), 'swin_s': dict(arch='small')})
     freeze_next_downsample = True
 
     def __init__(self, arch: Union[str, dict] = 'tiny', embed_dims: Optional[int] = None,
@@ -311,73 +321,3 @@ class SoftFreeSwin(StagedBackbone):
             return pos
         grid = F.interpolate(pos.permute(0, 3, 1, 2).float(), size=tuple(hw), mode='bicubic', align_corners=False)
         return grid.to(pos.dtype).permute(0, 2, 3, 1)
-
-
-# ---------------------------------------------------------------------------------------------- conversion
-_BLOCK_KEYS = ('norm1.', 'norm2.', 'attn.qkv.', 'attn.proj.', 'attn.relative_position_bias_table', 'mlp.fc1.',
-               'mlp.fc2.')
-_MMDET_BLOCK = {'attn.w_msa.qkv.': 'attn.qkv.', 'attn.w_msa.proj.': 'attn.proj.',
-                'attn.w_msa.relative_position_bias_table': 'attn.relative_position_bias_table',
-                'ffn.layers.0.0.': 'mlp.fc1.', 'ffn.layers.1.': 'mlp.fc2.', 'norm1.': 'norm1.', 'norm2.': 'norm2.'}
-
-
-def _unfold_to_official(t: torch.Tensor) -> torch.Tensor:
-    """mmdet's nn.Unfold patch merging orders the 4C inputs channel-major (c, kh, kw); the official order is
-    part-major with parts (0,0), (1,0), (0,1), (1,1)."""
-    if t.dim() == 1:
-        c = t.shape[0] // 4
-        return t.view(c, 4)[:, [0, 2, 1, 3]].t().reshape(4 * c)
-    out, c = t.shape[0], t.shape[1] // 4
-    return t.view(out, c, 4)[:, :, [0, 2, 1, 3]].transpose(1, 2).reshape(out, 4 * c)
-
-
-def convert_swin(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    """Official Swin release / timm / mmdet Swin layouts -> ours (pure function).
-
-    * official: ``layers.{i}.blocks.{j}.*``, ``layers.{i}.downsample.*`` after stage i, final ``norm``, ``head``;
-      the official InLine-Swin releases add ``attn.residual.{0,2}`` (the kernel's ``attn.kernel.residual``).
-    * timm: the same names, but ``layers.{i}.downsample`` *before* stage i, ``head.fc``.
-    * mmdet: ``stages.{i}.blocks.{j}.attn.w_msa.*``, ``ffn.layers.*``, ``patch_embed.projection``,
-      ``stages.{i}.downsample`` after stage i with nn.Unfold channel order, ``norm{i}``.
-    Classifier heads, ``relative_position_index`` and ``attn_mask`` buffers are dropped; any other key is kept
-    unchanged so that loading reports it.
-    """
-    keys = list(state_dict)
-    is_mmdet = any('.w_msa.' in k or '.ffn.layers.' in k or k.startswith('patch_embed.projection') for k in keys)
-    is_layers = any(k.startswith('layers.') for k in keys)
-    if not is_mmdet and not is_layers:
-        return dict(state_dict)  # already ours
-    official = is_layers and any(k.startswith('layers.0.downsample.') for k in keys)
-    stage_ids = {int(k.split('.')[1]) for k in keys if k.startswith(('layers.', 'stages.'))}
-    last = max(stage_ids) if stage_ids else 3
-    out = {}
-    for k, v in state_dict.items():
-        if k.endswith(('relative_position_index', 'attn_mask')) or k.startswith('head.'):
-            continue
-        nk = k
-        if is_mmdet:
-            if k.startswith('patch_embed.projection.'):
-                nk = 'patch_embed.proj.' + k[len('patch_embed.projection.'):]
-            elif k.startswith('stages.'):
-                p = k.split('.')
-                if p[2] == 'downsample':
-                    nk = f'stages.{int(p[1]) + 1}.downsample.' + '.'.join(p[3:])
-                    v = _unfold_to_official(v)
-                elif p[2] == 'blocks':
-                    rest = '.'.join(p[4:])
-                    for old, new in _MMDET_BLOCK.items():
-                        if rest.startswith(old):
-                            nk = f'stages.{p[1]}.blocks.{p[3]}.' + new + rest[len(old):]
-                            break
-        else:
-            if k.startswith('layers.'):
-                p = k.split('.')
-                i = int(p[1])
-                if p[2] == 'downsample':
-                    nk = f'stages.{i + 1 if official else i}.downsample.' + '.'.join(p[3:])
-                else:
-                    nk = 'stages.' + '.'.join(p[1:]).replace('.attn.residual.', '.attn.kernel.residual.')
-            elif k.startswith('norm.'):
-                nk = f'norm{last}.' + k[len('norm.'):]
-        out[nk] = v
-    return out

@@ -5,8 +5,7 @@ XCA's "tokens" are the d_h channels of a head and its "head_dim" the token count
 gives four maps through the official stride adapter, ``'cls_token'`` the class token after two softmax
 class-attention layers. Names follow timm's ``Xcit``; ``convert_xcit`` maps the official release."""
 import math
-from collections import OrderedDict
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -22,11 +21,13 @@ from ..utils.mlp import Mlp, gelu_inference
 from ..utils.token_layout import TokenLayout
 from ..utils.tokens import grid_view, token_view
 from ..utils.deconv import BlockDeconv
-from .base import AttentionBlock, SoftFreeBackbone, checkpointed
+from .base import AttentionBlock, Family, SoftFreeBackbone, checkpointed, register_family
+from .xcit_convert import XCiTArchSpec, convert_xcit
 
 __all__ = ['SoftFreeXCiT']
 
 OWNER = 'SoftFreeXCiT'
+_BN = dict(type='BN')
 
 
 class FourierPositions(nn.Module):
@@ -219,6 +220,7 @@ class ClassAttentionBlock(nn.Module):
         return x + torch.cat([cls, torch.zeros_like(x[:, 1:])], dim=1)
 
 
+@register_family
 class SoftFreeXCiT(SoftFreeBackbone):
     """XCiT backbone whose XCA layers use any attention kernel of ``softfree_mm.attention`` that fits XCA.
 
@@ -249,7 +251,12 @@ class SoftFreeXCiT(SoftFreeBackbone):
     OUT_TYPES = ('featmap', 'cls_token')
     trunc_normal_params = ('cls_token',)
     stem = ('patch_embed', 'pos_embed', 'cls_token')
-    _convert = staticmethod(lambda sd: convert_xcit(sd))
+    _convert = staticmethod(convert_xcit)
+    family = Family(
+        tiny=dict(arch='t12', embed_dims=32, num_heads=4, depth=4, out_indices=(0, 1, 2, 3), norm_cfg=_BN),
+        checkpoints={'xcit': dict(arch='t12', embed_dims=8, num_heads=1, norm_cfg=_BN)}, arch_spec=XCiTArchSpec(),
+        benchmark={'xcit_s12': dict(arch='s12', patch_size=16, norm_cfg=_BN),
+                   'xcit_t12': dict(arch='t12', patch_size=16, norm_cfg=_BN)})
 
     def __init__(self, arch: Union[str, dict] = 's12', patch_size: int = 16, in_channels: int = 3,
                  embed_dims: Optional[int] = None, depth: Optional[int] = None, num_heads: Optional[int] = None,
@@ -379,27 +386,3 @@ class SoftFreeXCiT(SoftFreeBackbone):
     def no_weight_decay_keys(self):
         """Parameter-name fragments to exclude from weight decay (mmengine paramwise_cfg custom_keys)."""
         return ('temperature', 'pos_embed', 'cls_token')
-
-
-# ---------------------------------------------------------------------- checkpoint conversion
-def convert_xcit(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    """Official XCiT release (``pos_embeder``, fused class-attention ``qkv``) or timm ``Xcit`` -> our layout.
-
-    Pure and idempotent: our layout (= timm's) passes through unchanged. The classifier ``head`` is dropped.
-    Official detection checkpoints (``backbone.`` prefix is removed by ``unwrap_state_dict``) keep their
-    ``fpn1``..``fpn4`` keys, which match ours.
-    """
-    out = OrderedDict()
-    for k, v in state_dict.items():
-        if k.startswith('head.') or k.startswith('head_drop'):
-            continue
-        if k.startswith('pos_embeder.'):
-            k = 'pos_embed.' + k[len('pos_embeder.'):]
-        if k.startswith('cls_attn_blocks.') and '.attn.qkv.' in k:
-            prefix, suffix = k.split('.attn.qkv.')
-            parts = v.reshape(3, -1, *v.shape[1:]) if v.dim() > 1 else v.reshape(3, -1)
-            for j, name in enumerate('qkv'):
-                out[f'{prefix}.attn.{name}.{suffix}'] = parts[j].clone()
-            continue
-        out[k] = v
-    return out

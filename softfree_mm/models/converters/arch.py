@@ -6,21 +6,20 @@ from typing import Dict, Optional
 
 import torch
 
-from .detect import _PROBES
-from .families import _SPECS
-from .spec import _ArchSpec, _num
+from .detect import checkpoint_class, list_converters
+from .spec import ArchSpec, _num
 
 _STAGE_FIELDS = ('depth', 'dim', 'heads', 'mlp', 'sr')
 
 
-def _spec(target) -> Optional[_ArchSpec]:
-    """The spec of a module, a class, a class name or a converter family (None when no spec knows it)."""
+def _spec(target) -> Optional[ArchSpec]:
+    """The spec a family declares, for a module, a class, a class name or a checkpoint kind (None when its family
+    declares none)."""
+    from ..backbones.base import FAMILIES, Family
     if isinstance(target, str):
-        return _SPECS.get(_PROBES[target][0] if target in _PROBES else target)
-    for cls in (target if isinstance(target, type) else type(target)).__mro__:
-        if cls.__name__ in _SPECS:
-            return _SPECS[cls.__name__]
-    return None
+        target = checkpoint_class(target) if target in list_converters() else FAMILIES.get(target)
+    family = getattr(target if isinstance(target, type) else type(target), 'family', None)
+    return family.arch_spec if isinstance(family, Family) else None
 
 
 def arch_of(target, state_dict: Dict[str, torch.Tensor]) -> Optional[dict]:

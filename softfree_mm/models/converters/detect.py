@@ -1,34 +1,42 @@
-"""Which converter a checkpoint family uses, and which family a file is (by the names a small model of each uses).
+"""Which converter a checkpoint kind uses, and which kind a file is (by the names a small model of each uses): both
+read from what the backbone families declare (``Family(checkpoints=...)`` and the class's ``_convert``).
 
-Each backbone file holds its family's pure conversion function (``convert_<family>(state_dict) -> state_dict``),
-next to the model it serves, as timm does; this module unwraps files and dispatches to those functions.
+Each family holds its pure conversion function (``convert_<family>(state_dict) -> state_dict``) beside its model,
+as timm does; this module unwraps files and dispatches to those functions.
 """
 import contextlib
-import importlib
 import logging
 from collections import OrderedDict
-from typing import Callable, Dict
+from typing import Callable, Dict, List
 
 import torch
 
-# family name (as in tools/convert_checkpoint.py) -> (module, function): ``convert_<family>`` in the backbone file
-# of its name; the official InLine releases (LeapLabTHU/InLine) are their backbones' layouts plus the per-channel
-# residual, converted by the same function
-_CONVERTERS = {family: (f'softfree_mm.models.backbones.{family.split("_")[0]}', f'convert_{family}')
-               for family in ('xcit', 'pvt', 'pvt_v2', 'swin', 'cswin', 'soft')}
-_CONVERTERS.update({f'inline_{family}': _CONVERTERS[family] for family in ('swin', 'pvt', 'cswin')})
 WRAPPER_KEYS = ('state_dict_ema', 'model_ema', 'state_dict', 'model', 'module')
 
 
-def list_converters():
-    return sorted(_CONVERTERS)
+def _kinds() -> Dict[str, type]:
+    """Checkpoint kind -> the backbone class that declares it: every family's first kind (its plain layout), then
+    the others, each in declaration order (detection prefers the plainer layout among equal fits)."""
+    from ..backbones.base import FAMILIES
+    ranked = sorted(((i, f, kind, cls) for f, cls in enumerate(FAMILIES.values())
+                     for i, kind in enumerate(cls.family.checkpoints)), key=lambda t: t[:2])
+    return {kind: cls for _, _, kind, cls in ranked}
+
+
+def list_converters() -> List[str]:
+    return sorted(_kinds())
+
+
+def checkpoint_class(family: str) -> type:
+    """The backbone class whose files a checkpoint kind (``family``) names."""
+    kinds = _kinds()
+    if family not in kinds:
+        raise ValueError(f'unknown checkpoint family {family!r}; valid: {", ".join(sorted(kinds))}')
+    return kinds[family]
 
 
 def get_converter(family: str) -> Callable[[Dict[str, torch.Tensor]], Dict[str, torch.Tensor]]:
-    if family not in _CONVERTERS:
-        raise ValueError(f'unknown checkpoint family {family!r}; valid: {", ".join(list_converters())}')
-    mod, fn = _CONVERTERS[family]
-    return getattr(importlib.import_module(mod), fn)
+    return checkpoint_class(family)._convert
 
 
 def unwrap_state_dict(obj, prefer_ema: bool = False, backbone_only: bool = True) -> Dict[str, torch.Tensor]:
@@ -63,20 +71,6 @@ def _pattern(key: str) -> str:
     return '.'.join('#' if part.isdigit() else part for part in key.split('.'))
 
 
-_SMALL = dict(embed_dims=8, num_heads=(1, 1, 1, 1))
-_SMALL4 = dict(embed_dims=(8, 8, 8, 8), num_heads=(1, 1, 1, 1))
-_PROBES = {  # family -> (class name, build arguments): a small model with every name a converted file may use
-    'xcit': ('SoftFreeXCiT', dict(arch='t12', embed_dims=8, num_heads=1, norm_cfg=dict(type='BN'))),
-    'pvt': ('SoftFreePVT', dict(arch='tiny', **_SMALL4)),
-    'pvt_v2': ('SoftFreePVTv2', dict(arch='b0', **_SMALL4)),
-    'swin': ('SoftFreeSwin', dict(arch='tiny', use_abs_pos_embed=True, **_SMALL)),  # mmdet / official ape files
-    'cswin': ('SoftFreeCSWin', dict(arch='tiny', embed_dims=8, num_heads=(2, 2, 2, 2))),
-    'soft': ('SoftFreeSOFT', dict(arch=dict(depths=(1, 1, 1, 1), **_SMALL4))),
-    # InLine-Swin-B's layout holds both block kinds (InLine with the residual, softmax with the bias table)
-    'inline_swin': ('SoftFreeSwin', dict(arch='inline_base', **_SMALL)),
-    'inline_pvt': ('SoftFreePVT', dict(arch='inline_tiny', **_SMALL4)),
-    'inline_cswin': ('SoftFreeCSWin', dict(arch='inline_tiny', embed_dims=8, num_heads=(2, 2, 2, 2))),
-}
 _PATTERNS: Dict[str, set] = {}
 
 
@@ -100,10 +94,9 @@ def _no_build_notes():
 
 def _family_patterns(family: str) -> set:
     if family not in _PATTERNS:
-        from ... import models
-        cls_name, kwargs = _PROBES[family]
+        cls = checkpoint_class(family)
         with _no_build_notes():
-            probe = getattr(models, cls_name)(**kwargs)
+            probe = cls(**cls.family.checkpoints[family])
         _PATTERNS[family] = {_pattern(k) for k in probe.state_dict()}
     return _PATTERNS[family]
 
@@ -125,7 +118,7 @@ def detect_family(state_dict: Dict[str, torch.Tensor]):
     """(family, converted state dict) for the family whose converted names fit the file best; among equal fits the
     plainer layout (a softmax Swin file fits both 'swin' and 'inline_swin')."""
     best = None
-    for family in ('xcit', 'pvt', 'pvt_v2', 'swin', 'cswin', 'soft', 'inline_swin', 'inline_pvt', 'inline_cswin'):
+    for family in _kinds():
         out = get_converter(family)(state_dict)
         share = family_match(family, out)
         if best is None or share > best[0] + 1e-9:

@@ -1,5 +1,5 @@
-"""How a backbone's architecture shows in a converted state dict: the reading helpers and the base of the
-per-family specs (``families.py``)."""
+"""How a backbone's architecture shows in a converted state dict: the reading helpers and :class:`ArchSpec`, the base
+of the spec each family declares (``Family(arch_spec=...)``, beside its conversion function)."""
 import re
 from collections import OrderedDict
 from typing import Dict, Optional
@@ -72,7 +72,7 @@ def _preset_kinds(p) -> tuple:
     return tuple(tuple('inline' if _kind(c) == 'inline' else 'softmax' for c in cs) for cs in cfgs)
 
 
-class _ArchSpec:
+class ArchSpec:
     """How one backbone class's architecture shows in its state dict, its presets, and the arguments that build
     another one."""
     cls_name = ''
@@ -116,9 +116,8 @@ class _ArchSpec:
 
     @property
     def zoo(self) -> Dict[str, dict]:
-        from ... import models
-        return getattr(models, self.cls_name).arch_zoo
-
+        from ..backbones.base import FAMILIES
+        return FAMILIES[self.cls_name].arch_zoo
 
 
 def _num(v):
