@@ -8,6 +8,9 @@ _base_ = [
     './_base_/models/mask_rcnn_fpn.py', './_base_/datasets/coco_instance_ms.py',
     './_base_/schedules/det_3x_adamw.py', './_base_/default_runtime_det.py'
 ]
+# the official softmax release this backbone starts from (the configs of other kernels inherit it: their
+# other way to start, with the kernel swapped)
+softmax_release = 'https://github.com/microsoft/CSWin-Transformer/releases/download/v0.1.0/cswin_tiny_224.pth'
 model = dict(
     backbone=dict(
         _delete_=True,
@@ -16,8 +19,5 @@ model = dict(
         attn_cfg=dict(type='softmax'),
         drop_path_rate=0.2,
         out_indices=(0, 1, 2, 3),
-        init_cfg=dict(
-            type='Pretrained',
-            checkpoint='https://github.com/microsoft/CSWin-Transformer/releases/download/v0.1.0/'
-            'cswin_tiny_224.pth')),
+        init_cfg=dict(type='Pretrained', checkpoint=softmax_release)),
     neck=dict(in_channels=[64, 128, 256, 512]))

@@ -8,6 +8,9 @@ _base_ = [
     './_base_/models/mask_rcnn_fpn.py', './_base_/datasets/coco_instance_ms.py',
     './_base_/schedules/det_3x_adamw.py', './_base_/default_runtime_det.py'
 ]
+# the official softmax release this backbone starts from (the configs of other kernels inherit it: their
+# other way to start, with the kernel swapped)
+softmax_release = 'https://github.com/whai362/PVT/releases/download/v2/pvt_v2_b2.pth'
 model = dict(
     backbone=dict(
         _delete_=True,
@@ -15,9 +18,6 @@ model = dict(
         arch='b2',
         attn_cfg=dict(type='softmax'),
         drop_path_rate=0.1,
-        init_cfg=dict(
-            type='Pretrained',
-            checkpoint='https://github.com/whai362/PVT/releases/download/v2/'
-            'pvt_v2_b2.pth')),
+        init_cfg=dict(type='Pretrained', checkpoint=softmax_release)),
     neck=dict(in_channels=[64, 128, 320, 512]))
 optim_wrapper = dict(optimizer=dict(lr=2e-4, weight_decay=1e-4))

@@ -8,6 +8,9 @@ _base_ = [
     './_base_/models/mask_rcnn_fpn.py', './_base_/datasets/coco_instance_ms.py',
     './_base_/schedules/det_3x_adamw.py', './_base_/default_runtime_det.py'
 ]
+# the official softmax release this backbone starts from (the configs of other kernels inherit it: their
+# other way to start, with the kernel swapped)
+softmax_release = 'https://dl.fbaipublicfiles.com/xcit/xcit_small_12_p16_384_dist.pth'
 model = dict(
     backbone=dict(
         _delete_=True,
@@ -17,8 +20,5 @@ model = dict(
         attn_cfg=dict(type='softmax'),
         drop_path_rate=0.05,
         norm_cfg=dict(type='SyncBN', requires_grad=True),
-        init_cfg=dict(
-            type='Pretrained',
-            checkpoint='https://dl.fbaipublicfiles.com/xcit/'
-            'xcit_small_12_p16_384_dist.pth')),
+        init_cfg=dict(type='Pretrained', checkpoint=softmax_release)),
     neck=dict(in_channels=[384, 384, 384, 384]))

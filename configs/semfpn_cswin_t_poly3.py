@@ -1,10 +1,12 @@
 # semfpn / cswin_t: polynomial attention x^3 scaled by 1/sqrt(N) (polynomial attention, arXiv 2410.18613).
 # Everything else (recipe, GPUs x images per GPU, schedule) is semfpn_cswin_t_softmax.py.
 # Reported: no number in the anchors for this combination; compare with the softmax baseline.
-# Backbone start: no release exists for this kernel: the ImageNet checkpoint of configs/cls_cswin_t_poly3.py
-# (work_dirs/cls_cswin_t_poly3/epoch_300.pth); a missing file stops training with the way to make it or to opt out.
+# Backbone start: no release exists for this kernel: the warm start from the softmax release
+# (docs/warm_start.md): configs/transfer_cswin_t_poly3.py, then configs/finetune_cswin_t_poly3.py, whose
+# work_dirs/finetune_cswin_t_poly3/epoch_20.pth this loads; a missing file stops training with both ways on:
+# make it, or start from softmax_release with the kernel swapped.
 _base_ = './semfpn_cswin_t_softmax.py'
 model = dict(
     backbone=dict(
-        init_cfg=dict(checkpoint='work_dirs/cls_cswin_t_poly3/epoch_300.pth'),
+        init_cfg=dict(checkpoint='work_dirs/finetune_cswin_t_poly3/epoch_20.pth'),
         attn_cfg=dict(_delete_=True, type='poly', degree=3)))

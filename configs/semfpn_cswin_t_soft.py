@@ -2,12 +2,14 @@
 # Gaussian kernel with tied keys, Nystrom landmarks by a strided conv, 20 Newton steps (fp32), depthwise conv on v of size 9 / 5 / 3 (the official forms).
 # Everything else (recipe, GPUs x images per GPU, schedule) is semfpn_cswin_t_softmax.py.
 # Reported: no number in the anchors for this combination; compare with the softmax baseline.
-# Backbone start: no release exists for this kernel: the ImageNet checkpoint of configs/cls_cswin_t_soft.py
-# (work_dirs/cls_cswin_t_soft/epoch_300.pth); a missing file stops training with the way to make it or to opt out.
+# Backbone start: no release exists for this kernel: the warm start from the softmax release
+# (docs/warm_start.md): configs/transfer_cswin_t_soft.py, then configs/finetune_cswin_t_soft.py, whose
+# work_dirs/finetune_cswin_t_soft/epoch_20.pth this loads; a missing file stops training with both ways on:
+# make it, or start from softmax_release with the kernel swapped.
 _base_ = './semfpn_cswin_t_softmax.py'
 model = dict(
     backbone=dict(
-        init_cfg=dict(checkpoint='work_dirs/cls_cswin_t_soft/epoch_300.pth'),
+        init_cfg=dict(checkpoint='work_dirs/finetune_cswin_t_soft/epoch_20.pth'),
         attn_cfg=[dict(type='soft', landmark_ratio=8, conv_size=9), dict(type='soft', landmark_ratio=4, conv_size=5),
                   dict(type='soft', landmark_ratio=2, conv_size=3), 'softmax'],
         global_window=True))

@@ -1,10 +1,12 @@
 # upernet / cswin_t: linear attention, feature map elu+1 (linear attention, Katharopoulos et al. 2020; linear cost; masks honoured in shifted/padded windows).
 # Everything else (recipe, GPUs x images per GPU, schedule) is upernet_cswin_t_softmax.py.
 # Reported: no number in the anchors for this combination; compare with the softmax baseline.
-# Backbone start: no release exists for this kernel: the ImageNet checkpoint of configs/cls_cswin_t_linear.py
-# (work_dirs/cls_cswin_t_linear/epoch_300.pth); a missing file stops training with the way to make it or to opt out.
+# Backbone start: no release exists for this kernel: the warm start from the softmax release
+# (docs/warm_start.md): configs/transfer_cswin_t_linear.py, then configs/finetune_cswin_t_linear.py, whose
+# work_dirs/finetune_cswin_t_linear/epoch_20.pth this loads; a missing file stops training with both ways on:
+# make it, or start from softmax_release with the kernel swapped.
 _base_ = './upernet_cswin_t_softmax.py'
 model = dict(
     backbone=dict(
-        init_cfg=dict(checkpoint='work_dirs/cls_cswin_t_linear/epoch_300.pth'),
+        init_cfg=dict(checkpoint='work_dirs/finetune_cswin_t_linear/epoch_20.pth'),
         attn_cfg=dict(_delete_=True, type='linear', feature_map='elu+1')))

@@ -28,6 +28,7 @@ from softfree_mm.attention import AttentionKernel, kernel_class  # noqa: E402
 from tests.helpers import ROOT  # noqa: E402
 
 TASKS = ('maskrcnn', 'upernet', 'semfpn', 'cls')
+WARM_START = ('transfer', 'finetune')  # stage 1 and 2 of the warm start, per kernel without a release
 BACKBONES = ('xcit_s12', 'pvt_v2_b2', 'swin_t', 'cswin_t')
 BACKBONE_TYPES = dict(xcit_s12='SoftFreeXCiT', pvt_v2_b2='SoftFreePVTv2', swin_t='SoftFreeSwin',
                       cswin_t='SoftFreeCSWin', pvt_s='SoftFreePVT', soft_s='SoftFreeSOFT')
@@ -53,7 +54,8 @@ def test_config_matrix_has_softmax_poly3_and_inline_or_poly1_for_every_task_and_
         for extra in ('pvt_s_inline', 'soft_s_softnorm'):
             assert f'{task}_{extra}.py' in names, f'missing configs/{task}_{extra}.py'
     for n in names:
-        assert NAME.match(n) and NAME.match(n)['task'] in TASKS, f'config name {n} is not task_backbone_attention'
+        assert NAME.match(n) and NAME.match(n)['task'] in TASKS + WARM_START, \
+            f'config name {n} is not task_backbone_attention'
 
 
 @pytest.mark.parametrize('path', MAIN + DEMO, ids=_rel)
@@ -264,7 +266,7 @@ def test_soft_set_up_backbones_run_at_odd_sizes_with_finite_gradients(backbone):
 
 
 # ------------------------------------------------------------------------------------------- pretrained starts
-DET_SEG = [p for p in MAIN if not osp.basename(p).startswith('cls_')]
+DET_SEG = [p for p in MAIN if NAME.match(osp.basename(p))['task'] in TASKS[:3]]
 RELEASE_HOSTS = ('https://github.com/', 'https://dl.fbaipublicfiles.com/', 'https://cloud.tsinghua.edu.cn/',
                  'https://drive.google.com/')
 
@@ -277,9 +279,10 @@ def _official_start(name):
 
 
 @pytest.mark.parametrize('path', DET_SEG, ids=_rel)
-def test_det_seg_backbone_starts_from_a_release_or_the_checkpoint_of_its_cls_config(path):
+def test_det_seg_backbone_starts_from_a_release_or_the_checkpoint_of_its_warm_start(path):
     """No det/seg config trains its backbone from scratch unannounced: a release URL (fetched on load, never here),
-    or the file ``tools/train.py configs/cls_<backbone>_<attention>.py`` writes at its last epoch."""
+    or the file ``tools/train.py configs/finetune_<backbone>_<attention>.py`` (the warm start's stage 2) writes at
+    its last epoch."""
     name = osp.basename(path)
     init = Config.fromfile(path).model.backbone.init_cfg
     assert isinstance(init, dict) and init.type == 'Pretrained' and set(init) == {'type', 'checkpoint'}, init
@@ -287,9 +290,9 @@ def test_det_seg_backbone_starts_from_a_release_or_the_checkpoint_of_its_cls_con
         assert init.checkpoint.startswith(RELEASE_HOSTS), init.checkpoint
     else:
         m = NAME.match(name)
-        cls_name = f"cls_{m['backbone']}_{m['attn']}"
-        epochs = Config.fromfile(osp.join(ROOT, 'configs', cls_name + '.py')).train_cfg.max_epochs
-        assert init.checkpoint == f'work_dirs/{cls_name}/epoch_{epochs}.pth'
+        ft_name = f"finetune_{m['backbone']}_{m['attn']}"
+        epochs = Config.fromfile(osp.join(ROOT, 'configs', ft_name + '.py')).train_cfg.max_epochs
+        assert init.checkpoint == f'work_dirs/{ft_name}/epoch_{epochs}.pth'
 
 
 @pytest.mark.parametrize('name', ['maskrcnn_swin_t_softmax.py', 'upernet_xcit_s12_poly3.py', 'semfpn_cswin_t_inline.py',
@@ -326,16 +329,56 @@ def test_demo_configs_train_their_backbones_from_scratch_on_purpose_or_from_the_
             assert cfg.model.backbone.init_cfg.to_dict() == dict(type='Scratch'), path
 
 
-def test_missing_cls_checkpoint_is_a_one_line_error_naming_the_config_that_makes_it_and_the_opt_out():
+def test_missing_warm_start_checkpoint_is_one_line_naming_both_stages_the_release_swap_and_the_opt_out():
     from softfree_mm.engine.launch import UsageError, check_pretrained
     cfg = Config.fromfile(osp.join(ROOT, 'configs', 'maskrcnn_swin_t_poly3.py'))
     with pytest.raises(UsageError) as e:
         check_pretrained(cfg)
     msg = str(e.value)
-    assert '\n' not in msg and "'work_dirs/cls_swin_t_poly3/epoch_300.pth' does not exist" in msg
-    assert '`python tools/train.py configs/cls_swin_t_poly3.py`' in msg
+    assert '\n' not in msg and "'work_dirs/finetune_swin_t_poly3/epoch_20.pth' does not exist" in msg
+    assert ('`python tools/train.py configs/transfer_swin_t_poly3.py`, then `python tools/train.py '
+            'configs/finetune_swin_t_poly3.py`') in msg
+    release = Config.fromfile(osp.join(ROOT, 'configs', 'maskrcnn_swin_t_softmax.py'))
+    assert ('--cfg-options model.backbone.init_cfg.checkpoint=' + release.model.backbone.init_cfg.checkpoint) in msg
     assert 'model.backbone.init_cfg.type=Scratch' in msg
     cfg.model.backbone.init_cfg.type = 'Scratch'  # the opt-in
     check_pretrained(cfg)
-    release = Config.fromfile(osp.join(ROOT, 'configs', 'maskrcnn_swin_t_softmax.py'))
     check_pretrained(release)  # URLs are fetched when the model initialises, not checked here
+    # the fine-tune's own start is stage 1's checkpoint
+    ft = Config.fromfile(osp.join(ROOT, 'configs', 'finetune_swin_t_poly3.py'))
+    with pytest.raises(UsageError, match=r"work_dirs/transfer_swin_t_poly3/iter_12510\.pth' does not exist; make it "
+                                         r"with `python tools/train\.py configs/transfer_swin_t_poly3\.py`"):
+        check_pretrained(ft)
+
+
+RELEASED = {'swin_t_inline', 'cswin_t_inline'}  # InLine-Swin-T / InLine-CSWin-T: their own releases
+
+
+@pytest.mark.parametrize('path', [p for p in MAIN if NAME.match(osp.basename(p))['task'] in TASKS[:3]], ids=_rel)
+def test_the_warm_start_stages_of_each_det_and_seg_config_build_its_kernel_from_a_softmax_release(path):
+    """The softmax configs declare their release (softmax_release, the start they load); every other kernel's
+    config on the four backbones starts from its warm start's stage 2, whose configs exist: stage 1 a teacher with
+    softmax from a release and the student of the kernel's classifier, stage 2 that classifier from stage 1's last
+    checkpoint."""
+    m = NAME.match(osp.basename(path))
+    cfg = Config.fromfile(path)
+    start = cfg.model.backbone.init_cfg.get('checkpoint')
+    if m['backbone'] not in BACKBONES or f'{m["backbone"]}_{m["attn"]}' in RELEASED:
+        return
+    if m['attn'] == 'softmax':
+        assert start == cfg.softmax_release and start.startswith('https://')
+        return
+    name = f'{m["backbone"]}_{m["attn"]}'
+    assert start == f'work_dirs/finetune_{name}/epoch_20.pth'
+    stage1 = Config.fromfile(osp.join(ROOT, 'configs', f'transfer_{name}.py'))
+    stage2 = Config.fromfile(osp.join(ROOT, 'configs', f'finetune_{name}.py'))
+    cls = Config.fromfile(osp.join(ROOT, 'configs', f'cls_{name}.py'))
+    assert stage1.model.type == 'AttentionTransfer' and stage1.model.teacher.attn_cfg == dict(type='softmax')
+    assert stage1.model.teacher.init_cfg.checkpoint.startswith('https://')
+    for key in ('attn_cfg', 'sr_ratios', 'global_window', 'arch'):  # the student is the kernel's classifier's
+        assert stage1.model.backbone.get(key) == cls.model.backbone.get(key) == cfg.model.backbone.get(key) or \
+            key == 'arch' or stage1.model.backbone.get(key) == cls.model.backbone.get(key), key
+    assert stage2.model.backbone.init_cfg.to_dict() == dict(
+        type='Pretrained', checkpoint=f'work_dirs/transfer_{name}/iter_{stage1.train_cfg.max_iters}.pth',
+        prefix='backbone.')
+    assert stage2.train_cfg.max_epochs == stage2.finetune_epochs and start.endswith(f'epoch_{stage2.finetune_epochs}.pth')

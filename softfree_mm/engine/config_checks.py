@@ -94,14 +94,15 @@ def check_attention(cfg: Config) -> None:
 
 def check_pretrained(cfg: Config) -> None:
     """Every ``Pretrained`` init_cfg that names a local file names one that exists: a det / seg config whose backbone
-    starts from a checkpoint made with a ``cls_*`` config says how to make it, or how to train from scratch on
-    purpose (``model.backbone.init_cfg.type=Scratch``). URLs are fetched when the model is initialised."""
+    starts from a checkpoint made by another config (the warm start's, a ``cls_*`` one) says how to make it, the
+    start from the config's ``softmax_release`` with the kernel swapped where it has one, or how to train from
+    scratch on purpose (``model.backbone.init_cfg.type=Scratch``). URLs are fetched when the model is initialised."""
     from softfree_mm.models.converters import missing_checkpoint_message
     for path, node in _walk(cfg.get('model', {}), 'model'):
         if isinstance(node, dict) and node.get('type') == 'Pretrained':
             ckpt = node.get('checkpoint')
             if isinstance(ckpt, str) and '://' not in ckpt and not os.path.isfile(ckpt):
-                raise UsageError(missing_checkpoint_message(ckpt, path))
+                raise UsageError(missing_checkpoint_message(ckpt, path, cfg.get('softmax_release')))
 
 
 def check_model_types(cfg: Config) -> None:

@@ -77,13 +77,23 @@ def fetch_release(url: str) -> str:
     return path
 
 
-def missing_checkpoint_message(checkpoint: str, owner: str = 'backbone') -> str:
-    """One line for a pretrained checkpoint path that does not exist: how to make it, or how to opt out."""
-    make = ''
-    for part in reversed(os.path.normpath(checkpoint).split(os.sep)[:-1]):
-        if part.startswith('cls_'):
-            make = f'make it with `python tools/train.py configs/{part}.py` (ImageNet), '
-            break
+def missing_checkpoint_message(checkpoint: str, owner: str = 'backbone', release: Optional[str] = None) -> str:
+    """One line for a pretrained checkpoint path that does not exist: how to make it, or how to opt out. A path in a
+    ``work_dirs/<config name>/`` folder names the config that writes it: a ``finetune_*`` one (the warm start's
+    stage 2) both stages and, given the config's ``softmax_release``, the start from that release with the kernel
+    swapped; a ``transfer_*`` one stage 1; a ``cls_*`` one the ImageNet pretraining."""
+    name = next((part for part in reversed(os.path.normpath(checkpoint).split(os.sep)[:-1])
+                 if part.startswith(('finetune_', 'transfer_', 'cls_'))), None)
+    kind, _, rest = (name or '').partition('_')
+    if kind == 'finetune':
+        swap = (f'; or start from the softmax release with the kernel swapped: --cfg-options '
+                f'model.backbone.init_cfg.checkpoint={release}' if release else '')
+        return (f'{owner}: pretrained checkpoint {checkpoint!r} does not exist; make it with the warm start '
+                f'(docs/warm_start.md): `python tools/train.py configs/transfer_{rest}.py`, then `python tools/train.py '
+                f'configs/finetune_{rest}.py`{swap}; or point model.backbone.init_cfg.checkpoint at your own file, or '
+                'train the backbone from scratch on purpose with model.backbone.init_cfg.type=Scratch')
+    make = {'transfer': f'make it with `python tools/train.py configs/{name}.py` (the warm start\'s stage 1), ',
+            'cls': f'make it with `python tools/train.py configs/{name}.py` (ImageNet), '}.get(kind, '')
     return (f'{owner}: pretrained checkpoint {checkpoint!r} does not exist; {make}point '
             'model.backbone.init_cfg.checkpoint at your own file, or train the backbone from scratch on purpose with '
             'model.backbone.init_cfg.type=Scratch')

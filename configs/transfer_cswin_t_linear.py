@@ -1,0 +1,7 @@
+# transfer / cswin_t / linear (8 GPUs x 128 images): stage 1 of the warm start (configs/_base_/transfer/cswin_t.py):
+# linear attention (elu+1) in every layer, the student of configs/cls_cswin_t_linear.py; stage 2 is
+# configs/finetune_cswin_t_linear.py.
+_base_ = './_base_/transfer/cswin_t.py'
+model = dict(
+    backbone=dict(
+        attn_cfg=dict(_delete_=True, type='linear', feature_map='elu+1')))
