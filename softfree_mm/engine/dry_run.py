@@ -138,42 +138,82 @@ def _start_file(checkpoint) -> Tuple[Optional[str], str]:
     return checkpoint, ''
 
 
+def backbone_starts(model) -> List[Tuple[str, torch.nn.Module, dict]]:
+    """(place, backbone, init_cfg) of every softfree_mm backbone in ``model`` that starts from a Pretrained file."""
+    from softfree_mm.models.backbones.base import SoftFreeBackbone
+    out = []
+    for name, m in model.named_modules():
+        init = getattr(m, 'init_cfg', None)
+        if isinstance(m, SoftFreeBackbone) and isinstance(init, dict) and init.get('type') == 'Pretrained':
+            out.append((f'model.{name}.init_cfg' if name else 'model.init_cfg', m, init))
+    return out
+
+
+def _fits(m, checkpoint: str, path: str, init: dict, where: str) -> str:
+    """``checkpoint`` (read from ``path`` as the run reads it) against the backbone ``m``: which of its weights it
+    places; a file of another architecture is the run's own error (UsageError, one line)."""
+    from softfree_mm.models.converters import check_arch, describe_arch, placement, read_pretrained
+    try:
+        sd = read_pretrained(m, path, type(m)._convert, init.get('prefix'), init.get('map_location', 'cpu'),
+                             m._prefer_ema)
+        info = check_arch(m, sd, checkpoint)
+    except Exception as e:  # another architecture, a prefix that matches nothing, an unreadable file
+        raise UsageError(f'{where}: {short_error(e)}') from None
+    missing, unexpected, mismatched = placement(m, sd)
+    own = len(m.state_dict())
+    what = f' ({describe_arch(m, info)})' if info else ''
+    line = (f'{checkpoint} fits {type(m).__name__}{what}: {own - len(missing) - len(mismatched)} of its {own} '
+            'weights placed')
+    extras = [f'{len(keys)} {label}' for keys, label in ((missing, 'left to their initialisation'),
+                                                          (unexpected, 'in the file not placed'),
+                                                          (mismatched, 'of another shape skipped')) if keys]
+    return line + (f' ({", ".join(extras)})' if extras else '')
+
+
+def check_starts_here(model) -> None:
+    """Before a run: each backbone start file that is here (a local file, a release in torch hub's cache) holds the
+    backbone's architecture; else one UsageError naming it (instead of a traceback when the weights load)."""
+    for where, m, init in backbone_starts(model):
+        path, _ = _start_file(init.get('checkpoint'))
+        if path is not None:
+            _fits(m, init['checkpoint'], path, init, where + '.checkpoint')
+
+
 def check_start(cfg: Config, model) -> List[str]:
     """What the run starts from, where the files are here: each softfree_mm backbone's Pretrained checkpoint
     (read and converted as the run does; a file of another architecture is the run's own error) and ``load_from``
-    / ``--resume`` (the whole model, as the run checks it)."""
-    from softfree_mm.models.converters import (check_arch, check_model_checkpoint, describe_arch,
-                                               missing_checkpoint_message, placement, read_pretrained)
-    from softfree_mm.models.layers import SoftFreeBackbone
+    / ``--resume`` (the whole model, as the run checks it). A start the run would stop for (a warm start not made
+    yet) names how to make it and, where the config declares its ``softmax_release``, whether that other start,
+    the release with the kernel swapped, is here and fits."""
+    from softfree_mm.models.converters import check_model_checkpoint, missing_checkpoint_message
 
     from .checkpoints import check_checkpoint, load_state_dict_of
     lines = []
-    for name, m in model.named_modules():
-        init = getattr(m, 'init_cfg', None)
-        if not isinstance(m, SoftFreeBackbone) or not (isinstance(init, dict) and init.get('type') == 'Pretrained'):
-            continue
-        where = f'model.{name}.init_cfg' if name else 'model.init_cfg'
+    release = cfg.get('softmax_release')
+    for where, m, init in backbone_starts(model):
         path, why = _start_file(init.get('checkpoint'))
-        if path is None:
-            if isinstance(init.get('checkpoint'), str) and why.endswith('the run needs it'):  # how to make it
-                why = 'the run needs it: ' + missing_checkpoint_message(init['checkpoint'], '').lstrip(': ')
+        if path is not None:
+            try:
+                lines.append(f'{where}: {_fits(m, init["checkpoint"], path, init, where + ".checkpoint")}')
+            except UsageError as e:
+                raise UsageError(f'--dry-run: {e}') from None
+            continue
+        if not (isinstance(init.get('checkpoint'), str) and why.endswith('the run needs it')):
             lines.append(f'{where}: not checked: {why}')
             continue
-        try:
-            sd = read_pretrained(m, path, type(m)._convert, init.get('prefix'), init.get('map_location', 'cpu'),
-                                 m._prefer_ema)
-            info = check_arch(m, sd, init['checkpoint'])
-        except Exception as e:  # another architecture, a prefix that matches nothing, an unreadable file
-            _fail(f'{where}.checkpoint', e)
-        missing, unexpected, mismatched = placement(m, sd)
-        own = len(m.state_dict())
-        what = f' ({describe_arch(m, info)})' if info else ''
-        line = (f'{where}: {init["checkpoint"]} fits {type(m).__name__}{what}: {own - len(missing) - len(mismatched)} '
-                f'of its {own} weights placed')
-        extras = [f'{len(keys)} {label}' for keys, label in ((missing, 'left to their initialisation'),
-                                                              (unexpected, 'in the file not placed'),
-                                                              (mismatched, 'of another shape skipped')) if keys]
-        lines.append(line + (f' ({", ".join(extras)})' if extras else ''))
+        lines.append(f'{where}: the run stops before training: '
+                     + missing_checkpoint_message(init['checkpoint'], '', release).lstrip(': '))
+        if release and release != init['checkpoint']:
+            rpath, rwhy = _start_file(release)
+            if rpath is None:
+                lines.append(f'{where}: the other start, softmax_release: not checked: {rwhy}')
+            else:
+                try:
+                    fits = _fits(m, release, rpath, dict(init, prefix=None), 'softmax_release')
+                except UsageError as e:
+                    raise UsageError(f'--dry-run: {e}') from None
+                lines.append(f'{where}: the other start, softmax_release with this kernel swapped in: {fits}; '
+                             f'--cfg-options model.backbone.init_cfg.checkpoint={release} takes it')
     path = cfg.get('load_from')
     key = 'resume' if cfg.get('resume') else 'load_from'
     if path and not os.path.isfile(path):

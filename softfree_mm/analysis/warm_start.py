@@ -1,0 +1,396 @@
+"""The warm-start study: does a softmax-free backbone started from a trained softmax one get to its from-scratch
+accuracy for a fraction of the compute, and does a detector from it do as well?
+
+On the kernel study's two backbones and its digits task (docs/study.md), per kernel and seed, the starts of a
+classifier are: ``scratch`` (the study's own runs, 300 iterations), ``swap`` (the softmax classifier of the same seed
+with the kernel swapped in: evaluated as it is, and fine-tuned), ``transfer`` (stage 1, :class:`AttentionTransfer`
+from that softmax classifier, then the same fine-tune), each fine-tune at a share of the from-scratch iterations
+with the transfer's iterations counted in it. Then the demo's Mask R-CNN from the softmax, scratch, swap and transfer
+classifiers. Every run is an ordinary ``tools/train.py`` / ``tools/test.py`` command on a child config written
+here, in a process of its own; a run that finished (its result.json) is not run again.
+"""
+import ast
+import json
+import os
+import os.path as osp
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from .study import read_scalars
+from .sweep import json_records, newest_scalars, safe_name, train_one
+
+RESULT = 'result.json'
+SCRATCH_ITERS = 300  # the study's recipe
+
+
+def _text(value) -> str:
+    return repr(value)
+
+
+def backbone_of(config: str) -> dict:
+    from mmengine.config import Config
+    return Config.fromfile(config).model.backbone.to_dict()
+
+
+# ---------------------------------------------------------------------------------------------- child configs
+def scratch_config(base: str, kernel) -> str:
+    return f"_base_ = {base!r}\nmodel = dict(backbone=dict(attn_cfg={_text(kernel)}))\n"
+
+
+def finetune_config(base: str, kernel, iters: int, start: str, lr: float) -> str:
+    """The study's classifier with ``kernel``, every weight from ``start`` (load_from; what it lacks keeps its own
+    initialisation), ``iters`` iterations: 10 % warm-up, cosine to 1e-5, validated at the end."""
+    warm = max(1, iters // 10)
+    return f"""_base_ = {base!r}
+model = dict(backbone=dict(attn_cfg={_text(kernel)}))
+custom_hooks = []
+load_from = {start!r}
+optim_wrapper = dict(optimizer=dict(lr={lr}))
+train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters={iters}, val_interval={iters})
+param_scheduler = [
+    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end={warm}),
+    dict(type='CosineAnnealingLR', eta_min=1e-5, by_epoch=False, begin=0, end={iters})]
+default_hooks = dict(logger=dict(interval=5), checkpoint=dict(by_epoch=False, interval={iters}, max_keep_ckpts=1))
+"""
+
+
+def transfer_config(base: str, kernel, iters: int, teacher_ckpt: str, groups: Sequence[str], lr: float,
+                    prefix: Optional[str] = 'backbone.') -> str:
+    """Stage 1 on the study's classifier: the teacher its softmax backbone with the softmax run's weights (a
+    classifier's checkpoint: ``prefix`` 'backbone.'; a release: None)."""
+    init = dict(type='Pretrained', checkpoint=teacher_ckpt, **({'prefix': prefix} if prefix else {}))
+    teacher = dict(backbone_of(base), attn_cfg=dict(type='softmax'), init_cfg=init)
+    warm = max(1, iters // 10)
+    return f"""_base_ = {base!r}
+model = dict(type='AttentionTransfer', backbone=dict(attn_cfg={_text(kernel)}), teacher={_text(teacher)},
+             train={_text(list(groups))})
+custom_hooks = []
+val_dataloader = None
+val_evaluator = None
+val_cfg = None
+test_dataloader = None
+test_evaluator = None
+test_cfg = None
+optim_wrapper = dict(optimizer=dict(lr={lr}, weight_decay=0.0))
+train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters={iters})
+param_scheduler = [
+    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end={warm}),
+    dict(type='CosineAnnealingLR', eta_min=1e-5, by_epoch=False, begin=0, end={iters})]
+default_hooks = dict(logger=dict(interval=1), checkpoint=dict(by_epoch=False, interval={iters}, max_keep_ckpts=1))
+"""
+
+
+def detector_config(base: str, kernel) -> str:
+    return f"_base_ = {base!r}\nmodel = dict(backbone=dict(attn_cfg={_text(kernel)}))\n"
+
+
+def merged_start(stage1: str, classifier: str, out: str) -> str:
+    """A whole-classifier start for the fine-tune after a transfer: the student backbone of ``stage1``, the rest
+    (the head) of the softmax ``classifier``."""
+    a = torch.load(stage1, map_location='cpu', weights_only=False)['state_dict']
+    b = torch.load(classifier, map_location='cpu', weights_only=False)['state_dict']
+    sd = {k: v for k, v in b.items() if not k.startswith('backbone.')}
+    sd.update({k: v for k, v in a.items() if k.startswith('backbone.')})
+    torch.save({'state_dict': sd, 'meta': {'made_from': [stage1, classifier]}}, out)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- running
+class Runner:
+    """Runs the study's commands in a work root, one folder each, ``jobs`` processes at a time with ``threads``
+    torch threads each; results cached in each folder's result.json."""
+
+    def __init__(self, root: str, tools: str, jobs: int = 2, threads: int = 1, echo=print):
+        self.root, self.tools, self.jobs, self.threads, self.echo = root, tools, jobs, threads, echo
+
+    def folder(self, key: str) -> str:
+        return osp.join(self.root, key)
+
+    def done(self, key: str) -> Optional[dict]:
+        path = osp.join(self.folder(key), RESULT)
+        if osp.isfile(path):
+            with open(path) as f:
+                return json.load(f)
+        return None
+
+    def _env(self):
+        return dict(os.environ, OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads))
+
+    def _fresh(self, key: str) -> str:
+        wd = self.folder(key)
+        if osp.isdir(wd):  # a run that did not finish starts again
+            shutil.rmtree(wd)
+        os.makedirs(wd)
+        return wd
+
+    def _finish(self, key: str, row: dict) -> dict:
+        row = dict(row, key=key)
+        with open(osp.join(self.folder(key), RESULT), 'w') as f:
+            json.dump(row, f, indent=1)
+        self.echo(f'[warm-start] {key}: {row["status"]}' + (f' ({row.get("error")})' if row['status'] != 'ok' else ''))
+        return row
+
+    def train(self, key: str, config_text: str, options: Sequence[str] = ()) -> dict:
+        got = self.done(key)
+        if got is not None:
+            return got
+        wd = self._fresh(key)
+        cfg = osp.join(wd, f'{safe_name(key)}.py')
+        with open(cfg, 'w') as f:
+            f.write(config_text)
+        res = train_one(osp.join(self.tools, 'train.py'), cfg, wd, list(options), log_path=osp.join(wd, 'run.log'),
+                        env=self._env())
+        row = dict(status='ok' if res['returncode'] == 0 else 'failed', error=res['error'], wall_s=res['seconds'],
+                   cpu_s=res['cpu_s'])
+        log = newest_scalars(wd)
+        if log:
+            row['log'] = log
+            got = read_scalars(log)
+            row.update(top1_final=got['top1_final'], loss_final=got['loss_final'], iters=got['iters'],
+                       s_per_iter=got['s_per_iter'])
+        ckpt = osp.join(wd, 'last_checkpoint')
+        if osp.isfile(ckpt):
+            with open(ckpt) as f:
+                row['checkpoint'] = f.read().strip()
+        if row['status'] == 'ok' and not row.get('checkpoint'):
+            row.update(status='failed', error='no checkpoint written')
+        return self._finish(key, row)
+
+    def test(self, key: str, config_text: str, checkpoint: str, options: Sequence[str] = ()) -> dict:
+        got = self.done(key)
+        if got is not None:
+            return got
+        wd = self._fresh(key)
+        cfg = osp.join(wd, f'{safe_name(key)}.py')
+        with open(cfg, 'w') as f:
+            f.write(config_text)
+        cmd = [sys.executable, osp.join(self.tools, 'test.py'), cfg, checkpoint, '--work-dir', wd]
+        if options:
+            cmd += ['--cfg-options', *options]
+        t = time.time()
+        with open(osp.join(wd, 'run.log'), 'w') as log:
+            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=self._env())
+        row = dict(status='ok' if proc.returncode == 0 else 'failed', wall_s=time.time() - t, error='')
+        metrics = osp.join(wd, 'test_metrics.json')
+        if osp.isfile(metrics):
+            with open(metrics) as f:
+                row['metrics'] = json.load(f)
+        elif proc.returncode == 0:
+            row.update(status='failed', error='no test_metrics.json')
+        if proc.returncode:
+            with open(osp.join(wd, 'run.log')) as f:
+                lines = [ln.strip() for ln in f if ln.strip()]
+            row['error'] = lines[-1] if lines else f'exit status {proc.returncode}'
+        return self._finish(key, row)
+
+    def map(self, fn, items):
+        """``fn`` over ``items``, ``jobs`` at a time (threads that each wait on one process)."""
+        with ThreadPoolExecutor(max_workers=self.jobs) as pool:
+            return list(pool.map(fn, items))
+
+
+def transfer_curves(row: dict) -> List[dict]:
+    """(iter, block, loss) of a stage-1 run's log: each block's transfer loss at every logged iteration."""
+    out = []
+    if not row.get('log') or not osp.isfile(row['log']):
+        return out
+    for rec in json_records(row['log']):
+        for k, v in rec.items():
+            if k.startswith('block_'):
+                out.append(dict(iter=rec.get('step', rec.get('iter')), block=int(k[len('block_'):]), loss=v,
+                                loss_transfer=rec.get('loss_transfer')))
+    return out
+
+
+def top1(row: Optional[dict]) -> Optional[float]:
+    if not row or row.get('status') != 'ok':
+        return None
+    if 'metrics' in row:
+        return row['metrics'].get('accuracy/top1')
+    return row.get('top1_final')
+
+
+# ---------------------------------------------------------------------------------------------- the grid
+BACKBONES = {  # the kernel study's two backbones, their kernels (a layout's own form of InLine) and its configs
+    'xcit': ('configs/demo/study_xcit_t12_digits.py',
+             ['poly:degree=3', 'poly:degree=1', 'relu', 'linear', 'inline:local_residual=False']),
+    'pvt': ('configs/demo/study_pvt_v2_b0_digits.py', ['poly:degree=3', 'poly:degree=1', 'relu', 'linear', 'inline']),
+}
+GROUP_CHOICES = (('kernel', ), ('kernel', 'qkv'), ('kernel', 'qkv', 'proj'), ('blocks', ))
+DETECTOR = 'configs/demo/maskrcnn_xcit_t12_poly3_demo.py'
+
+
+def kernel_cfg(label: str) -> dict:
+    """'poly:degree=3' -> dict(type='poly', degree=3) (the study's spelling)."""
+    name, _, args = label.partition(':')
+    cfg = dict(type=name)
+    for item in filter(None, args.split(',')):
+        k, v = item.split('=', 1)
+        try:
+            cfg[k] = ast.literal_eval(v)
+        except (ValueError, SyntaxError):  # a plain word ('conv')
+            cfg[k] = v
+    return cfg
+
+
+class Plan:
+    """The grid's runs, in the order their inputs exist: softmax (and scratch) classifiers; swap evaluations,
+    fine-tunes from the swap and stage-1 transfers; fine-tunes from the transfers; detectors."""
+
+    def __init__(self, runner: Runner, root: str, seeds: Sequence[int], budgets: Sequence[int] = (30, 75),
+                 transfer_share: float = 1 / 3, ft_lr: float = 1e-4, transfer_lr: float = 3e-3,
+                 ablation_kernel: str = 'poly:degree=3', det_kernels: Sequence[str] = ('poly:degree=3', 'linear'),
+                 backbones: Optional[Dict[str, tuple]] = None, echo=print):
+        self.r, self.root, self.seeds = runner, root, list(seeds)
+        self.budgets, self.share = list(budgets), transfer_share
+        self.ft_lr, self.transfer_lr = ft_lr, transfer_lr
+        self.ablation_kernel, self.det_kernels = ablation_kernel, list(det_kernels)
+        self.backbones = backbones or BACKBONES
+        self.echo = echo
+        self.rows: List[dict] = []
+
+    def base(self, bb: str) -> str:
+        return osp.join(self.root, self.backbones[bb][0])
+
+    def transfer_iters(self, budget: int) -> int:
+        return max(1, round(budget * self.share))
+
+    # ---------------------------------------------------------------- the phases
+    def scratch(self, bb: str, kernel: str, seed: int) -> dict:
+        key = f'scratch/{bb}/{safe_name(kernel)}/seed{seed}'
+        return self.r.train(key, scratch_config(self.base(bb), kernel_cfg(kernel)), [f'randomness.seed={seed}'])
+
+    def swap(self, bb: str, kernel: str, seed: int, softmax: dict) -> dict:
+        key = f'swap/{bb}/{safe_name(kernel)}/seed{seed}'
+        return self.r.test(key, scratch_config(self.base(bb), kernel_cfg(kernel)), softmax['checkpoint'],
+                           [f'randomness.seed={seed}'])
+
+    def finetune(self, key: str, bb: str, kernel: str, seed: int, iters: int, start: str) -> dict:
+        return self.r.train(key, finetune_config(self.base(bb), kernel_cfg(kernel), iters, start, self.ft_lr),
+                            [f'randomness.seed={seed}'])
+
+    def transfer(self, bb: str, kernel: str, seed: int, budget: int, groups, softmax: dict) -> dict:
+        key = f'transfer/{bb}/{safe_name(kernel)}/{"+".join(groups)}/{budget}/seed{seed}'
+        return self.r.train(key, transfer_config(self.base(bb), kernel_cfg(kernel), self.transfer_iters(budget),
+                                                 softmax['checkpoint'], groups, self.transfer_lr),
+                            [f'randomness.seed={seed}'])
+
+    def transfer_finetune(self, bb, kernel, seed, budget, groups, stage1: dict, softmax: dict) -> dict:
+        key = f'transfer_ft/{bb}/{safe_name(kernel)}/{"+".join(groups)}/{budget}/seed{seed}'
+        if stage1.get('status') != 'ok':
+            return dict(status='failed', error=f'stage 1 failed: {stage1.get("error")}', key=key)
+        got = self.r.done(key)
+        if got is not None:
+            return got
+        start = osp.join(self.r.root, 'starts', safe_name(key) + '.pth')
+        os.makedirs(osp.dirname(start), exist_ok=True)
+        merged_start(stage1['checkpoint'], softmax['checkpoint'], start)
+        return self.finetune(key, bb, kernel, seed, budget - self.transfer_iters(budget), start)
+
+    def detector(self, kernel: str, start_kind: str, seed: int, classifier: dict) -> dict:
+        key = f'det/{safe_name(kernel)}/{start_kind}/seed{seed}'
+        if classifier.get('status') != 'ok':
+            return dict(status='failed', error=f'no classifier: {classifier.get("error")}', key=key)
+        cfg = detector_config(osp.join(self.root, DETECTOR), kernel_cfg(kernel))
+        opts = [f'randomness.seed={seed}', f'model.backbone.init_cfg.checkpoint={classifier["checkpoint"]}']
+        trained = self.r.train(key, cfg, opts)
+        if trained.get('status') != 'ok':
+            return trained
+        return self.r.test(key + '/test', cfg, trained['checkpoint'], [f'randomness.seed={seed}'])
+
+
+def _row(run: dict, **fields) -> dict:
+    return dict(fields, status=run.get('status'), error=run.get('error', ''), top1=top1(run),
+                wall_s=run.get('wall_s'), cpu_s=run.get('cpu_s'), key=run.get('key'))
+
+
+def run_grid(plan: Plan) -> dict:
+    """Every run of the grid (cached runs are read, not run); the rows of the classifiers, the detectors and the
+    stage-1 curves, and the groups the ablation chose."""
+    r, seeds, bbs = plan.r, plan.seeds, list(plan.backbones)
+    small, large = plan.budgets[0], plan.budgets[-1]
+    # from scratch, in this code and on this machine: softmax (the teacher) and every kernel, the study's recipe
+    tasks = [(bb, k, s) for s in seeds for bb in bbs for k in ('softmax', *plan.backbones[bb][1])]
+    scratch = dict(zip(tasks, r.map(lambda t: plan.scratch(*t), tasks)))
+    softmax = {(bb, s): scratch[(bb, 'softmax', s)] for bb in bbs for s in seeds}
+    grid = [(bb, k, s) for s in seeds for bb in bbs for k in plan.backbones[bb][1]
+            if softmax[(bb, s)].get('status') == 'ok']
+    # swap: evaluated as it is, and fine-tuned at each budget; the groups ablation's stage 1
+    swaps = dict(zip(grid, r.map(lambda t: plan.swap(*t, softmax[(t[0], t[2])]), grid)))
+    ft_tasks = [(bb, k, s, b) for bb, k, s in grid for b in plan.budgets]
+    swap_ft = dict(zip(ft_tasks, r.map(lambda t: plan.finetune(
+        f'swap_ft/{t[0]}/{safe_name(t[1])}/{t[3]}/seed{t[2]}', t[0], t[1], t[2], t[3],
+        softmax[(t[0], t[2])]['checkpoint']), ft_tasks)))
+    abl = [(bb, plan.ablation_kernel, s, small, g) for bb in bbs for s in seeds for g in GROUP_CHOICES
+           if softmax[(bb, s)].get('status') == 'ok']
+    stage1 = dict(zip(abl, r.map(lambda t: plan.transfer(*t, softmax[(t[0], t[2])]), abl)))
+    stage2 = dict(zip(abl, r.map(lambda t: plan.transfer_finetune(*t, stage1[t], softmax[(t[0], t[2])]), abl)))
+    scores = {}
+    for (bb, k, s, b, g), run in stage2.items():
+        if top1(run) is not None:
+            scores.setdefault(g, []).append(top1(run))
+    chosen = max(scores, key=lambda g: (len(scores[g]), sum(scores[g]) / len(scores[g]))) if scores else \
+        GROUP_CHOICES[1]
+    plan.echo(f'[warm-start] stage-1 groups: {"+".join(chosen)} (mean top-1 after the fine-tune at {small} '
+              f'iterations: ' + ', '.join(f'{"+".join(g)} {sum(v) / len(v):.1f}' for g, v in scores.items()) + ')')
+    main = [(bb, k, s, b, chosen) for bb, k, s in grid for b in plan.budgets]
+    todo = [t for t in main if t not in stage1]
+    stage1.update(zip(todo, r.map(lambda t: plan.transfer(*t, softmax[(t[0], t[2])]), todo)))
+    stage2.update(zip(todo, r.map(lambda t: plan.transfer_finetune(*t, stage1[t], softmax[(t[0], t[2])]), todo)))
+    det = [('softmax', 'softmax', s, softmax[('xcit', s)]) for s in seeds if 'xcit' in plan.backbones]
+    for k in plan.det_kernels:
+        for s in seeds:
+            det += [(k, 'scratch', s, scratch[('xcit', k, s)]), (k, 'swap', s, swap_ft.get(('xcit', k, s, large), {})),
+                    (k, 'transfer', s, stage2.get(('xcit', k, s, large, chosen), {}))]
+    dets = r.map(lambda t: plan.detector(*t), det)
+
+    rows = []
+    for (bb, k, s), run in scratch.items():
+        rows.append(_row(run, backbone=bb, kernel=k, seed=s, start='scratch', iters=SCRATCH_ITERS, transfer_iters=0,
+                         groups=''))
+    for (bb, k, s), run in swaps.items():
+        rows.append(_row(run, backbone=bb, kernel=k, seed=s, start='swap', iters=0, transfer_iters=0, groups=''))
+    for (bb, k, s, b), run in swap_ft.items():
+        rows.append(_row(run, backbone=bb, kernel=k, seed=s, start='swap', iters=b, transfer_iters=0, groups=''))
+    for (bb, k, s, b, g), run in stage2.items():
+        rows.append(_row(run, backbone=bb, kernel=k, seed=s, start='transfer', iters=b,
+                         transfer_iters=plan.transfer_iters(b), groups='+'.join(g),
+                         transfer_loss=stage1[(bb, k, s, b, g)].get('loss_final'),
+                         transfer_s_per_iter=stage1[(bb, k, s, b, g)].get('s_per_iter'),
+                         finetune_s_per_iter=run.get('s_per_iter')))
+    det_rows = []
+    for (k, start, s, _), run in zip(det, dets):
+        m = run.get('metrics', {})
+        det_rows.append(dict(kernel=k, start=start, seed=s, status=run.get('status'), error=run.get('error', ''),
+                             bbox_mAP=m.get('coco/bbox_mAP'), segm_mAP=m.get('coco/segm_mAP'),
+                             bbox_mAP_50=m.get('coco/bbox_mAP_50'), segm_mAP_50=m.get('coco/segm_mAP_50')))
+    curves = []
+    for (bb, k, s, b, g), run in stage1.items():
+        for c in transfer_curves(run):
+            curves.append(dict(c, backbone=bb, kernel=k, seed=s, iters=b, groups='+'.join(g)))
+    return dict(rows=rows, detectors=det_rows, curves=curves, groups=chosen, scores=scores)
+
+
+def write_outputs(result: dict, out: str, plan: Plan) -> None:
+    """The CSVs (the tables and plots come from them: :func:`report`)."""
+    import csv
+    os.makedirs(out, exist_ok=True)
+    for name, rows in (('classifiers', result['rows']), ('detectors', result['detectors']),
+                       ('transfer_curves', result['curves'])):
+        fields = list(dict.fromkeys(k for r in rows for k in r if k not in ('key', 'error'))) + ['error']
+        fields = [f for f in fields if any(f in r for r in rows)] or ['status']
+        with open(osp.join(out, f'{name}.csv'), 'w', newline='') as f:
+            w = csv.DictWriter(f, fieldnames=fields, extrasaction='ignore')
+            w.writeheader()
+            for r in rows:
+                w.writerow({k: ('' if r.get(k) is None else r[k]) for k in fields})
+    with open(osp.join(out, 'groups.json'), 'w') as f:
+        json.dump(dict(chosen=list(result['groups']), scores={'+'.join(g): v for g, v in result['scores'].items()},
+                       budgets=plan.budgets, transfer_share=plan.share, ft_lr=plan.ft_lr,
+                       transfer_lr=plan.transfer_lr), f, indent=1)

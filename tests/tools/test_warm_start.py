@@ -1,0 +1,145 @@
+"""The warm start through tools/train.py, on the demo digits at a tiny XCiT width: stage 1 (AttentionTransfer from a
+softmax "release", random weights saved as releases are), its resume, stage 2 (the classifier fine-tuned from it),
+both checkpoints into the matching Mask R-CNN, and the bad inputs.
+
+Guards: stage 1 trains only what it declares (every other student weight is bit-identical to the teacher's after the
+run) and saves no teacher; a run stopped half-way and resumed ends with exactly the weights of the uninterrupted
+run; the stage-1 and stage-2 checkpoints place every backbone weight of the demo detector (nothing missing but the
+stride-fixing adapter, new to a detector by design); a teacher file of another architecture, a kernel the layout
+does not take and a student of another width are one line and exit status 2 before any iteration.
+"""
+import os
+import os.path as osp
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from softfree_mm.analysis import warm_start as ws
+
+from tests.helpers import ROOT
+from tests.helpers.demo import shared_demo_root
+
+STUDY = osp.join(ROOT, 'configs', 'demo', 'study_xcit_t12_digits.py')
+
+
+def _tiny_base(tmp_path, demo_root, width=32):
+    """The kernel study's XCiT classifier at a tiny width, on the shared demo data."""
+    path = tmp_path / f'tiny_base_{width}.py'
+    path.write_text(f"_base_ = {STUDY!r}\n"
+                    f"model = dict(backbone=dict(embed_dims={width}, depth=4, num_heads=4, cls_attn_layers=1),\n"
+                    f"             head=dict(in_channels={width}))\n"
+                    "custom_hooks = []\n"
+                    f"train_dataloader = dict(batch_size=4, num_workers=0, persistent_workers=False,\n"
+                    f"                        dataset=dict(data_root={demo_root!r}, indices=32))\n"
+                    f"val_dataloader = dict(batch_size=8, num_workers=0, persistent_workers=False,\n"
+                    f"                      dataset=dict(data_root={demo_root!r}, indices=8))\n"
+                    "test_dataloader = val_dataloader\n")
+    return str(path)
+
+
+def _release(tmp_path, depth=4, width=32):
+    """A softmax XCiT of the tiny width with random weights, saved as a release file."""
+    from softfree_mm.registry import MODELS
+    torch.manual_seed(0)
+    model = MODELS.build(dict(type='SoftFreeXCiT', arch='t12', embed_dims=width, depth=depth, num_heads=4,
+                              cls_attn_layers=1, out_type='cls_token', attn_cfg='softmax'))
+    path = str(tmp_path / f'release_d{depth}_w{width}.pth')
+    torch.save({'model': model.state_dict()}, path)
+    return path
+
+
+def _train(config, work_dir, *options, tmp_path):
+    cmd = [sys.executable, osp.join(ROOT, 'tools', 'train.py'), config, '--work-dir', str(work_dir)]
+    if options:
+        cmd += ['--cfg-options', *options]
+    env = dict(os.environ, OMP_NUM_THREADS='1')
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=str(tmp_path))
+
+
+def _stage1(tmp_path, base, release, kernel=None, iters=4):
+    path = tmp_path / f'stage1_{iters}.py'
+    path.write_text(ws.transfer_config(base, kernel or dict(type='poly', degree=3), iters, release,
+                                       ['kernel', 'qkv'], 3e-3, prefix=None))
+    return str(path)
+
+
+def _state(work_dir):
+    with open(osp.join(work_dir, 'last_checkpoint')) as f:
+        path = f.read().strip()
+    return path, torch.load(path, map_location='cpu', weights_only=False)['state_dict']
+
+
+@pytest.fixture(scope='module')
+def demo_root(tmp_path_factory):
+    return shared_demo_root(tmp_path_factory)
+
+
+def test_stage1_trains_what_it_declares_resumes_exactly_and_both_stages_start_the_detector(tmp_path, demo_root):
+    base = _tiny_base(tmp_path, demo_root)
+    release = _release(tmp_path)
+    config = _stage1(tmp_path, base, release)
+    full = _train(config, tmp_path / 'full', 'randomness.seed=0', tmp_path=tmp_path)
+    assert full.returncode == 0, full.stderr[-3000:]
+    ckpt, state = _state(tmp_path / 'full')
+    assert ckpt.endswith('iter_4.pth')
+    assert state and all(k.startswith('backbone.') for k in state)  # the student, no teacher
+    teacher = torch.load(release, map_location='cpu', weights_only=False)['model']
+    moved = {k[len('backbone.'):] for k, v in state.items() if not torch.equal(v, teacher[k[len('backbone.'):]])}
+    trained = {n for n in moved if '.attn.qkv.' in n or n.endswith('.attn.temperature')}
+    assert moved and moved == trained, sorted(moved - trained)  # frozen weights: the teacher's, bit for bit
+    assert 'block_00' in full.stdout and 'loss_transfer' in full.stdout  # each block's loss is logged
+
+    # stopped after 2 iterations, resumed: the same weights at the end
+    half = _train(config, tmp_path / 'resumed', 'randomness.seed=0', 'train_cfg.max_iters=2', tmp_path=tmp_path)
+    assert half.returncode == 0, half.stderr[-3000:]
+    resumed = subprocess.run([sys.executable, osp.join(ROOT, 'tools', 'train.py'), config, '--work-dir',
+                              str(tmp_path / 'resumed'), '--resume', '--cfg-options', 'randomness.seed=0'],
+                             capture_output=True, text=True, timeout=600, cwd=str(tmp_path),
+                             env=dict(os.environ, OMP_NUM_THREADS='1'))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _, again = _state(tmp_path / 'resumed')
+    assert again.keys() == state.keys() and all(torch.equal(again[k], state[k]) for k in state)
+
+    # stage 2: the classifier from stage 1's student (the head of a classifier: here the release has none)
+    ft_cfg = tmp_path / 'stage2.py'
+    ft_cfg.write_text(ws.finetune_config(base, dict(type='poly', degree=3), 2, ckpt, 1e-4))
+    ft = _train(str(ft_cfg), tmp_path / 'stage2', 'randomness.seed=0', tmp_path=tmp_path)
+    assert ft.returncode == 0, ft.stderr[-3000:]
+    ft_ckpt, ft_state = _state(tmp_path / 'stage2')
+
+    # both start the demo Mask R-CNN at this width: every backbone weight placed but the new adapter's
+    from mmengine.config import Config
+    from softfree_mm.models.converters import placement, read_pretrained
+    from softfree_mm.registry import MODELS
+    det = Config.fromfile(osp.join(ROOT, 'configs', 'demo', 'maskrcnn_xcit_t12_poly3_demo.py'))
+    bb = dict(det.model.backbone.to_dict(), embed_dims=32, depth=4, num_heads=4, out_indices=(0, 1, 2, 3),
+              norm_cfg=dict(type='BN'))
+    backbone = MODELS.build(bb)
+    for path in (ckpt, ft_ckpt):
+        sd = read_pretrained(backbone, path, type(backbone)._convert, 'backbone.')
+        missing, unexpected, mismatched = placement(backbone, sd)
+        assert not mismatched and missing and all(k.startswith('adapter') or 'fpn' in k for k in missing), missing
+
+
+@pytest.mark.parametrize('case, message', [
+    ('teacher of another depth', 'holds another architecture than this model'),
+    ('a kernel the layout does not take', "attention kernel 'inline' cannot be used in layer 0"),
+    ('a student of another width', 'the student SoftFreeXCiT has another architecture than the teacher'),
+])
+def test_bad_inputs_are_one_line_and_exit_2_before_any_iteration(case, message, tmp_path, demo_root):
+    base = _tiny_base(tmp_path, demo_root)
+    if case == 'teacher of another depth':
+        config = _stage1(tmp_path, base, _release(tmp_path, depth=5))
+    elif case == 'a kernel the layout does not take':
+        config = _stage1(tmp_path, base, _release(tmp_path), kernel=dict(type='inline'))
+    else:
+        config = _stage1(tmp_path, _tiny_base(tmp_path, demo_root, width=48), _release(tmp_path))
+        text = open(config).read().replace("'embed_dims': 48", "'embed_dims': 32")
+        open(config, 'w').write(text)
+    proc = _train(config, tmp_path / 'bad', tmp_path=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    err = [ln for ln in proc.stderr.strip().splitlines() if ln.startswith('error:')]
+    assert len(err) == 1 and message in err[0], proc.stderr[-3000:]
+    assert 'Iter(train)' not in proc.stdout + proc.stderr
