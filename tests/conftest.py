@@ -9,10 +9,10 @@ the user's (a compile cache: it only saves time on a GPU machine).
 
 Tools: tools/ is on sys.path (after everything else: a tool's name never hides a package), as running a tool
 puts its folder first, so that ``tests.helpers.load_tool`` and plain imports of a tool's module find the tools'
-own modules (tool_warnings, make_demo_data, ...). It is the one sys.path edit of the suite.
+own helper modules (tool_warnings, analysis/_cli). It is the one sys.path edit of the suite.
 
-Demo data: many tests write their own ``data/demo`` root (through tools/make_demo_data.py or the tools that call
-it). ``SOFTFREE_DEMO_CACHE`` makes each demo set be generated once per test session and hard-linked into every root
+Demo data: many tests write their own ``data/demo`` root (through softfree_mm/engine/demo_data.py, which
+tools/make_demo_data.py and the tools call). ``SOFTFREE_DEMO_CACHE`` makes each demo set be generated once per test session and hard-linked into every root
 that asks for it (subprocesses inherit the variable). Tests that check the generator itself remove it.
 """
 import os

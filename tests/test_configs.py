@@ -100,7 +100,7 @@ def test_config_builds_its_model_with_the_kernels_its_name_promises(path, monkey
     assert bb_type == BACKBONE_TYPES[NAME.match(name)['backbone']]
     model_cfg = cfg.model
     # SyncBN needs a process group: build with BN as tools/train.py does on CPU
-    from softfree_mm.engine.launch import _replace_syncbn
+    from softfree_mm.engine.device import _replace_syncbn
     _replace_syncbn(model_cfg)
     _skip_random_init(monkeypatch)
     with MODELS.switch_scope_and_registry(cfg.default_scope) as registry:
@@ -330,7 +330,8 @@ def test_demo_configs_train_their_backbones_from_scratch_on_purpose_or_from_the_
 
 
 def test_missing_warm_start_checkpoint_is_one_line_naming_both_stages_the_release_swap_and_the_opt_out():
-    from softfree_mm.engine.launch import UsageError, check_pretrained
+    from softfree_mm.engine.config_checks import check_pretrained
+    from softfree_mm.engine.errors import UsageError
     cfg = Config.fromfile(osp.join(ROOT, 'configs', 'maskrcnn_swin_t_poly3.py'))
     with pytest.raises(UsageError) as e:
         check_pretrained(cfg)

@@ -111,8 +111,8 @@ def test_soft_detection_backbone_fits_a_gpu_at_1333x800_with_two_images(config):
     config's activation checkpointing: peak memory under 20 GiB (the README's estimate: about 8 GiB for the largest
     block recomputed in backward, plus the stored block inputs)."""
     import importlib
-    from softfree_mm.engine import launch
-    cfg = launch.load_config(osp.join(ROOT, 'configs', config))
+    from softfree_mm.engine import config_checks
+    cfg = config_checks.load_config(osp.join(ROOT, 'configs', config))
     assert cfg.model.backbone.with_cp is True
     importlib.import_module('mmdet.utils').register_all_modules(init_default_scope=True)
     from mmdet.registry import MODELS
@@ -133,17 +133,17 @@ def test_soft_detection_backbone_fits_a_gpu_at_1333x800_with_two_images(config):
 def test_rng_states_round_trip_through_a_checkpoint_loaded_onto_the_gpu(tmp_path):
     """What RNGStateHook saves (this process's CUDA generator included) loads back with mmengine's resume, which maps
     the checkpoint onto the GPU, and restores the same random streams."""
-    from softfree_mm.engine import reliability
+    from softfree_mm.engine.hooks import rng_state
     torch.cuda.init()
     torch.manual_seed(3)
     torch.rand(1, device='cuda')
-    saved = reliability._rng_to_checkpoint(reliability.capture_rng())
+    saved = rng_state._rng_to_checkpoint(rng_state.capture_rng())
     assert 'cuda' in saved
     expected = (torch.rand(4), torch.rand(4, device='cuda').cpu())
     torch.save({'rng': saved}, tmp_path / 'rng.pth')
     loaded = torch.load(tmp_path / 'rng.pth', map_location='cuda')['rng']  # weights_only: plain types only
     torch.manual_seed(99)
-    reliability.restore_rng(reliability._rng_from_checkpoint(loaded))
+    rng_state.restore_rng(rng_state._rng_from_checkpoint(loaded))
     assert torch.equal(torch.rand(4), expected[0]) and torch.equal(torch.rand(4, device='cuda').cpu(), expected[1])
 
 
@@ -219,7 +219,7 @@ def test_cuda_auto_dispatch_takes_the_fused_kernel_beyond_the_budget_with_the_ex
 def test_fused_kernel_memory_grows_linearly_in_the_tokens():
     """Forward + backward of poly3 at N = 16384 in bf16 (1 head): the peak beyond the inputs is a few (N, d) tensors,
     far below the 1 GiB one fp32 score matrix would take."""
-    from softfree_mm.analysis.benchmark import peak_memory
+    from softfree_mm.analysis.benchmark.timing import peak_memory
     from softfree_mm.attention import build_attention
     kern = build_attention(dict(type='poly', degree=3, impl='fused'))
     leaves = [torch.randn(1, 1, 16384, 64, device='cuda', dtype=torch.bfloat16).requires_grad_(True) for _ in range(3)]
@@ -234,10 +234,10 @@ def test_fused_kernel_memory_grows_linearly_in_the_tokens():
 
 
 def test_kernel_benchmark_on_cuda_times_with_events_and_reports_the_ceilings():
-    from softfree_mm.analysis import benchmark as bm
-    ceilings = bm.device_ceilings('cuda', torch.bfloat16, n=2048, copy_mib=64, repeats=3)
+    from softfree_mm.analysis.benchmark.kernels import device_ceilings, run_kernels
+    ceilings = device_ceilings('cuda', torch.bfloat16, n=2048, copy_mib=64, repeats=3)
     assert ceilings['timer'] == 'cuda-events' and ceilings['matrix_TFLOP_per_s'] > 1
-    rows = bm.run_kernels(['softmax', 'poly'], [1024], heads=2, dtype=torch.bfloat16, device='cuda', repeats=2,
-                          ceilings=ceilings)
+    rows = run_kernels(['softmax', 'poly'], [1024], heads=2, dtype=torch.bfloat16, device='cuda', repeats=2,
+                       ceilings=ceilings)
     for r in rows:
         assert r['timer'] == 'cuda-events' and 0 < r['of_matrix_rate'] < 2 and r['peak_MiB'] >= 0

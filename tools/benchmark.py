@@ -36,6 +36,7 @@ CUDA is used when available (--device cpu to force the CPU); threads are torch's
 """
 import argparse
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, also when this file is loaded by path
@@ -44,26 +45,31 @@ import tool_warnings  # noqa: E402,F401  (tools/tool_warnings.py: before the Ope
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 
 MODES = ('kernels', 'backbone', 'compare', 'flops', 'detector')
+DTYPE_NAMES = ('fp32', 'bf16', 'fp16')
+DEFAULT_KERNELS = ('softmax', 'poly', 'relu', 'sigmoid', 'linear', 'taylor', 'inline')
+DEFAULT_BACKBONES = ('swin_t', 'pvt_v2_b2', 'xcit_s12')
 
 
-def parse_kernel(text):
-    """'poly:degree=1,scale=0.1' -> dict(type='poly', degree=1, scale=0.1); a bare name stays a string."""
-    name, _, rest = text.partition(':')
-    cfg = dict(type=name)
-    for item in filter(None, rest.split(',')):
-        key, eq, val = item.partition('=')
-        if not eq:
-            raise ValueError(f'kernel spec {text!r}: expected name:arg=value,..., got {item!r}')
-        for cast in (int, float):
-            try:
-                val = cast(val)
-                break
-            except ValueError:
-                continue
-        if val in ('True', 'False', 'None'):
-            val = {'True': True, 'False': False, 'None': None}[val]
-        cfg[key] = val
-    return cfg if len(cfg) > 1 else name
+class BadArgs(Exception):
+    """A refused option: one line, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        # argparse's 'argument --dtype: must be ...' reads as '--dtype must be ...'
+        raise BadArgs(re.sub(r'^argument ([^:]+): ', r'\1 ', message))
+
+
+# ---------------------------------------------------------------------------------------------- option values
+def _refusing(fn):
+    """An argparse type from ``fn``: its ValueError / KeyError / TypeError message becomes the error line."""
+    def convert(text):
+        try:
+            return fn(text)
+        except (KeyError, TypeError, ValueError) as e:
+            raise argparse.ArgumentTypeError(e.args[0] if e.args else str(e)) from None
+    convert.__name__ = fn.__name__
+    return convert
 
 
 def parse_size(text):
@@ -77,154 +83,218 @@ def parse_size(text):
     return h, w
 
 
+def _kernel(text, plain_products=False):
+    from softfree_mm.attention import normalize_cfg, parse_kernel
+    cfg = parse_kernel(text)
+    if not (plain_products and cfg == 'matmul'):  # kernels mode also times the plain products
+        normalize_cfg(cfg)
+    return cfg
+
+
+def _backbone(name):
+    from softfree_mm.analysis.benchmark.backbones import backbone_presets
+    if name not in backbone_presets():
+        raise ValueError(f"unknown backbone {name!r}; valid: {', '.join(sorted(backbone_presets()))}")
+    return name
+
+
+def _at_least(low):
+    def check(text):
+        value = int(text)
+        if value < low:
+            raise ValueError(f'must be >= {low}, got {value}')
+        return value
+    return check
+
+
+def _dtype(text):
+    if text not in DTYPE_NAMES:
+        raise ValueError(f'must be fp32, bf16 or fp16, got {text!r}')
+    return text
+
+
+def _clock(text):
+    if text not in ('wall', 'cpu'):
+        raise ValueError(f'must be wall or cpu, got {text!r}')
+    return text
+
+
+# ---------------------------------------------------------------------------------------------- parser
 def build_parser(default_device):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('mode', nargs='?', default='kernels', help=f'one of {", ".join(MODES)} (default kernels)')
-    p.add_argument('--kernels', nargs='+', default=None)
-    p.add_argument('--tokens', nargs='+', type=int, default=None, help='kernels: token counts N')
-    p.add_argument('--sides', nargs='+', type=int, default=None, help='kernels: token grid sides (N = side^2)')
-    p.add_argument('--heads', type=int, default=None)
-    p.add_argument('--head-dim', type=int, default=None)
-    p.add_argument('--batch', type=int, default=None, help='images / sequences (default 1; detector: 2)')
-    p.add_argument('--backward', action='store_true', help='kernels: also forward + backward')
-    p.add_argument('--no-memory', action='store_true', help='kernels: skip the memory measurements')
-    p.add_argument('--backbones', nargs='+', default=None)
-    p.add_argument('--sizes', nargs='+', default=None, help='backbone / flops: image sizes HxW')
-    p.add_argument('--size', default=None, help='compare (default 512x768) / detector (default 800x1216): HxW')
-    p.add_argument('--detectors', nargs='+', default=None, help='detector: backbone:kernel names (default all)')
-    p.add_argument('--ceilings', action='store_true', help="kernels: measure the device's matrix rate and copy "
-                                                           'bandwidth and report the fractions reached')
-    p.add_argument('--no-flops', action='store_true', help='backbone: skip the FLOP count')
-    p.add_argument('--dtype', default='fp32', help='fp32, bf16 or fp16 (backbones: autocast)')
-    p.add_argument('--repeats', type=int, default=3)
-    p.add_argument('--device', default=default_device)
-    p.add_argument('--clock', default='wall', help='wall (default) or cpu: this process\'s CPU time, for a shared '
-                                                   'machine with OMP_NUM_THREADS=1 (CPU device only)')
-    p.add_argument('--plot', default=None, help='kernels: write latency and memory against N (log-log) here')
-    p.add_argument('--csv', default=None, help='write every measured row to this CSV file')
+    common = argparse.ArgumentParser(add_help=False)  # what every mode takes
+    common.add_argument('--batch', type=_refusing(_at_least(1)), default=None,
+                        help='images / sequences (default 1; detector: 2)')
+    common.add_argument('--dtype', type=_refusing(_dtype), default='fp32',
+                        help='fp32, bf16 or fp16 (backbones: autocast)')
+    common.add_argument('--repeats', type=_refusing(_at_least(1)), default=3)
+    common.add_argument('--device', default=default_device)
+    common.add_argument('--clock', type=_refusing(_clock), default='wall',
+                        help="wall (default) or cpu: this process's CPU time, for a shared machine with "
+                             'OMP_NUM_THREADS=1 (CPU device only)')
+    common.add_argument('--csv', default=None, help='write every measured row to this CSV file')
+    kernel = _refusing(_kernel)
+    backbone = _refusing(_backbone)
+    size = _refusing(parse_size)
+
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    modes = p.add_subparsers(dest='mode', metavar='MODE', parser_class=Parser)
+    k = modes.add_parser('kernels', parents=[common], help='one attention call per kernel and token count')
+    k.add_argument('--kernels', nargs='+', type=_refusing(lambda t: _kernel(t, plain_products=True)), default=None)
+    k.add_argument('--tokens', nargs='+', type=_refusing(_at_least(1)), default=None, help='token counts N')
+    k.add_argument('--sides', nargs='+', type=_refusing(_at_least(1)), default=None,
+                   help='token grid sides (N = side^2)')
+    k.add_argument('--heads', type=int, default=1)
+    k.add_argument('--head-dim', type=int, default=64)
+    k.add_argument('--backward', action='store_true', help='also forward + backward')
+    k.add_argument('--no-memory', action='store_true', help='skip the memory measurements')
+    k.add_argument('--ceilings', action='store_true', help="measure the device's matrix rate and copy bandwidth and "
+                                                           'report the fractions reached')
+    k.add_argument('--plot', default=None, help='write latency and memory against N (log-log) here')
+    k.set_defaults(handler=run_kernels)
+    for name, handler, what in (('backbone', run_backbone, 'backbone x kernel x image size, a process a point'),
+                                ('flops', run_flops, 'GFLOPs and parameters of backbone x kernel x size')):
+        b = modes.add_parser(name, parents=[common], help=what)
+        b.add_argument('--backbones', nargs='+', type=backbone, default=None)
+        b.add_argument('--kernels', nargs='+', type=kernel, default=None)
+        b.add_argument('--sizes', nargs='+', type=size, default=None, help='image sizes HxW')
+        if name == 'backbone':
+            b.add_argument('--no-flops', action='store_true', help='skip the FLOP count')
+        b.set_defaults(handler=handler)
+    c = modes.add_parser('compare', parents=[common], help='our softmax backbones against the references')
+    c.add_argument('--backbones', nargs='+', default=None)
+    c.add_argument('--size', type=size, default=(512, 768), help='HxW (default 512x768)')
+    c.set_defaults(handler=run_compare)
+    d = modes.add_parser('detector', parents=[common], help='one Mask R-CNN training step per detector')
+    d.add_argument('--detectors', nargs='+', default=None, help='backbone:kernel names (default all)')
+    d.add_argument('--size', type=size, default=None, help='HxW (default 800x1216)')
+    d.set_defaults(handler=run_detector)
+    # the top-level help lists every mode's options (each mode's own --help says what they mean)
+    p.epilog = 'Every mode and its options:\n' + ''.join(
+        '  ' + m.format_usage().replace('usage: ', '') for m in modes.choices.values())
     return p
 
 
-def main(argv=None):
-    import torch
+# ---------------------------------------------------------------------------------------------- modes
+def run_kernels(args, out):
+    from softfree_mm.analysis.benchmark import kernels as bm
+    from softfree_mm.analysis.benchmark.output import plot
+    from softfree_mm.analysis.benchmark.timing import DTYPES
+    if args.tokens and args.sides:
+        raise BadArgs('give --tokens or --sides, not both')
+    tokens = args.tokens or [s * s for s in (args.sides or [32, 64])]
+    passes = ('fwd', 'fwdbwd') if args.backward else ('fwd',)
+    ceilings = None
+    if args.ceilings:
+        ceilings = bm.device_ceilings(args.device, DTYPES[args.dtype],
+                                      **({} if args.device.startswith('cuda') else dict(n=512, copy_mib=64)))
+        print('ceilings: ' + ', '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}'
+                                       for k, v in ceilings.items()))
+    rows = bm.run_kernels(args.kernels or list(DEFAULT_KERNELS), tokens, heads=args.heads, head_dim=args.head_dim,
+                          batch=args.batch, dtype=DTYPES[args.dtype], device=args.device, repeats=args.repeats,
+                          passes=passes, memory=not args.no_memory, log=out.progress, clock=args.clock,
+                          ceilings=ceilings)
+    r0 = rows[0]
+    out.show(rows, bm.KERNEL_COLUMNS, f"kernels: B={r0['batch']} heads={r0['heads']} head_dim={r0['head_dim']} "
+                                      f"{r0['dtype']}")
+    if len(tokens) > 1:
+        print()
+        out.show(bm.scaling(rows), ('kernel', 'pass', 'N_min', 'N_max', 'time_slope', 'memory_slope',
+                                    'faster_than_softmax_from_N'), 'log-log slopes over N')
+    if args.plot:
+        plot(rows, args.plot)
+        print(f'plot: {args.plot}')
+    return rows
 
-    from softfree_mm.analysis import benchmark as bm
-    from softfree_mm.attention import normalize_cfg
 
-    parser = build_parser('cuda' if torch.cuda.is_available() else 'cpu')
-    args = parser.parse_args(argv)
+def run_backbone(args, out):
+    from softfree_mm.analysis.benchmark.backbones import BACKBONE_COLUMNS, run_backbones
+    rows = run_backbones(args.backbones or list(DEFAULT_BACKBONES), args.kernels or ['softmax'],
+                         args.sizes or [(224, 224)], batch=args.batch, dtype=args.dtype, device=args.device,
+                         repeats=args.repeats, flops=not args.no_flops, log=out.progress, clock=args.clock)
+    out.show(rows, BACKBONE_COLUMNS, f'backbones: batch={args.batch} {args.dtype}, one subprocess a point')
+    return rows
 
-    def fail(msg):
-        print(f'error: {msg}', file=sys.stderr)
-        return 2
 
-    if args.mode not in MODES:
-        return fail(f'unknown mode {args.mode!r}; valid modes: {", ".join(MODES)}')
-    if args.dtype not in ('fp32', 'bf16', 'fp16'):
-        return fail(f'--dtype must be fp32, bf16 or fp16, got {args.dtype!r}')
-    if args.device.startswith('cuda') and not torch.cuda.is_available():
-        return fail(f'--device {args.device}: CUDA is not available on this machine')
-    if args.clock not in bm.CLOCKS:
-        return fail(f'--clock must be wall or cpu, got {args.clock!r}')
-    if args.clock == 'cpu' and args.device != 'cpu':
-        return fail('--clock cpu measures CPU time: use it with --device cpu')
-    if args.repeats < 1:
-        return fail(f'--repeats must be >= 1, got {args.repeats}')
-    if args.batch is not None and args.batch < 1:
-        return fail(f'--batch must be >= 1, got {args.batch}')
-    args.batch = args.batch or (2 if args.mode == 'detector' else 1)
-    try:
-        kernels = [parse_kernel(k) for k in (args.kernels or [])]
-        for k in kernels:
-            if k != 'matmul':
-                normalize_cfg(k)
-        sizes = [parse_size(s) for s in (args.sizes or [])]
-        for name in args.backbones or []:
-            if name not in bm.backbone_presets():
-                raise ValueError(f"unknown backbone {name!r}; valid: {', '.join(sorted(bm.backbone_presets()))}")
-    except (KeyError, TypeError, ValueError) as e:
-        return fail(e.args[0] if e.args else str(e))
+def run_flops(args, out):
+    from softfree_mm.analysis.benchmark.backbones import flops_table
+    rows = flops_table(args.backbones or list(DEFAULT_BACKBONES), args.kernels or ['softmax'],
+                       args.sizes or [(224, 224)], log=out.progress)
+    out.show(rows, ('backbone', 'kernel', 'setup', 'size', 'GFLOPs', 'attention_GFLOPs', 'params_M', 'counter'),
+             'flops (multiply-adds, attention included)')
+    return rows
 
-    def show(rows, columns, title):
-        print(f'{title}  (device={args.device}, threads={torch.get_num_threads()}, clock={args.clock})')
-        print(bm.markdown(rows, columns))
 
+def run_compare(args, out):
+    from softfree_mm.analysis.benchmark.comparison import COMPARE_COLUMNS, compare
+    from softfree_mm.analysis.benchmark.references import REFERENCES
+    backbones = args.backbones or list(DEFAULT_BACKBONES)
+    bad = [b for b in backbones if b not in REFERENCES]
+    if bad:
+        raise BadArgs(f'compare: no reference for {bad}; valid: {", ".join(REFERENCES)}')
+    rows = compare(backbones, size=args.size, batch=args.batch, repeats=args.repeats, device=args.device,
+                   log=out.progress, clock=args.clock)
+    out.show(rows, COMPARE_COLUMNS, f'ours vs reference, softmax, same weights, batch={args.batch}')
+    return rows
+
+
+def run_detector(args, out):
+    from softfree_mm.analysis.benchmark.detector import DETECTOR_COLUMNS, DETECTOR_SIZE, DETECTORS, run_detectors
+    names = args.detectors or list(DETECTORS)
+    bad = [n for n in names if n not in DETECTORS]
+    if bad:
+        raise BadArgs(f'detector: unknown detector(s) {bad}; valid: {", ".join(DETECTORS)}')
+    size = args.size or DETECTOR_SIZE
+    if size[0] % 32 or size[1] % 32:
+        raise BadArgs(f'detector: --size must be a multiple of 32 each way (the FPN strides), got '
+                      f'{size[0]}x{size[1]}')
+    rows = run_detectors(names, size=size, batch=args.batch, dtype=args.dtype, device=args.device,
+                         repeats=args.repeats, log=out.progress)
+    out.show(rows, DETECTOR_COLUMNS, f'Mask R-CNN training step, batch {args.batch}, {args.dtype}, one '
+                                     'subprocess a detector')
+    return rows
+
+
+class _Output:
+    """The tables on stdout, one progress line per measured row on stderr."""
+
+    def __init__(self, args, threads):
+        self.args, self.threads = args, threads
+
+    def show(self, rows, columns, title):
+        from softfree_mm.analysis.benchmark.output import markdown
+        print(f'{title}  (device={self.args.device}, threads={self.threads}, clock={self.args.clock})')
+        print(markdown(rows, columns))
+
+    @staticmethod
     def progress(row):
         print('  ' + ', '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}' for k, v in row.items()
                                if k not in ('device', 'threads', 'dtype', 'heads', 'head_dim', 'batch')
                                and not k.startswith('_')),
               file=sys.stderr, flush=True)
 
-    if args.mode == 'kernels':
-        if args.tokens and args.sides:
-            return fail('give --tokens or --sides, not both')
-        tokens = args.tokens or [s * s for s in (args.sides or [32, 64])]
-        if min(tokens) < 1:
-            return fail(f'token counts must be >= 1, got {tokens}')
-        kernels = kernels or ['softmax', 'poly', 'relu', 'sigmoid', 'linear', 'taylor', 'inline']
-        passes = ('fwd', 'fwdbwd') if args.backward else ('fwd',)
-        ceilings = None
-        if args.ceilings:
-            ceilings = bm.device_ceilings(args.device, bm.DTYPES[args.dtype],
-                                          **({} if args.device.startswith('cuda') else dict(n=512, copy_mib=64)))
-            print('ceilings: ' + ', '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}'
-                                           for k, v in ceilings.items()))
-        rows = bm.run_kernels(kernels, tokens, heads=args.heads or 1, head_dim=args.head_dim or 64,
-                              batch=args.batch, dtype=bm.DTYPES[args.dtype], device=args.device,
-                              repeats=args.repeats, passes=passes, memory=not args.no_memory, log=progress,
-                              clock=args.clock, ceilings=ceilings)
-        r0 = rows[0]
-        show(rows, bm.KERNEL_COLUMNS, f"kernels: B={r0['batch']} heads={r0['heads']} head_dim={r0['head_dim']} "
-                                      f"{r0['dtype']}")
-        if len(tokens) > 1:
-            print()
-            show(bm.scaling(rows), ('kernel', 'pass', 'N_min', 'N_max', 'time_slope', 'memory_slope',
-                                    'faster_than_softmax_from_N'), 'log-log slopes over N')
-        if args.plot:
-            bm.plot(rows, args.plot)
-            print(f'plot: {args.plot}')
-    elif args.mode in ('backbone', 'flops'):
-        backbones = args.backbones or ['swin_t', 'pvt_v2_b2', 'xcit_s12']
-        kernels = kernels or ['softmax']
-        sizes = sizes or [(224, 224)]
-        if args.mode == 'flops':
-            rows = bm.flops_table(backbones, kernels, sizes, log=progress)
-            show(rows, ('backbone', 'kernel', 'setup', 'size', 'GFLOPs', 'attention_GFLOPs', 'params_M',
-                        'counter'), 'flops (multiply-adds, attention included)')
-        else:
-            rows = bm.run_backbones(backbones, kernels, sizes, batch=args.batch, dtype=args.dtype,
-                                    device=args.device, repeats=args.repeats, flops=not args.no_flops, log=progress,
-                                    clock=args.clock)
-            show(rows, bm.BACKBONE_COLUMNS, f'backbones: batch={args.batch} {args.dtype}, one subprocess a point')
-    elif args.mode == 'detector':
-        names = args.detectors or list(bm.DETECTORS)
-        bad = [n for n in names if n not in bm.DETECTORS]
-        if bad:
-            return fail(f'detector: unknown detector(s) {bad}; valid: {", ".join(bm.DETECTORS)}')
-        try:
-            size = parse_size(args.size or 'x'.join(map(str, bm.DETECTOR_SIZE)))
-        except ValueError as e:
-            return fail(str(e))
-        if size[0] % 32 or size[1] % 32:
-            return fail(f'detector: --size must be a multiple of 32 each way (the FPN strides), got {args.size}')
-        rows = bm.run_detectors(names, size=size, batch=args.batch, dtype=args.dtype,
-                                device=args.device, repeats=args.repeats, log=progress)
-        show(rows, bm.DETECTOR_COLUMNS, f'Mask R-CNN training step, batch {args.batch}, {args.dtype}, one '
-                                        'subprocess a detector')
-    else:
-        backbones = args.backbones or ['swin_t', 'pvt_v2_b2', 'xcit_s12']
-        bad = [b for b in backbones if b not in bm.REFERENCES]
-        if bad:
-            return fail(f'compare: no reference for {bad}; valid: {", ".join(bm.REFERENCES)}')
-        try:
-            size = parse_size(args.size or '512x768')
-        except ValueError as e:
-            return fail(str(e))
-        rows = bm.compare(backbones, size=size, batch=args.batch, repeats=args.repeats, device=args.device,
-                          log=progress, clock=args.clock)
-        show(rows, bm.COMPARE_COLUMNS, f'ours vs reference, softmax, same weights, batch={args.batch}')
+
+def main(argv=None):
+    import torch
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0].startswith('-') and argv[0] not in ('-h', '--help')):
+        argv.insert(0, 'kernels')  # the mode defaults to kernels
+    try:
+        if argv[0] not in MODES and argv[0] not in ('-h', '--help'):
+            raise BadArgs(f'unknown mode {argv[0]!r}; valid modes: {", ".join(MODES)}')
+        args = build_parser('cuda' if torch.cuda.is_available() else 'cpu').parse_args(argv)
+        if args.device.startswith('cuda') and not torch.cuda.is_available():
+            raise BadArgs(f'--device {args.device}: CUDA is not available on this machine')
+        if args.clock == 'cpu' and args.device != 'cpu':
+            raise BadArgs('--clock cpu measures CPU time: use it with --device cpu')
+        args.batch = args.batch or (2 if args.mode == 'detector' else 1)
+        rows = args.handler(args, _Output(args, torch.get_num_threads()))
+    except BadArgs as e:
+        print(f'error: {e}', file=sys.stderr)
+        return 2
     if args.csv:
-        bm.write_csv(rows, args.csv)
+        from softfree_mm.analysis.tables import write_csv
+        write_csv(args.csv, rows)
         print(f'csv: {args.csv}')
     return 0
 

@@ -79,6 +79,7 @@ def _set_format_only(cfg, out_dir):
 def prepare(args):
     from softfree_mm.engine import config_checks as checks
     from softfree_mm.engine import device, runner
+    from softfree_mm.engine.demo_data import make_demo
     from softfree_mm.engine.errors import UsageError
     cfg, on = runner.tool_config('test', args)
     if not osp.isfile(args.checkpoint):
@@ -91,7 +92,6 @@ def prepare(args):
     if args.format_only:
         _set_format_only(cfg, osp.join(cfg.work_dir, 'format_only'))
     for root, subset in checks.demo_roots(cfg, ('test', )):
-        from train import make_demo
         make_demo(root, subset)
     checks.check_data(cfg, ('test', ))
     if args.show_dir:
@@ -113,7 +113,6 @@ def main(argv=None):
     args = parse_args(argv)
     if (args.device or os.environ.get('SOFTFREE_MM_DEVICE')) == 'cpu':
         os.environ['CUDA_VISIBLE_DEVICES'] = ''  # before anything initialises CUDA
-    sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
     from softfree_mm.engine.checkpoints import check_checkpoint
     from softfree_mm.engine.data_errors import name_failing_samples
     from softfree_mm.engine.runner import build_runner, finish_dist, one_line_errors, run

@@ -7,7 +7,8 @@
 Bad input (config, data, device, a file met while running, a NaN / inf loss) stops with one line on stderr and exit
 status 2; ``--resume`` continues from the newest readable checkpoint and reproduces the uninterrupted run;
 ``--dry-run`` checks the config without its data set and trains nothing (docs/training.md, docs/reliability.md).
-Demo data roots (``data/demo/...``) are written on demand by tools/make_demo_data.py.
+Demo data roots (``data/demo/...``) are written on demand (softfree_mm/engine/demo_data.py, as
+tools/make_demo_data.py does).
 """
 import argparse
 import os
@@ -54,6 +55,7 @@ def prepare(args):
     from softfree_mm.engine import config_checks as checks
     from softfree_mm.engine import device, runner
     from softfree_mm.engine.checkpoints import latest_checkpoint
+    from softfree_mm.engine.demo_data import make_demo
     from softfree_mm.engine.errors import UsageError
     cfg, on = runner.tool_config('train', args)
     if args.resume == 'auto':
@@ -88,15 +90,18 @@ def prepare(args):
 
 
 def check_start(runner, cfg, auto_resume):
-    """The checkpoint the run starts from is readable and belongs to the model (--resume: exactly); an auto-resume
-    whose newest checkpoint is unreadable falls back to the newest readable one."""
+    """The checkpoints the run starts from are readable and belong to the model: each backbone's Pretrained file that
+    is here (the warm start's teacher included), and load_from (--resume: exactly); an auto-resume whose newest
+    checkpoint is unreadable falls back to the newest readable one."""
     from mmengine.model import is_model_wrapper
     from softfree_mm.engine.checkpoints import check_checkpoint, latest_checkpoint, remove_stale_temporaries
+    from softfree_mm.engine.dry_run import check_starts_here
     from softfree_mm.engine.errors import BadInput
+    model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+    check_starts_here(model)  # each backbone's Pretrained file that is here holds its architecture
     path = cfg.get('load_from')
     if not path:
         return
-    model = runner.model.module if is_model_wrapper(runner.model) else runner.model
     try:
         check_checkpoint(path, model, 'resume' if cfg.get('resume') else 'load')
     except BadInput as e:
@@ -111,18 +116,6 @@ def check_start(runner, cfg, auto_resume):
     from mmengine.dist import is_main_process
     if cfg.get('resume') and is_main_process():
         remove_stale_temporaries(cfg.work_dir)
-
-
-def make_demo(root, subset=None):
-    """Write the demo data set ``subset`` (all when None or unknown) under ``root`` once; a file lock keeps parallel
-    processes (torchrun) from racing."""
-    import fcntl
-    sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-    from make_demo_data import TASKS, make_demo_data
-    os.makedirs(osp.dirname(osp.abspath(root)), exist_ok=True)
-    with open(osp.abspath(root) + '.lock', 'w') as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        make_demo_data(root, only=[subset] if subset in TASKS else TASKS)
 
 
 def main(argv=None):

@@ -6,13 +6,13 @@ line; the tools print it and exit with status 2.
 """
 import os
 import os.path as osp
-import sys
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from ..engine import config_checks as checks
+from ..engine.demo_data import make_demo
 from ..engine.device import apply_device_settings
 from ..engine.errors import UsageError, short_error
 
@@ -99,7 +99,7 @@ def build_dataset(cfg, split: str, config: str = ''):
         raise UsageError(f'--split must be one of {", ".join(SPLITS)}, got {split!r}')
     loader = _pipeline_cfg(cfg, split)
     for root, subset in checks.demo_roots(cfg, (split, )):
-        _make_demo(root, subset)
+        make_demo(root, subset)
     checks.check_data(cfg, (split, ))
     try:
         with DATASETS.switch_scope_and_registry(cfg.default_scope) as registry:
@@ -117,17 +117,6 @@ def dataset_samples(ds, num: int) -> Iterator[Tuple[str, dict]]:
         sample = ds[i]
         meta = sample['data_samples'].metainfo if hasattr(sample.get('data_samples'), 'metainfo') else {}
         yield osp.basename(meta.get('img_path', f'sample_{i}')), sample
-
-
-def _make_demo(root, subset):
-    tools = osp.join(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))), 'tools')
-    if osp.isfile(osp.join(tools, 'train.py')) and tools not in sys.path:
-        sys.path.insert(0, tools)
-    try:
-        from train import make_demo
-    except ImportError:  # an installed package without the tools: the data must exist already
-        return
-    make_demo(root, subset)
 
 
 def run_backbone(model, sample: dict, layers=None):

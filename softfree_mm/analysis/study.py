@@ -304,7 +304,7 @@ def markdown(summary: List[dict], val_images: Dict[str, Optional[int]], titles: 
             if e['config'] != config:
                 continue
             if not e['n']:
-                out.append(f"| {e['what']} | `{e['kernel']}` | 0 | failed: {short_error(e['error'])} | | | | | | | |")
+                out.append(f"| {e['what']} | `{e['kernel']}` | 0 | failed: {error_cell(e['error'])} | | | | | | | |")
                 continue
             se_row = _f(standard_error(e['top1_final'], n_val), 1) if n_val else ''
             note = f" ({e['failed']} failed)" if e['failed'] else ''
@@ -328,7 +328,7 @@ def markdown(summary: List[dict], val_images: Dict[str, Optional[int]], titles: 
     return '\n'.join(out).rstrip() + '\n'
 
 
-def short_error(text: str) -> str:
+def error_cell(text: str) -> str:
     """An error line for a table cell: without 'error:', the child config's path, the exception's class and the
     traceback hint."""
     text = re.sub(r'^error:\s*', '', text.strip())

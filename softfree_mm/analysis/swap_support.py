@@ -184,8 +184,8 @@ def _swapped_modules(model):
 
 
 def _refusal_cell(model, refusals) -> str:
-    from ..swap import _discover
-    total = len(_discover(model))
+    from ..swap.discover import discover
+    total = len(discover(model))
     why = ', '.join(dict.fromkeys(_short(c, w) for _, c, w in refusals))
     if len(refusals) < total:
         return f'{total - len(refusals)} of {total} layers ({why})'

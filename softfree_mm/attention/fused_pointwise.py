@@ -19,9 +19,6 @@ import torch
 
 from ._fused_pointwise_check import (FAILED, KINDS, fail, first_line, interpreting, label, pow2, precision, ready,
                                      say_once, unsupported)
-# still importable from here, as before the check moved beside this file
-from ._fused_pointwise_check import (DTYPES, MAX_HEAD_DIM, MAX_PAIRS, MAX_POWER, TOLERANCE,  # noqa: F401
-                                     block_configs, check, reference, reset, triton_error)
 
 _KERNELS: Dict[bool, tuple] = {}  # interpreted? -> (forward, dk-dv, dq)
 LAUNCHES = {'forward': 0, 'backward': 0}  # fused launches made in this process (what ran, for the tests)

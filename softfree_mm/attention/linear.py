@@ -113,8 +113,8 @@ class EfficientAttention(_FactorisedAttention):
     With a mask the softmax over keys runs, for each row, over that row's valid keys only.
     """
 
-    no_score_map = ('A = softmax over channels of q times softmax over tokens of k: the normaliser runs over the '
-                    'keys of each channel before any pair product, so A is no row map of per-pair scores')
+    # its normaliser runs over the keys of each channel before any pair product, so no row map of scores gives A
+    no_score_map = 'A = softmax over channels of q times softmax over tokens of k: no per-pair score map'
 
     def flops(self, nq, nk, d, dv, masked=False, hw=None):
         if masked:  # the per-row normaliser keep @ e, the weights, A @ v

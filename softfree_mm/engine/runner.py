@@ -116,11 +116,6 @@ def print_error(line: str, every_rank: bool = False) -> None:
         print(f'error: {line}', file=sys.stderr)
 
 
-def short_error(e: BaseException) -> str:
-    msg = ' '.join(str(e).split())
-    return f'{type(e).__name__}: {msg}' if msg else type(e).__name__
-
-
 class one_line_errors:
     """``with one_line_errors(config, setup=True) as step: ...``: an error the tools report in one line is printed
     (``error: ...`` on stderr, once per job or on each rank for a rank's own bad file) and ``step.status`` becomes 2;

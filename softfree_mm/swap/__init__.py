@@ -9,10 +9,9 @@ adapters share); ``adapters/`` one file per library; ``config`` the ``SoftFreeSw
 """
 from . import adapters  # noqa: F401  (registers every adapter)
 from .adapter import ADAPTERS, Adapter, Layout, SwapError, register, supported_layouts
-from .attend import mix as _mix  # noqa: F401  (the shared kernel call; tests hold it against the kernel)
 from .core import swap_attention
-from .discover import discover as _discover  # noqa: F401  (analysis.swap_support counts the modules)
-from .install import new_swapped as _new_swapped  # noqa: F401  (models pickled before the package split)
+# not an import path: the name pickles of swapped models written before the package split call to rebuild them
+from .install import new_swapped as _new_swapped  # noqa: F401
 from .install import restore_attention, swap_summary
 
 __all__ = ['swap_attention', 'restore_attention', 'swap_summary', 'supported_layouts', 'SwapError', 'Layout',

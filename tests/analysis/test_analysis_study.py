@@ -20,6 +20,8 @@ import statistics
 
 import pytest
 
+from softfree_mm.engine.demo_data import make_demo
+
 from tests.helpers import ROOT, load_tool, one_line_error
 from tests.helpers.demo import shared_demo_root
 
@@ -30,7 +32,7 @@ VAL_IMAGES = 16
 @pytest.fixture(scope='module')
 def demo(tmp_path_factory):
     root = osp.dirname(shared_demo_root(tmp_path_factory))
-    load_tool('train').make_demo(root, 'imagenet')
+    make_demo(root, 'imagenet')
     return root
 
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from softfree_mm.attention import build_attention, dispatch
+from softfree_mm.attention import _fused_pointwise_check as fp_check
 from softfree_mm.attention import fused_pointwise as fp
 from softfree_mm.attention.blocked import TILE_ELEMENTS
 
@@ -28,9 +29,9 @@ def dev(monkeypatch):
     if not CUDA:
         monkeypatch.setenv('TRITON_INTERPRET', '1')
     monkeypatch.delenv(dispatch.IMPL_ENV, raising=False)
-    fp.reset()
+    fp_check.reset()
     yield torch.device('cuda' if CUDA else 'cpu')
-    fp.reset()
+    fp_check.reset()
 
 
 def _cfg(name, **kw):
@@ -129,7 +130,7 @@ def test_fused_key_padding_mask_equals_deleting_the_padded_keys(dev, name):
 
 def test_fused_saves_nothing_of_size_nq_by_nk_for_backward(dev):
     """What autograd keeps from a fused call: q, k, v (and the per-row coefficient), nothing quadratic."""
-    from softfree_mm.analysis.benchmark import saved_bytes
+    from softfree_mm.analysis.benchmark.timing import saved_bytes
     q, k, v = _inputs(dev, b=1, h=2, nq=200, nk=180, d=32, dv=32, seed=7)
     kern = build_attention(_cfg('poly3', impl='fused'), num_heads=2)
     kern(q, k, v)  # the first-use check (it saves its own small problem)
@@ -200,7 +201,7 @@ def test_a_backward_that_fails_after_the_check_recomputes_its_gradients_in_tiles
 def test_fused_on_a_cpu_tensor_without_the_interpreter_runs_in_tiles_and_says_why(monkeypatch, caplog):
     monkeypatch.delenv('TRITON_INTERPRET', raising=False)
     monkeypatch.delenv(dispatch.IMPL_ENV, raising=False)
-    fp.reset()
+    fp_check.reset()
     q, k, v = _inputs('cpu', seed=11)
     with caplog.at_level(logging.WARNING, logger='softfree_mm.attention'), torch.no_grad():
         out = build_attention(_cfg('poly2', impl='fused'), num_heads=2)(q, k, v)
@@ -208,7 +209,7 @@ def test_fused_on_a_cpu_tensor_without_the_interpreter_runs_in_tiles_and_says_wh
     lines = _fused_records(caplog)
     assert len(lines) == 1 and 'poly2 attention: no fused kernel for this call (cpu tensors' in lines[0]
     assert 'TRITON_INTERPRET=1' in lines[0] and 'in tiles' in lines[0]
-    fp.reset()
+    fp_check.reset()
 
 
 # ------------------------------------------------------------------------------------------- dispatch
@@ -330,7 +331,7 @@ def test_soft_newton_steps_batched_as_on_cuda_equal_the_plain_steps():
 def test_linear_forward_holds_no_temporary_beyond_its_feature_maps_and_output():
     """linear (elu+1) without a mask: phi(q), phi(k) and the output are the only (N, d)-sized tensors of its
     forward (the + 1 in place, the normaliser as a product), measured by the allocator's record on CPU."""
-    from softfree_mm.analysis.benchmark import peak_memory
+    from softfree_mm.analysis.benchmark.timing import peak_memory
     q, k, v = (torch.randn(1, 1, 8192, 64) for _ in range(3))
     kern = build_attention('linear')
 

@@ -1,4 +1,4 @@
-"""tools/make_demo_data.py writes real, deterministic demo sets in the layouts the configs expect.
+"""The demo data generator (softfree_mm/engine/demo_data.py, behind tools/make_demo_data.py) writes real, deterministic demo sets in the layouts the configs expect.
 
 Guards: the same seed gives byte-identical files; the COCO set holds both polygon and RLE masks whose stored area
 and box agree with the mask pycocotools decodes, its images carry digits where the masks say (the strokes differ from
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from pycocotools import mask as mask_utils
 
-import make_demo_data as mdd  # tools/make_demo_data.py (tests/conftest.py puts tools/ on sys.path)
+from softfree_mm.engine import demo_data as mdd
 
 
 @pytest.fixture(scope='module', autouse=True)

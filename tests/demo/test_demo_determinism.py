@@ -52,7 +52,7 @@ def tools():
 
 @pytest.fixture(scope='module')
 def data_root(tmp_path_factory):
-    from make_demo_data import make_demo_data  # tools/make_demo_data.py (tests/conftest.py puts tools/ on sys.path)
+    from softfree_mm.engine.demo_data import make_demo_data
     return make_demo_data(str(tmp_path_factory.mktemp('determinism') / 'data' / 'demo'), only=['coco', 'imagenet'])
 
 

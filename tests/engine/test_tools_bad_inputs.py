@@ -93,7 +93,7 @@ def test_truncated_image_names_the_file_and_keeps_the_checkpoint(base, tools, ca
 def test_cut_short_images_are_told_from_complete_ones_with_thumbnails_or_trailers():
     import cv2
     import numpy as np
-    from softfree_mm.engine.reliability import _truncated
+    from softfree_mm.engine.data_errors import _truncated
     img = (np.arange(64 * 48 * 3) % 251).astype(np.uint8).reshape(64, 48, 3)
     jpg = cv2.imencode('.jpg', img)[1].tobytes()
     png = cv2.imencode('.png', img)[1].tobytes()
@@ -135,7 +135,7 @@ def test_bad_coco_annotation_file_is_one_line_naming_it(tools, capsys, tmp_path,
 
 
 def test_json_problem_names_the_missing_list_or_field(tmp_path):
-    from softfree_mm.engine.reliability import json_problem
+    from softfree_mm.engine.data_errors import json_problem
     ann = tmp_path / 'a.json'
     ann.write_text(json.dumps(dict(images=[], categories=[])))
     assert json_problem(str(ann)) == "a field is missing: no 'annotations' list (a COCO file needs images, " \

@@ -18,7 +18,7 @@ import sys
 import pytest
 import torch
 
-from softfree_mm.engine import device, launch
+from softfree_mm.engine import config_checks, device, errors
 
 from tests.helpers import ROOT, load_tool
 
@@ -109,19 +109,19 @@ def test_tools_stop_with_one_line_and_dist_train_before_torchrun(tmp_path, monke
 
 
 def test_slurm_jobs_get_their_own_master_port_and_workers_that_fit_the_cpus(monkeypatch):
-    ports = {launch.slurm_master_port(str(job)) for job in range(1000, 1100)}
+    ports = {device.slurm_master_port(str(job)) for job in range(1000, 1100)}
     assert len(ports) == 100 and all(20000 <= p < 30000 for p in ports)
-    assert launch.slurm_master_port('123456', '0') == launch.slurm_master_port('123456', '0')
-    cfg = launch.load_config(osp.join(ROOT, 'configs', 'cls_swin_t_softmax.py'))
+    assert device.slurm_master_port('123456', '0') == device.slurm_master_port('123456', '0')
+    cfg = config_checks.load_config(osp.join(ROOT, 'configs', 'cls_swin_t_softmax.py'))
     monkeypatch.delenv('MASTER_PORT', raising=False)
     monkeypatch.setenv('SLURM_JOB_ID', '4242')
     monkeypatch.setenv('SLURM_CPUS_PER_TASK', '5')
-    notes = launch.apply_cluster_settings(cfg, 'slurm')
-    assert os.environ['MASTER_PORT'] == str(launch.slurm_master_port('4242'))
+    notes = device.apply_cluster_settings(cfg, 'slurm')
+    assert os.environ['MASTER_PORT'] == str(device.slurm_master_port('4242'))
     assert cfg.train_dataloader.num_workers == 4 and cfg.val_dataloader.num_workers == 4
     assert any('num_workers 8 -> 4' in n for n in notes)
     monkeypatch.setenv('MASTER_PORT', '31000')  # the user's own port is kept
-    launch.apply_cluster_settings(cfg, 'slurm')
+    device.apply_cluster_settings(cfg, 'slurm')
     assert os.environ['MASTER_PORT'] == '31000'
 
 
@@ -150,12 +150,12 @@ def test_no_cudnn_benchmark_where_validation_runs_whole_images_of_varying_size()
 
 
 def test_amp_dtype_choice():
-    with pytest.raises(launch.UsageError, match='valid values are auto, float16, bfloat16'):
-        launch.amp_dtype('fp8')
+    with pytest.raises(errors.UsageError, match='valid values are auto, float16, bfloat16'):
+        device.amp_dtype('fp8')
     if not torch.cuda.is_available():
-        assert launch.amp_dtype('auto') == 'float16' and launch.amp_dtype('float16') == 'float16'
-        with pytest.raises(launch.UsageError, match='--amp needs CUDA'):
-            launch.enable_amp(launch.load_config(DEMO_CLS), 'auto')
+        assert device.amp_dtype('auto') == 'float16' and device.amp_dtype('float16') == 'float16'
+        with pytest.raises(errors.UsageError, match='--amp needs CUDA'):
+            device.enable_amp(config_checks.load_config(DEMO_CLS), 'auto')
     else:
         want = 'bfloat16' if torch.cuda.is_bf16_supported() else 'float16'
-        assert launch.amp_dtype('auto') == want
+        assert device.amp_dtype('auto') == want

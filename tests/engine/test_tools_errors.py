@@ -109,27 +109,27 @@ def test_config_with_a_syntax_error_is_one_line(train_tool, capsys, tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason='the CPU settings apply only without CUDA')
 def test_cpu_settings_gloo_ddp_without_device_ids_and_bn_for_syncbn():
-    from softfree_mm.engine import launch
-    cfg = launch.load_config(DET)
+    from softfree_mm.engine import config_checks, device, errors
+    cfg = config_checks.load_config(DET)
     assert cfg.model.backbone.norm_cfg.type == 'SyncBN'
-    notes = launch.apply_device_settings(cfg, 'pytorch')
+    notes = device.apply_device_settings(cfg, 'pytorch')
     assert cfg.env_cfg.dist_cfg.backend == 'gloo'
     assert cfg.model_wrapper_cfg == dict(type='MMDistributedDataParallel', device_ids=None)
     assert cfg.model.backbone.norm_cfg.type == 'BN'
     assert len(notes) == 3
-    with pytest.raises(launch.UsageError, match='--amp needs CUDA'):
-        launch.enable_amp(cfg)
+    with pytest.raises(errors.UsageError, match='--amp needs CUDA'):
+        device.enable_amp(cfg)
 
 
 def test_auto_scale_lr_flag_enables_the_configs_scaling():
-    from softfree_mm.engine import launch
-    cfg = launch.load_config(SEG)
+    from softfree_mm.engine import config_checks, errors, runner
+    cfg = config_checks.load_config(SEG)
     assert cfg.auto_scale_lr == dict(enable=False, base_batch_size=16)
-    launch.enable_auto_scale_lr(cfg)
+    runner.enable_auto_scale_lr(cfg)
     assert cfg.auto_scale_lr.enable
     cfg.auto_scale_lr = None
-    with pytest.raises(launch.UsageError, match='no auto_scale_lr'):
-        launch.enable_auto_scale_lr(cfg)
+    with pytest.raises(errors.UsageError, match='no auto_scale_lr'):
+        runner.enable_auto_scale_lr(cfg)
 
 
 def test_kernel_the_backbone_refuses_is_one_line_naming_backbone_and_kernel(train_tool, capsys, tmp_path):
@@ -209,17 +209,17 @@ def test_misspelt_types_outside_the_model_are_one_line_with_a_suggestion(tiny, r
 
 
 def test_type_check_passes_the_configs_and_names_without_a_close_match():
-    from softfree_mm.engine import launch
+    from softfree_mm.engine import config_checks, errors
     for path in (DET, SEG, CLS, *sorted(glob.glob(osp.join(ROOT, 'configs', 'demo', '*.py')))):
-        launch.check_types(launch.load_config(path))  # the Mask R-CNN configs hold roi_layer type 'RoIAlign' (mmcv)
-    cfg = launch.load_config(CLS)
+        config_checks.check_types(config_checks.load_config(path))  # the Mask R-CNN configs hold roi_layer type 'RoIAlign' (mmcv)
+    cfg = config_checks.load_config(CLS)
     cfg.optim_wrapper.optimizer.type = 'AdamWW'
-    with pytest.raises(launch.UsageError, match=r"optim_wrapper.optimizer.type='AdamWW'.*AdamW"):
-        launch.check_types(cfg)
+    with pytest.raises(errors.UsageError, match=r"optim_wrapper.optimizer.type='AdamWW'.*AdamW"):
+        config_checks.check_types(cfg)
     cfg.optim_wrapper.optimizer.type = 'SomethingElseEntirely'  # no close registered name: left to the Runner
-    launch.check_types(cfg)
+    config_checks.check_types(cfg)
     cfg.optim_wrapper.optimizer.type = 'mmpretrain.AdamW'  # scope-qualified registered names pass
-    launch.check_types(cfg)
+    config_checks.check_types(cfg)
 
 
 def test_errors_while_the_runner_builds_its_parts_are_one_line(tiny, run_tool):
@@ -234,7 +234,7 @@ def test_errors_while_the_runner_builds_its_parts_are_one_line(tiny, run_tool):
 
 
 def test_only_errors_before_the_run_starts_are_config_errors():
-    from softfree_mm.engine import launch
+    from softfree_mm.engine import errors, runner
 
     class FakeRunner:
         def __init__(self, start):
@@ -249,10 +249,10 @@ def test_only_errors_before_the_run_starts_are_config_errors():
                     hook.before_run(self)
             raise RuntimeError('boom')
 
-    with pytest.raises(launch.UsageError, match='cfg.py: RuntimeError: boom'):
-        launch.run(FakeRunner(start=False), 'train', 'cfg.py')
+    with pytest.raises(errors.UsageError, match='cfg.py: RuntimeError: boom'):
+        runner.run(FakeRunner(start=False), 'train', 'cfg.py')
     with pytest.raises(RuntimeError, match='boom'):
-        launch.run(FakeRunner(start=True), 'train', 'cfg.py')
+        runner.run(FakeRunner(start=True), 'train', 'cfg.py')
 
 
 def test_missing_image_folder_under_an_existing_data_root_is_one_line(tmp_path, run_tool):
@@ -263,17 +263,17 @@ def test_missing_image_folder_under_an_existing_data_root_is_one_line(tmp_path, 
 
 
 def test_data_prefix_check_skips_empty_absolute_and_remote_prefixes(tmp_path):
-    from softfree_mm.engine import launch
-    cfg = launch.load_config(DEMO_CLS)
+    from softfree_mm.engine import config_checks, errors
+    cfg = config_checks.load_config(DEMO_CLS)
     ds = cfg.train_dataloader.dataset
     ds.update(data_root=str(tmp_path), ann_file='', data_prefix='train')
-    with pytest.raises(launch.UsageError, match=r'train_dataloader.dataset.data_prefix: .*train does not exist'):
-        launch.check_data(cfg, ('train', ))
+    with pytest.raises(errors.UsageError, match=r'train_dataloader.dataset.data_prefix: .*train does not exist'):
+        config_checks.check_data(cfg, ('train', ))
     for prefix in ('', dict(img_path=''), str(tmp_path)):
         ds.data_prefix = prefix
-        launch.check_data(cfg, ('train', ))
+        config_checks.check_data(cfg, ('train', ))
     ds.update(data_prefix='train', backend_args=dict(backend='petrel'))
-    launch.check_data(cfg, ('train', ))
+    config_checks.check_data(cfg, ('train', ))
 
 
 def test_launcher_without_its_environment_is_one_line_naming_the_variables(tiny, run_tool):
@@ -298,9 +298,9 @@ def test_show_dir_draws_every_image_also_without_a_visualization_hook(tiny, test
         assert rc == 0, err[-3000:]
         assert 'metrics: ' in out
         assert len(glob.glob(str(show / '*.png'))) == 4  # the 4 test images, not 1 in 5000
-    from softfree_mm.engine import launch
+    from softfree_mm.engine import config_checks
     for path, kind in ((DET, 'DetVisualizationHook'), (SEG, 'SegVisualizationHook')):
-        cfg = launch.load_config(path)
+        cfg = config_checks.load_config(path)
         cfg.default_hooks.visualization = None
         test_tool._set_visualization(cfg, str(tiny['folder'] / 'show'))
         assert cfg.default_hooks.visualization.type == kind and cfg.default_hooks.visualization.draw

@@ -250,7 +250,7 @@ def test_resumed_run_continues_python_numpy_and_torch_random_streams(tmp_path, b
     """8 iterations without interruption; then a new run resumed from the checkpoint of iteration 4 (epoch 2) draws
     in iterations 5-8 what the uninterrupted run drew there, from each of the three generators (mmengine's resume
     alone re-seeds them: the draws of iterations 1-4 again)."""
-    from softfree_mm.engine.reliability import RNGStateHook
+    from softfree_mm.engine.hooks import RNGStateHook
     every = 2 if by_epoch else 4
     whole = _Draws()
     _tiny_runner(tmp_path / 'whole', whole, [RNGStateHook()], by_epoch=by_epoch, ckpt_every=every).train()
@@ -268,7 +268,8 @@ def test_resumed_run_continues_python_numpy_and_torch_random_streams(tmp_path, b
 
 @pytest.mark.parametrize('factor', [float('nan'), float('inf'), float('-inf')], ids=['nan', 'inf', '-inf'])
 def test_nonfinite_loss_guard_stops_or_skips_nan_inf_and_minus_inf_alike(tmp_path, factor):
-    from softfree_mm.engine.reliability import NonFiniteLoss, NonFiniteLossHook
+    from softfree_mm.engine.errors import NonFiniteLoss
+    from softfree_mm.engine.hooks import NonFiniteLossHook
     model = _BlowUp(factor)
     with pytest.raises(NonFiniteLoss, match=rf'^iteration 3: the loss is {factor} \(loss={factor}\); stopped before'
                                             ' the update'):

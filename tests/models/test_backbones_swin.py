@@ -467,7 +467,7 @@ def test_position_tied_kernel_fits_fixed_windows_but_is_refused_in_global_window
 @pytest.mark.parametrize('hw,window,shift', [((10, 16), 7, (3, 3)), ((5, 8), 7, (0, 3)), ((14, 7), 7, (0, 0)),
                                              ((9, 9), 9, (0, 0))])
 def test_window_layout_gathers_as_pad_roll_partition_and_back_with_exact_gradients(hw, window, shift):
-    from softfree_mm.models.layers import WindowLayout
+    from softfree_mm.models.utils.windows import WindowLayout
     b, c, (h, w) = 2, 3, hw
     hp, wp = -(-h // window) * window, -(-w // window) * window
     lay = WindowLayout(b, hw, (hp, wp), (window, window), shift, 'cpu')

@@ -623,7 +623,7 @@ def test_dry_run_start_check_reads_converts_and_names_what_is_not_there(tmp_path
     from mmengine.config import Config
 
     from softfree_mm.engine.dry_run import check_start
-    from softfree_mm.engine.launch import UsageError
+    from softfree_mm.engine.errors import UsageError
     official = save(tmp_path, 'swin_official', wrapped(swin_official(16, (1, 1, 2, 1), (1, 2, 2, 4))))
     model = _Detector(arch=dict(SWIN), init_cfg=dict(type='Pretrained', checkpoint=official))
     whole = save(tmp_path, 'whole', {'state_dict': model.state_dict(), 'meta': {}})
@@ -660,7 +660,7 @@ def train_tool():
 def test_start_and_test_checks_name_a_backbone_of_another_depth(mode, tmp_path):
     """tools/train.py (load_from, --resume) and tools/test.py check the checkpoint with check_checkpoint."""
     from softfree_mm.engine.checkpoints import check_checkpoint
-    from softfree_mm.engine.reliability import BadInput
+    from softfree_mm.engine.errors import BadInput
     model = _Detector(arch=dict(SWIN))
     deeper = _Detector(arch='tiny', embed_dims=16, depths=(1, 1, 3, 1), num_heads=(1, 2, 2, 4))
     path = save(tmp_path, 'deeper', {'state_dict': deeper.state_dict()})

@@ -6,10 +6,11 @@ import torch
 from torch import nn
 
 import softfree_mm  # noqa: F401
-from softfree_mm.analysis.benchmark import kept_for_backward, reference_pair, saved_bytes
+from softfree_mm.analysis.benchmark.comparison import kept_for_backward
+from softfree_mm.analysis.benchmark.references import reference_pair
+from softfree_mm.analysis.benchmark.timing import saved_bytes
 from softfree_mm.attention import build_attention
-from softfree_mm.models import layers
-from softfree_mm.models.layers import Mlp, gelu_linear
+from softfree_mm.models.utils.mlp import Mlp, _GeluLinear, gelu_linear
 
 
 def _saved_storages(fn):
@@ -47,7 +48,7 @@ def test_gelu_linear_equals_linear_of_gelu_in_output_and_every_gradient(approxim
     for got, want in zip(torch.autograd.grad((out * g).sum(), leaves), torch.autograd.grad((ref * g).sum(), leaves)):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
     b = fc.bias.detach().requires_grad_() if bias else None
-    assert torch.autograd.gradcheck(lambda t, w, *c: layers._GeluLinear.apply(t, w, c[0] if c else None, approximate),
+    assert torch.autograd.gradcheck(lambda t, w, *c: _GeluLinear.apply(t, w, c[0] if c else None, approximate),
                                     (h, fc.weight.detach().requires_grad_()) + ((b,) if bias else ()), fast_mode=True)
 
 
@@ -111,7 +112,7 @@ def test_mlp_takes_the_plain_layers_where_hooks_dropout_or_inference_need_them()
 def test_pvt_dwconv_mlp_and_whole_backbones_train_as_with_the_plain_layers(monkeypatch):
     """The backbones' gradients with gelu_linear equal those with fc2(gelu(h)) (PVTv2's conv MLP feeds it a view
     of a channels-last conv output)."""
-    from softfree_mm.analysis.benchmark import build_backbone
+    from softfree_mm.analysis.benchmark.backbones import build_backbone
 
     torch.manual_seed(0)
     x = torch.randn(1, 3, 64, 96)
@@ -217,7 +218,7 @@ def test_gelu_linear_supports_double_backward_like_the_plain_layers():
     torch.manual_seed(0)
     act, fc = nn.GELU(), nn.Linear(6, 4).double()
     h = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradgradcheck(lambda t, w, b: layers._GeluLinear.apply(t, w, b, 'none'),
+    assert torch.autograd.gradgradcheck(lambda t, w, b: _GeluLinear.apply(t, w, b, 'none'),
                                         (h, fc.weight.detach().requires_grad_(), fc.bias.detach().requires_grad_()))
     leaves = [h] + list(fc.parameters())
     penalties = []

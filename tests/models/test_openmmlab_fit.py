@@ -144,12 +144,12 @@ def test_pvtv2_mmdet_embed_dims_and_num_layers_mean_what_they_mean_in_mmdet():
 # ---------------------------------------------------------------------------------------------- pretrained
 @pytest.mark.parametrize('name', sorted(TINY))
 def test_pretrained_is_the_deprecated_alias_of_a_pretrained_init_cfg(name, tmp_path):
-    from softfree_mm.models import layers
+    from softfree_mm.models.utils import pretrained
     cls, kwargs = getattr(models, name), TINY[name]
     src = cls(**kwargs)
     path = str(tmp_path / 'weights.pth')
     torch.save({'state_dict': src.state_dict()}, path)
-    layers._WARNED_PRETRAINED.discard(cls.__name__)
+    pretrained._WARNED_PRETRAINED.discard(cls.__name__)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
         model = cls(**kwargs, pretrained=path)

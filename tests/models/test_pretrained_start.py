@@ -16,7 +16,7 @@ from mmengine.config import Config
 from mmengine.registry import MODELS
 
 import softfree_mm  # noqa: F401
-from softfree_mm.engine.launch import _replace_syncbn
+from softfree_mm.engine.device import _replace_syncbn
 
 from tests.helpers import ROOT
 

@@ -326,11 +326,11 @@ def test_attention_dropout_is_kept_in_training():
     torch.testing.assert_close(vit(x), vit(x))
     # the explicit path (A, dropout, A @ v + the part A cannot hold) equals the kernel's own forward at p -> 0
     from softfree_mm.attention import build_attention
-    from softfree_mm.swap import _mix
+    from softfree_mm.swap.attend import mix
     kern = build_attention('inline', num_heads=2, head_dim=8)  # official per-channel residual: not all in A
     q, k, v = torch.randn(3, 2, 2, 16, 8).unbind(0)
     ctx = torch.randn(2, 16)
-    torch.testing.assert_close(_mix(kern, q, k, v, (4, 4), None, None, None, 1e-12, True, ctx),
+    torch.testing.assert_close(mix(kern, q, k, v, (4, 4), None, None, None, 1e-12, True, ctx),
                                kern(q, k, v, hw=(4, 4), context=ctx), atol=1e-5, rtol=1e-5)
 
 

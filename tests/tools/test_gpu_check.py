@@ -314,9 +314,9 @@ def test_setup_refuses_to_start_on_a_disk_without_room(tmp_path):
 
 @pytest.mark.parametrize('backbone', ['swin_t', 'cswin_t', 'pvt_v2_b2', 'soft_s_softnorm'])
 def test_soft_detection_setups_checkpoint_their_blocks(backbone):
-    from softfree_mm.engine import launch
+    from softfree_mm.engine import config_checks
     name = backbone if backbone.startswith('soft_') else f'{backbone}_soft'
-    cfg = launch.load_config(osp.join(ROOT, 'configs', f'maskrcnn_{name}.py'))
+    cfg = config_checks.load_config(osp.join(ROOT, 'configs', f'maskrcnn_{name}.py'))
     assert cfg.model.backbone.with_cp is True
 
 
@@ -324,7 +324,7 @@ def test_soft_saved_bytes_per_token_landmark_head_is_the_readmes_figure():
     """The README's estimate: SOFT keeps about 21.5 bytes per (token, landmark, head) for backward (some five float32
     N x m maps; the Newton inverse's backward is analytic, its iterations are not kept). Measured exactly with
     saved_tensors_hooks on one call at N = 1600 tokens, m = 400 landmarks, 3 heads of 32."""
-    from softfree_mm.analysis.benchmark import saved_bytes
+    from softfree_mm.analysis.benchmark.timing import saved_bytes
     from softfree_mm.attention import build_attention
     h, d, side, ratio = 3, 32, 40, 2
     kern = build_attention(dict(type='soft', landmark_ratio=ratio, conv_size=3), num_heads=h, head_dim=d)

@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 import torch
 
+from softfree_mm.engine.demo_data import make_demo
+
 from tests.helpers import ROOT, load_tool, one_line_error
 from tests.helpers.demo import shared_demo_root
 
@@ -27,7 +29,7 @@ DEMO_CFG = osp.join(ROOT, 'configs', 'demo', 'cls_swin_t_attnstats_demo.py')
 def demo(tmp_path_factory):
     """The session's shared demo root (tests/helpers/demo.py): written once, under the tools' own file lock."""
     root = osp.dirname(shared_demo_root(tmp_path_factory))
-    load_tool('train').make_demo(root, 'imagenet')
+    make_demo(root, 'imagenet')
     return root
 
 

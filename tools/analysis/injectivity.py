@@ -14,41 +14,34 @@ matrix, head, queries, pairs, confusions)
 and PREFIX.png (mean confusions per image of each layer, summed over heads). CHECKPOINT 'none' measures the
 initialised model. Bad input: one line, exit status 2.
 """
-import csv
 import os.path as osp
 import sys
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from _cli import Parser, run  # noqa: E402
+from _cli import probe_args, run  # noqa: E402
 
 
-def parse_args(argv=None, doc=__doc__, threshold=True):
-    from mmengine.config import DictAction
-    p = Parser(doc)
-    p.add_argument('config')
-    p.add_argument('checkpoint', help="a .pth file, or 'none' for the initialised model")
-    p.add_argument('--split', default='val', help='train, val or test (the config\'s <split>_dataloader)')
-    p.add_argument('--num-images', type=int, default=8)
-    if threshold:
-        p.add_argument('--threshold', type=float, default=1e-3, help='rows closer than this (L2) are confused')
-        p.add_argument('--query-threshold', type=float, default=1e-3,
-                       help='queries at least this far apart (L2) are distinct')
-    p.add_argument('--layer', help='one layer (name or index); default: every layer')
-    p.add_argument('--out', default=f'work_dirs/analysis/{"injectivity" if threshold else "locality"}',
-                   help='output prefix (.csv, .png)')
-    p.add_argument('--cfg-options', nargs='+', action=DictAction)
-    args = p.parse_args(argv)
-    if args.num_images < 1:
-        p.error(f'--num-images must be >= 1, got {args.num_images}')
-    if threshold and not (args.threshold > 0 and args.query_threshold >= 0):
-        p.error(f'--threshold must be > 0 and --query-threshold >= 0, got {args.threshold}, {args.query_threshold}')
-    return args
+def _thresholds(p):
+    p.add_argument('--threshold', type=float, default=1e-3, help='rows closer than this (L2) are confused')
+    p.add_argument('--query-threshold', type=float, default=1e-3,
+                   help='queries at least this far apart (L2) are distinct')
+
+
+def _bad_thresholds(args):
+    if not (args.threshold > 0 and args.query_threshold >= 0):
+        return f'--threshold must be > 0 and --query-threshold >= 0, got {args.threshold}, {args.query_threshold}'
+    return None
+
+
+def parse_args(argv=None):
+    return probe_args(argv, __doc__, 'injectivity', _thresholds, _bad_thresholds)
 
 
 def main(argv=None):
     args = parse_args(argv)
     from softfree_mm.analysis import plots, probe
     from softfree_mm.analysis.injectivity import call_confusions
+    from softfree_mm.analysis.tables import write_csv
 
     probe.check_checkpoint(args.checkpoint)
     cfg = probe.load_config(args.config, args.cfg_options)
@@ -77,14 +70,6 @@ def main(argv=None):
         print(f'{layer}: {m:.1f} confusions per image')
     print(f'wrote {csv_path} and {png_path}')
     return 0
-
-
-def write_csv(path, rows, fields):
-    with open(path, 'w', newline='') as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        for r in rows:
-            w.writerow(r)
 
 
 if __name__ == '__main__':

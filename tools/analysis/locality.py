@@ -19,14 +19,14 @@ import os.path as osp
 import sys
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from _cli import run  # noqa: E402
-from injectivity import parse_args as _parse_args, write_csv  # noqa: E402
+from _cli import probe_args, run  # noqa: E402
 
 
 def main(argv=None):
-    args = _parse_args(argv, __doc__, threshold=False)
+    args = probe_args(argv, __doc__, 'locality')
     from softfree_mm.analysis import plots, probe
     from softfree_mm.analysis.locality import call_locality
+    from softfree_mm.analysis.tables import write_csv
 
     probe.check_checkpoint(args.checkpoint)
     cfg = probe.load_config(args.config, args.cfg_options)

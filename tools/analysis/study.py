@@ -22,7 +22,6 @@ layer: ||A||_F, the score-Jacobian norm, both over sqrt(N)), summary.csv and tab
 seeds, chance and the validation set's standard error stated), accuracy.png and norms_<config>.png.
 Bad input: one line, exit status 2.
 """
-import csv
 import os
 import os.path as osp
 import sys
@@ -38,19 +37,11 @@ TITLES = {'study_xcit_t12_digits': 'XCiT-T12 (channel attention, N = 48 channels
           'study_pvt_v2_b0_digits': 'PVTv2-b0 without spatial reduction (token attention, N = 256 / 64 / 16 / 4)'}
 
 
-def write_csv(path, fields, rows):
-    with open(path, 'w', newline='') as f:
-        w = csv.DictWriter(f, fieldnames=fields, extrasaction='ignore')
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: ('' if r.get(k) is None else r[k]) for k in fields})
-
-
 def val_images(config, options):
     """Images in the config's validation set (None when the set cannot be built here)."""
     from mmengine.registry import init_default_scope
-    from softfree_mm.engine import launch
-    cfg = launch.load_config(config, options)
+    from softfree_mm.engine import config_checks
+    cfg = config_checks.load_config(config, options)
     try:
         init_default_scope(cfg.get('default_scope', 'mmpretrain'))
         from mmpretrain.registry import DATASETS
@@ -99,9 +90,9 @@ def main(argv=None):
     names = [osp.splitext(osp.basename(c))[0] for c in args.configs]
     if len(set(names)) != len(names):
         fail(f'--configs: two configs with the same file name ({names}); the run folders are named by it')
-    from softfree_mm.engine import launch
+    from softfree_mm.engine import config_checks
     for config in args.configs:  # a bad config or option fails here, before any training
-        cfg = launch.load_config(config, options)
+        cfg = config_checks.load_config(config, options)
         node = cfg._cfg_dict
         for part in args.key.split('.'):
             node = node.get(part) if isinstance(node, dict) else None
@@ -112,6 +103,7 @@ def main(argv=None):
 
     from softfree_mm.analysis import study as st
     from softfree_mm.analysis import study_plots
+    from softfree_mm.analysis.tables import write_csv
     from softfree_mm.attention import kernel_label
     train_py = osp.join(ROOT, 'tools', 'train.py')
     out = args.out or osp.join(args.work_dir, 'results')
@@ -128,12 +120,13 @@ def main(argv=None):
     summary = st.summarise(rows, descriptions)
     curves = st.norm_curves(rows, args.work_dir)
     n_val = {n: val_images(c, options) for n, c in zip(names, args.configs)}
-    write_csv(osp.join(out, 'runs.csv'), st.RUN_FIELDS, rows)
-    write_csv(osp.join(out, 'norm_curves.csv'), st.CURVE_FIELDS, curves)
-    write_csv(osp.join(out, 'summary.csv'), ('config', 'kernel', 'what', 'n', 'failed', 'top1_final',
-                                              'top1_final_std', 'top1_best', 'top1_best_std', 'loss_final',
-                                              'loss_final_std', 'delta_paired', 'delta_paired_std', 'seeds_paired',
-                                              'seeds_above', 's_per_iter', 'peak_mem_mib', 'error'), summary)
+    write_csv(osp.join(out, 'runs.csv'), rows, st.RUN_FIELDS)
+    write_csv(osp.join(out, 'norm_curves.csv'), curves, st.CURVE_FIELDS)
+    write_csv(osp.join(out, 'summary.csv'), summary, ('config', 'kernel', 'what', 'n', 'failed', 'top1_final',
+                                                       'top1_final_std', 'top1_best', 'top1_best_std', 'loss_final',
+                                                       'loss_final_std', 'delta_paired', 'delta_paired_std',
+                                                       'seeds_paired', 'seeds_above', 's_per_iter', 'peak_mem_mib',
+                                                       'error'))
     table = st.markdown(summary, n_val, TITLES)
     with open(osp.join(out, 'table.md'), 'w') as f:
         f.write(table)

@@ -23,18 +23,6 @@ def markdown(rows: List[Dict], columns: Sequence[str]) -> str:
 
 
 
-def write_csv(rows: List[Dict], path: str) -> None:
-    import csv
-
-    cols: List[str] = []
-    for r in rows:
-        cols += [c for c in r if c not in cols]
-    with open(path, 'w', newline='') as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        w.writerows(rows)
-
-
 def plot(rows: List[Dict], path: str, reference='softmax') -> None:
     """Latency and peak memory against N, log-log, one line per kernel (forward + backward where measured),
     the fitted slope in the legend."""
