@@ -16,9 +16,9 @@ import torch
 # faster built whole)
 TILE_ELEMENTS = 1 << 16
 # one tile: at most TILE_ROWS queries x TILE_COLS keys of every (batch, head) pair, whatever their number: the five
-# GEMMs of a tile (scores, A @ v; dA, dq, dk, dv in backward) need both sides in the hundreds to run near a
-# plain matmul's speed (measured on CPU, d = 64: 64-row tiles took 2.2x SDPA's forward + backward time at N = 4096,
-# 256 x 512 tiles 1.1-1.3x at N = 4096 and 16384), and 128K float32 scores (512 KiB) a pair stay cache-sized
+# GEMMs of a tile (scores, A @ v; dA, dq, dk, dv in backward) need both sides in the hundreds to run near a plain
+# matmul's speed, and 128K float32 scores (512 KiB) a pair stay cache-sized (the timings behind 256 x 512:
+# docs/benchmarks.md, the cost models)
 TILE_ROWS = 256
 TILE_COLS = 512
 ACTIVATIONS = ('pow', 'relu', 'sigmoid')

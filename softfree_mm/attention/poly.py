@@ -97,8 +97,8 @@ class PolyAttention(AttentionKernel):
         """(explicit, factorised) multiply-adds per (batch, head)."""
         p, m = self.degree, self.num_features(d)
         explicit = nq * nk * (d + dv + p)
-        # building the features gathers and multiplies elementwise: memory bound, about 8x a matmul's
-        # multiply-add per element on this CPU (measured at N = 8192, d = 16, p = 3)
+        # building the features gathers and multiplies elementwise: memory bound, so each feature element counts
+        # as 8 of a matmul's multiply-adds (where that weight comes from: docs/benchmarks.md, the cost models)
         factorised = 8 * (nq + nk) * m * (p - 1) + nk * m * dv + nq * m * dv
         return explicit, factorised
 

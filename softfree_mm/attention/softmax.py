@@ -8,7 +8,7 @@ Where each call runs:
   on the CPU also for small matrices with a bias or a mask (Swin's 7x7 windows: PyTorch's CPU SDPA has no fused
   kernel for them under autograd and falls back to a slower math path that holds the same matrix);
 * explicit products on CUDA for fp32 training with few keys and many queries (PVT's spatially reduced keys),
-  where the memory-efficient kernel's backward is ~5x slower;
+  where the memory-efficient kernel's backward is slower than they are;
 * SDPA's fused kernels elsewhere.
 
 ``recompute=True``: keep only q, k, v (and the bias or tensor scale) for backward and compute the call again
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from . import ATTENTION
-from .base import AttentionKernel, cast_back, default_scale, no_autocast, scores, upcast, work_dtype
+from .base import AttentionKernel, cast_back, default_scale, no_autocast, scores, upcast
 from .score_map import softmax_map
 
 # (Nq x Nk) matrices up to this size take the explicit path on the CPU when they carry a bias or a mask, and up to
@@ -156,8 +156,7 @@ class SoftmaxAttention(AttentionKernel):
         if q.device.type == 'cpu':
             return (bias is not None or mask is not None) and size <= EXPLICIT_CPU_ELEMENTS
         # fp32 has no flash kernel, and the memory-efficient kernel's backward over many queries and few keys
-        # (PVT's spatially reduced keys) runs ~5x slower than the explicit products (measured on an H200:
-        # PVTv2-b2 forward + backward at 800x1216, 99.7 ms against mmdet's 50.2 ms)
+        # (PVT's spatially reduced keys) is slower than the explicit products (docs/benchmarks.md, the cost models)
         return q.device.type == 'cuda' and _few_keys_fp32_training(q, k, v)
 
     def _recomputes(self, q, k, v, bias, scale) -> bool:
