@@ -14,7 +14,8 @@ setup:
 DEMO_DIR ?= work_dirs/demo
 DEMO_ARGS ?=
 
-# the main job on the embedded digits data (tools/run_demo.py prints each step's command): demo data -> XCiT-T12/16
+# the main job on the embedded digits data (tools/run_demo.py: one progress line per step, their logs and commands
+# in $(DEMO_DIR); DEMO_ARGS=--verbose prints the logs): demo data -> XCiT-T12/16
 # poly3 classifier pretraining (mmpretrain) -> Mask R-CNN from that checkpoint (mmdet) -> COCO bbox / segm AP ->
 # predictions drawn on val images -> a summary (top-1, AP, time of each step, picture folder)
 demo: setup

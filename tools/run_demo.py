@@ -3,7 +3,7 @@
     python tools/run_demo.py [--work-dir work_dirs/demo] [--cls-config CFG] [--det-config CFG] [--pictures N]
         [--cls-options KEY=VALUE ...] [--det-options KEY=VALUE ...] [--test-options KEY=VALUE ...] [--csv PATH]
 
-Each step is an ordinary command of this repository, printed before it runs (run them by hand to do the same):
+Each step is an ordinary command of this repository (W/commands.sh lists them: run them by hand to do the same):
 
   1. data        python tools/make_demo_data.py
   2. pretrain    python tools/train.py configs/demo/cls_xcit_t12_poly3_demo.py --work-dir W/pretrain
@@ -25,15 +25,21 @@ its adapter, FPN and heads) at XCiT-T12 width with a 64-channel neck and heads, 
 demo's minutes; `--cls-config configs/demo/cls_xcit_s12_poly3_demo.py --det-config
 configs/demo/maskrcnn_xcit_s12_poly3_demo.py` runs S12 with the real config's 256-channel neck and heads instead.
 
-The last lines printed are a summary: pretraining top-1, bbox / segm mAP and AP50, the time of each step, the
-picture folder (W/summary.json holds the same; --csv PATH writes them as one row of CSV_COLUMNS). A step that
-fails stops the demo with its exit status.
+What it prints: one progress line per step (a bar with the ETA the step's own log gives, or its share of
+iterations done, updated in place on a terminal; at each quarter elsewhere), then a summary: pretraining top-1,
+bbox / segm mAP and AP50, the time of each step, the picture folder (W/summary.json holds the same; --csv PATH
+writes them as one row of CSV_COLUMNS). Each step's full output (mmengine's logs) goes to W/logs/<step>.log;
+--verbose prints it as it comes instead. A step that fails prints the end of its log and stops the demo with its
+exit status.
 """
 import argparse
+import contextlib
 import glob
 import json
 import os
 import os.path as osp
+import re
+import shlex
 import subprocess
 import sys
 import time
@@ -57,6 +63,7 @@ def parse_args(argv=None):
     p.add_argument('--det-config', default=DET_CFG, help=f'detector config (default: {DET_CFG})')
     p.add_argument('--pictures', type=int, default=8, help='val images to draw predictions on (default: 8)')
     p.add_argument('--csv', default=None, metavar='PATH', help='also write the summary as one CSV row here')
+    p.add_argument('--verbose', action='store_true', help="print every step's full output (else: W/logs/<step>.log)")
     for step, what in (('cls', 'pretraining'), ('det', 'detector training'), ('test', 'evaluation and pictures')):
         p.add_argument(f'--{step}-options', nargs='+', default=[], metavar='KEY=VALUE',
                        help=f'--cfg-options for the {what} command')
@@ -94,18 +101,156 @@ def _fmt(seconds):
     return f'{int(seconds // 60)} min {seconds % 60:04.1f} s'
 
 
-class Demo:
-    def __init__(self):
-        self.times = {}
+STEPS = ('data', 'pretrain', 'detector', 'evaluation', 'pictures')
+# mmengine's loop lines: 'Epoch(train) [3][ 50/141] ... eta: 0:01:06  time: 0.2444', 'Iter(train) [ 50/400] ...'
+LOOP = re.compile(r'(?:Epoch|Iter)\(\w+\)\s+(?:\[(\d+)\])?\[\s*(\d+)/(\d+)\]')
+ETA = re.compile(r'\beta: (?:(\d+) days?, )?(\d+):(\d\d):(\d\d)')
 
-    def run(self, step, cmd):
-        print(f'\n[demo] {step}: python {" ".join(cmd)}', flush=True)
+
+class Progress:
+    """One line for one step: a bar with its share done and the ETA, read from the step's log lines as they come:
+    the share from the loop's own count (``[i/n]``; an epoch-based loop's ``[e][i/n]`` over ``epochs``, the
+    config's), the ETA mmengine's own, else from the rate so far. On a terminal the line is redrawn in place;
+    elsewhere it is printed at each quarter, and once at the end."""
+
+    WIDTH = 24
+
+    def __init__(self, index, name, out, epochs=None):
+        self.label = f'[demo] {index}/{len(STEPS)} {name:<10}'
+        self.out, self.tty = out, out.isatty()
+        self.epochs = epochs
+        self.start = time.time()
+        self.share, self.eta, self.shown, self.drawn_at = 0.0, None, -1, 0.0
+
+    def feed(self, line):
+        loop = LOOP.search(line)
+        if not loop:
+            return
+        epoch, i, n = (int(g) if g else None for g in loop.groups())
+        if not n:
+            return
+        if epoch and self.epochs:
+            self.share = min(((epoch - 1) * n + i) / (self.epochs * n), 1.0)
+        else:
+            self.share = min(i / n, 1.0)
+        eta = ETA.search(line)
+        if eta:
+            days, h, mi, sec = (int(g or 0) for g in eta.groups())
+            self.eta = ((days * 24 + h) * 60 + mi) * 60 + sec
+        else:
+            elapsed = time.time() - self.start
+            self.eta = elapsed * (1 - self.share) / self.share if self.share > 0 else None
+        self.draw()
+
+    def _line(self, tail):
+        full = int(round(self.share * self.WIDTH))
+        return f'{self.label} |{"#" * full}{"." * (self.WIDTH - full)}| {self.share * 100:3.0f}%  {tail}'
+
+    def draw(self):
+        now = time.time()
+        eta = f'ETA {_fmt(self.eta)}' if self.eta is not None else ''
+        if self.tty:
+            if now - self.drawn_at >= 0.2:
+                self.drawn_at = now
+                self.out.write('\r' + self._line(f'{_fmt(now - self.start)} elapsed  {eta}').ljust(100))
+                self.out.flush()
+        elif int(self.share * 4) > self.shown and self.share < 1.0:
+            self.shown = int(self.share * 4)
+            if self.shown:
+                print(self._line(f'{_fmt(now - self.start)} elapsed  {eta}'), file=self.out, flush=True)
+
+    def end(self, ok, note=''):
+        self.share = 1.0 if ok else self.share
+        tail = f'{"done" if ok else "FAILED"} in {_fmt(time.time() - self.start)}{note}'
+        self.out.write(('\r' if self.tty else '') + self._line(tail).ljust(100 if self.tty else 0) + '\n')
+        self.out.flush()
+
+
+class Demo:
+    def __init__(self, work, verbose=False):
+        self.times = {}
+        self.work, self.verbose = work, verbose
+        self.logs = osp.join(work, 'logs')
+        os.makedirs(self.logs, exist_ok=True)
+        self.commands = ['#!/usr/bin/env bash', '# the steps of the last make demo, as it ran them (from the repository)',
+                         'set -e']
+
+    def log_path(self, step):
+        return osp.join(self.logs, f'{step}.log')
+
+    def _failed(self, step, status):
+        with open(self.log_path(step)) as f:
+            tail = f.readlines()[-30:]
+        sys.stderr.write(''.join(tail))
+        print(f'[demo] {step} failed (exit status {status}); its whole output: {self.log_path(step)}', file=sys.stderr,
+              flush=True)
+        raise SystemExit(status)
+
+    def run(self, step, cmd, epochs=None):
+        """``cmd`` (a tool of this repository and its arguments) as the step; ``epochs``: its training loop's epoch
+        count, when epoch-based (for the progress line)."""
+        line = 'python ' + ' '.join(shlex.quote(c) for c in cmd)
+        self.commands.append(line)
+        progress = Progress(STEPS.index(step) + 1, step, sys.stdout, epochs)
+        if self.verbose:
+            print(f'\n[demo] {step}: {line}', flush=True)
         t = time.time()
-        proc = subprocess.run([sys.executable, *cmd], cwd=ROOT)
+        with open(self.log_path(step), 'w') as log:
+            log.write(f'$ {line}\n')
+            log.flush()
+            proc = subprocess.Popen([sys.executable, *cmd], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, bufsize=1)
+            for out in proc.stdout:
+                log.write(out)
+                if self.verbose:
+                    sys.stdout.write(out)
+                else:
+                    progress.feed(out)
+            status = proc.wait()
         self.times[step] = time.time() - t
-        if proc.returncode:
-            print(f'[demo] {step} failed (exit status {proc.returncode})', file=sys.stderr, flush=True)
-            raise SystemExit(proc.returncode)
+        if not self.verbose:
+            progress.end(status == 0)
+        if status:
+            self._failed(step, status)
+
+    @contextlib.contextmanager
+    def in_process(self, step, what):
+        """A step run in this process (the pictures): its output (the OpenMMLab logger's, warnings, C-level writes)
+        goes to its log file at the level of the file descriptors."""
+        self.commands.append(f'# {step}: {what}')
+        progress = Progress(STEPS.index(step) + 1, step, sys.stdout)
+        if self.verbose:
+            print(f'\n[demo] {step}: {what}', flush=True)
+            yield
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved = [os.dup(1), os.dup(2)]
+        progress.out = os.fdopen(os.dup(saved[0]), 'w')
+        ok = False
+        with open(self.log_path(step), 'w') as log:
+            log.write(f'# {what}\n')
+            log.flush()
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+            try:
+                yield
+                ok = True
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
+                for fd in saved:
+                    os.close(fd)
+                progress.end(ok)
+                progress.out.close()
+
+    def write_commands(self):
+        path = osp.join(self.work, 'commands.sh')
+        with open(path, 'w') as f:
+            f.write('\n'.join(self.commands) + '\n')
+        return path
 
     def pictures(self, cfg_path, options, ckpt, count, out_dir):
         """Draw the first ``count`` val images' predictions with mmdet's DetInferencer (its DetLocalVisualizer):
@@ -115,13 +260,8 @@ class Demo:
         t = time.time()
         sys.path.insert(0, ROOT)
         import softfree_mm  # noqa: F401  (registers the backbones, repairs checkpoint loading)
-        from mmengine.config import Config, DictAction
         from mmdet.apis import DetInferencer
-        cfg = Config.fromfile(cfg_path)
-        if options:
-            p = argparse.ArgumentParser()
-            p.add_argument('--o', nargs='+', action=DictAction)
-            cfg.merge_from_dict(p.parse_args(['--o', *options]).o)
+        cfg = _config(cfg_path, options)
         thr = cfg.default_hooks.visualization.get('score_thr', 0.3)
         # pictures go to out_dir; the config's visualiser backends would need a save_dir (mmengine warns, drops them)
         cfg.visualizer.vis_backends = []
@@ -132,20 +272,20 @@ class Demo:
         with open(ann) as f:
             names = [im['file_name'] for im in json.load(f)['images'][:count]]
         images = [osp.join(ds.data_root, ds.data_prefix['img'], n) for n in names]
-        print(f'\n[demo] pictures: DetInferencer(model={cfg_path!r}, weights={ckpt!r}, device=\'cpu\')'
-              f'({len(images)} val images, out_dir={out_dir!r}, pred_score_thr={thr}, at least each image\'s best)',
-              flush=True)
-        inferencer = DetInferencer(model=cfg, weights=ckpt, device='cpu', show_progress=False)
-        preds = inferencer(images, return_datasamples=True, no_save_vis=True, no_save_pred=True)['predictions']
+        what = (f'DetInferencer(model={cfg_path!r}, weights={ckpt!r}, device=\'cpu\')({len(images)} val images, '
+                f'out_dir={out_dir!r}, pred_score_thr={thr}, at least each image\'s best)')
         drawn, used = [], []
-        for image, pred in zip(images, preds):
-            scores = pred.pred_instances.scores
-            # mmdet's visualiser draws scores strictly above pred_score_thr: just below the best one keeps it
-            best = float(scores.max()) if len(scores) else thr
-            t_img = thr if best > thr else float(np.nextafter(np.float32(best), np.float32(-1)))
-            inferencer.visualize([image], [pred], pred_score_thr=t_img, img_out_dir=out_dir)
-            drawn.append(int((scores > t_img).sum()))
-            used.append(t_img)
+        with self.in_process('pictures', what):
+            inferencer = DetInferencer(model=cfg, weights=ckpt, device='cpu', show_progress=False)
+            preds = inferencer(images, return_datasamples=True, no_save_vis=True, no_save_pred=True)['predictions']
+            for image, pred in zip(images, preds):
+                scores = pred.pred_instances.scores
+                # mmdet's visualiser draws scores strictly above pred_score_thr: just below the best one keeps it
+                best = float(scores.max()) if len(scores) else thr
+                t_img = thr if best > thr else float(np.nextafter(np.float32(best), np.float32(-1)))
+                inferencer.visualize([image], [pred], pred_score_thr=t_img, img_out_dir=out_dir)
+                drawn.append(int((scores > t_img).sum()))
+                used.append(t_img)
         self.times['pictures'] = time.time() - t
         return [osp.join(out_dir, 'vis', n) for n in names], thr, drawn, used
 
@@ -153,12 +293,13 @@ class Demo:
 def main(argv=None):
     args = parse_args(argv)
     os.chdir(ROOT)
-    demo = Demo()
     work = args.work_dir
+    demo = Demo(work, args.verbose)
     cls_dir, det_dir, pic_dir = (osp.join(work, n) for n in ('pretrain', 'maskrcnn', 'pictures'))
     t0 = time.time()
     demo.run('data', ['tools/make_demo_data.py'])
-    demo.run('pretrain', ['tools/train.py', args.cls_config, '--work-dir', cls_dir, *_options(args.cls_options)])
+    demo.run('pretrain', ['tools/train.py', args.cls_config, '--work-dir', cls_dir, *_options(args.cls_options)],
+             epochs=_max_epochs(args.cls_config, args.cls_options))
     cls_ckpt = _read(osp.join(cls_dir, 'last_checkpoint'))
     demo.run('detector', ['tools/train.py', args.det_config, '--work-dir', det_dir,
                           *_options([f'model.backbone.init_cfg.checkpoint={cls_ckpt}', *args.det_options])])
@@ -177,6 +318,8 @@ def main(argv=None):
     summary = dict(pretrain_top1=_last_accuracy(cls_dir), pretrain_checkpoint=cls_ckpt, detector_checkpoint=det_ckpt,
                    metrics=m, times={k: round(v, 1) for k, v in demo.times.items()}, total=round(total, 1),
                    pictures=files, score_thr=thr, pictures_drawn=drawn, pictures_score_thr=used, torch_threads=torch.get_num_threads())
+    summary['commands'] = demo.write_commands()
+    summary['logs'] = demo.logs
     with open(osp.join(work, 'summary.json'), 'w') as f:
         json.dump(summary, f, indent=1)
     if args.csv:
@@ -200,6 +343,7 @@ def main(argv=None):
     lines += [f'  {a:<42} {b:<52} {_fmt(c):>12}' for a, b, c in rows]
     threads = f'{summary["torch_threads"]} torch threads'
     lines.append(f'  {"total":<42} {threads:<52} {_fmt(total):>12}')
+    lines.append(f'  each step\'s command: {summary["commands"]}; its whole output: {demo.logs}/<step>.log')
     print('\n'.join(lines), flush=True)
     return 0
 
@@ -214,6 +358,27 @@ def write_csv(path, summary, cls_config, det_config):
         w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
         w.writeheader()
         w.writerow(row)
+
+
+def _config(path, options):
+    """The config with the step's --cfg-options applied, as the step's tool reads it."""
+    from mmengine.config import Config, DictAction
+    cfg = Config.fromfile(path)
+    if options:
+        p = argparse.ArgumentParser()
+        p.add_argument('--o', nargs='+', action=DictAction)
+        cfg.merge_from_dict(p.parse_args(['--o', *options]).o)
+    return cfg
+
+
+def _max_epochs(config, options):
+    """The epoch count of an epoch-based training loop (None for an iteration-based one, or a config the step
+    itself will refuse with its own error line)."""
+    sys.path.insert(0, ROOT)
+    try:
+        return _config(config, options).train_cfg.get('max_epochs')
+    except Exception:  # noqa: BLE001  (tools/train.py names what is wrong with it)
+        return None
 
 
 def _model_name(det_config):

@@ -5,7 +5,9 @@ R-CNN whose backbone starts from that checkpoint (init_cfg Pretrained, prefix 'b
 pycocotools -> predictions drawn by mmdet's DetInferencer -> the summary. Only the amounts differ from `make demo`
 (a few dozen images, one epoch / two iterations, eight val images, two pictures).
 
-Guards: every step's ordinary command runs and is printed; the detector's log shows the classifier checkpoint
+Guards: every step's ordinary command runs and is listed in W/commands.sh; the output is one progress line per
+step and the summary, each step's whole output in W/logs/<step>.log (a failing step prints the end of its log and
+stops the demo with its exit status); the detector's log shows the classifier checkpoint
 loaded into its backbone; the summary names the pretraining top-1, bbox / segm mAP and AP50, the time of each step
 and the picture folder, and summary.json holds the same numbers; the pictures are the val images with predictions
 drawn on them at the config's own score threshold: where it hides all of a picture's predictions (two
@@ -45,10 +47,22 @@ def test_shortened_main_job_pretrains_fine_tunes_evaluates_draws_and_summarises(
     # no warning between the steps or before a tool's own output (the steps' processes included)
     noise = [line for line in (out + proc.stderr).splitlines() if WARNING_LINE.search(line)]
     assert not noise, '\n'.join(noise[:6])
-    for step in ('tools/make_demo_data.py', 'tools/train.py configs/demo/cls_xcit_t12_poly3_demo.py',
-                 'tools/train.py configs/demo/maskrcnn_xcit_t12_poly3_demo.py',
-                 'tools/test.py configs/demo/maskrcnn_xcit_t12_poly3_demo.py', 'DetInferencer('):
-        assert step in out, step
+    commands = open(osp.join(work, 'commands.sh')).read()
+    for step in ('python tools/make_demo_data.py', 'python tools/train.py configs/demo/cls_xcit_t12_poly3_demo.py',
+                 'python tools/train.py configs/demo/maskrcnn_xcit_t12_poly3_demo.py',
+                 'python tools/test.py configs/demo/maskrcnn_xcit_t12_poly3_demo.py', 'DetInferencer('):
+        assert step in commands, step
+    # what it prints: one line per step (not a terminal: no in-place bar; quarter lines only for long steps), the
+    # summary; the steps' logs went to their files
+    progress = [line for line in out.splitlines() if line.startswith('[demo] ')]
+    done = [line for line in progress if ' done in ' in line]
+    assert [line.split()[2] for line in done] == ['data', 'pretrain', 'detector', 'evaluation', 'pictures']
+    assert all(re.match(r'\[demo\] \d/5 \w+ +\|[#.]{24}\| +\d+%', line) for line in progress), progress
+    assert len(out.strip().splitlines()) <= len(progress) + 12, out
+    for step in ('data', 'pretrain', 'detector', 'evaluation', 'pictures'):
+        assert osp.getsize(osp.join(work, 'logs', f'{step}.log')) > 0, step
+    assert 'Epoch(train)' in open(osp.join(work, 'logs', 'pretrain.log')).read()
+    assert 'Epoch(train)' not in out and 'mmengine - INFO' not in out
 
     with open(osp.join(work, 'summary.json')) as f:
         summary = json.load(f)
@@ -75,7 +89,8 @@ def test_shortened_main_job_pretrains_fine_tunes_evaluates_draws_and_summarises(
     assert {k: float(row[f'{k}_s']) for k in summary['times']} == summary['times']
     assert float(row['total_s']) == summary['total'] and int(row['pictures_drawn']) == sum(summary['pictures_drawn'])
     tail = out[out.rindex('make demo:'):]
-    for word in ('top-1', 'bbox mAP', 'segm mAP', 'AP50', 'pictures', 'total', osp.join(work, 'pictures')):
+    for word in ('top-1', 'bbox mAP', 'segm mAP', 'AP50', 'pictures', 'total', osp.join(work, 'pictures'),
+                 osp.join(work, 'commands.sh'), osp.join(work, 'logs')):
         assert word in tail, word
 
     # the pictures: the first val images, with predictions drawn over them
@@ -95,3 +110,17 @@ def test_shortened_main_job_pretrains_fine_tunes_evaluates_draws_and_summarises(
         # a drawn box, mask or label changes pixels far beyond the JPEG re-encoding's few levels
         changed = (np.abs(drawn.astype(int) - source.astype(int)).max(axis=2) > 40).sum()
         assert changed >= 50, (pic, changed)
+
+
+def test_a_failing_step_prints_the_end_of_its_log_and_stops_with_its_status(tmp_path):
+    work = str(tmp_path / 'demo')
+    proc = subprocess.run([sys.executable, 'tools/run_demo.py', '--work-dir', work, '--cls-config',
+                           'configs/demo/no_such_config.py'], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    log = osp.join(work, 'logs', 'pretrain.log')
+    error = [line for line in open(log).read().splitlines() if line.startswith('error:')]
+    assert error and 'no_such_config.py' in error[0]
+    assert error[0] in proc.stderr  # the end of the log is shown
+    assert proc.stderr.strip().splitlines()[-1] == f'[demo] pretrain failed (exit status 2); its whole output: {log}'
+    assert re.search(r'\[demo\] 2/5 pretrain +\|[#.]{24}\| +\d+%  FAILED in ', proc.stdout), proc.stdout
+    assert not osp.exists(osp.join(work, 'maskrcnn'))  # nothing ran after it
