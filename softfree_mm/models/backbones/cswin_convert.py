@@ -4,7 +4,7 @@ from typing import Dict
 
 import torch
 
-from ..converters.spec import ArchSpec, _heads_from_residual, _inline_kinds, _preset_kinds, _stage_info
+from ..converters.spec import ArchSpec, _heads_from_residual, _inline_kinds, _preset_kinds, stage_info
 from .swin_convert import SwinArchSpec
 
 
@@ -68,7 +68,7 @@ class CSWinArchSpec(ArchSpec):
         by = self.blocks(sd)
         if by is None:
             return None
-        stages = [_stage_info(by.get(i, {}), self._heads) for i in range(max(by) + 1)]
+        stages = [stage_info(by.get(i, {}), self._heads) for i in range(max(by) + 1)]
         mlps = {s['mlp'] for s in stages if s['mlp'] is not None}
         return dict(stages=stages, mlp=mlps.pop() if len(mlps) == 1 else None,
                     kinds=_inline_kinds(by, len(stages), 'branches.0.kernel.residual.0.weight'))

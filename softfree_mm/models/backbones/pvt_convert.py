@@ -8,7 +8,7 @@ from typing import Dict, Optional
 
 import torch
 
-from ..converters.spec import ArchSpec, _heads_from_residual, _inline_kinds, _num, _preset_kinds, _shape, _stage_info
+from ..converters.spec import ArchSpec, _heads_from_residual, _inline_kinds, _num, _preset_kinds, size_of, stage_info
 
 
 _OURS = re.compile(r'^stages\.\d+\.')
@@ -95,10 +95,10 @@ class PVTArchSpec(ArchSpec):
         by = self.blocks(sd)
         if by is None:
             return None
-        stages = [_stage_info(by.get(i, {}), lambda p: _heads_from_residual(p.get('attn.kernel.residual.0.weight')),
+        stages = [stage_info(by.get(i, {}), lambda p: _heads_from_residual(p.get('attn.kernel.residual.0.weight')),
                               self._sr) for i in range(max(by) + 1)]
         pos = sd.get('stages.0.pos_embed')
-        return dict(stages=stages, positions=_shape(pos, 1), linear=None,
+        return dict(stages=stages, positions=size_of(pos, 1), linear=None,
                     kinds=_inline_kinds(by, len(stages), 'attn.kernel.residual.0.weight'))
 
     def preset_info(self, p):

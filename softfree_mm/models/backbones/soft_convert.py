@@ -6,7 +6,7 @@ from typing import Dict
 
 import torch
 
-from ..converters.spec import ArchSpec, _shape, _stage_info
+from ..converters.spec import ArchSpec, size_of, stage_info
 
 
 _SOFT_BLOCK = (('att.mha.W_q.', 'attn.q.'), ('att.mha.W_v.', 'attn.v.'), ('att.mha.ff.', 'attn.proj.'),
@@ -56,15 +56,15 @@ class SOFTArchSpec(ArchSpec):
     def _heads(p):
         conv = p.get('attn.kernel.v_conv.weight')
         if conv is not None:
-            return _shape(conv)
-        lm, dim = p.get('attn.kernel.landmark_conv.weight'), _shape(p.get('norm1.weight'))
+            return size_of(conv)
+        lm, dim = p.get('attn.kernel.landmark_conv.weight'), size_of(p.get('norm1.weight'))
         return None if lm is None or not dim else dim // int(lm.shape[0])
 
     def info(self, sd):
         by = self.blocks(sd)
         if by is None:
             return None
-        stages = [_stage_info(by.get(i, {}), self._heads) for i in range(max(by) + 1)]
+        stages = [stage_info(by.get(i, {}), self._heads) for i in range(max(by) + 1)]
         for s in stages:
             s['mlp'] = None  # fixed at 4 in stages 1-3; stage 4's is not a preset setting
         return dict(stages=stages)

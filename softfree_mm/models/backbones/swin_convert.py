@@ -6,7 +6,7 @@ from typing import Dict
 
 import torch
 
-from ..converters.spec import ArchSpec, _heads_from_residual, _kind, _seq, _shape, _stage_info
+from ..converters.spec import ArchSpec, _heads_from_residual, _kind, _seq, size_of, stage_info
 
 
 _BLOCK_KEYS = ('norm1.', 'norm2.', 'attn.qkv.', 'attn.proj.', 'attn.relative_position_bias_table', 'mlp.fc1.',
@@ -95,7 +95,7 @@ class SwinArchSpec(ArchSpec):
     def _heads(p):
         """From the relative position bias table ((2W-1)^2, heads) or InLine's residual."""
         t = p.get('attn.relative_position_bias_table')
-        return _heads_from_residual(p.get('attn.kernel.residual.0.weight')) if t is None else _shape(t, 1)
+        return _heads_from_residual(p.get('attn.kernel.residual.0.weight')) if t is None else size_of(t, 1)
 
     def info(self, sd):
         by = self.blocks(sd)
@@ -104,7 +104,7 @@ class SwinArchSpec(ArchSpec):
         stages, kinds, windows = [], [], set()
         for i in range(max(by) + 1):
             blocks = by.get(i, {})
-            stages.append(_stage_info(blocks, self._heads))
+            stages.append(stage_info(blocks, self._heads))
             kinds.append(tuple(self._block_kind(blocks.get(j, {})) for j in range(stages[-1]['depth'])))
             for p in blocks.values():
                 t = p.get('attn.relative_position_bias_table')

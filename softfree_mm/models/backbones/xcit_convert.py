@@ -6,7 +6,7 @@ from typing import Dict
 
 import torch
 
-from ..converters.spec import ArchSpec, _shape, _stage_info
+from ..converters.spec import ArchSpec, size_of, stage_info
 
 
 def convert_xcit(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
@@ -36,7 +36,7 @@ class XCiTArchSpec(ArchSpec):
     cls_name = 'SoftFreeXCiT'
     staged = False
     arg_defaults = {'patch': ('patch_size', 16), 'mlp': ('mlp_ratio', 4.0)}
-    _KEY = re.compile(r'^()blocks\.(\d+)\.(.*)$')
+    key_pattern = re.compile(r'^()blocks\.(\d+)\.(.*)$')
 
     def signature(self, i, p):
         return 'attn.temperature' in p
@@ -45,7 +45,7 @@ class XCiTArchSpec(ArchSpec):
         by = self.blocks(sd)
         if by is None:
             return None
-        stage = _stage_info(by[0], lambda p: _shape(p.get('attn.temperature')))
+        stage = stage_info(by[0], lambda p: size_of(p.get('attn.temperature')))
         convs = sum(1 for k in sd if re.match(r'^patch_embed\.proj\.\d+\.0\.weight$', k))
         return dict(stages=[stage], patch={4: 16, 3: 8}.get(convs), mlp=stage['mlp'])
 

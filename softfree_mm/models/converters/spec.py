@@ -13,7 +13,8 @@ import torch
 # attributes), so that a file of another architecture is one error naming both and the arguments that fit the file.
 
 
-def _shape(t, dim=0):
+def size_of(t, dim=0):
+    """The size of dimension ``dim`` of a tensor the file may lack (None then)."""
     return None if t is None else int(t.shape[dim])
 
 
@@ -36,14 +37,16 @@ def _heads_from_residual(t):
     return None if t is None else int(t.shape[0]) // int(t.shape[1])
 
 
-def _stage_info(blocks: Dict[int, Dict[str, torch.Tensor]], heads_of, extra=None) -> dict:
-    """depth, dim, heads, mlp of one stage's blocks; ``heads_of(params)`` reads one block's heads (or None)."""
+def stage_info(blocks: Dict[int, Dict[str, torch.Tensor]], heads_of, extra=None) -> dict:
+    """depth, dim (``norm1``'s width), heads, mlp (``mlp.fc1``'s width over dim) of one stage's blocks (block index
+    -> {the rest of the key: tensor}); ``heads_of(params)`` reads one block's heads (or None where its tensors do
+    not show them), ``extra(params)`` more fields of the first block."""
     if not blocks:
         return dict(depth=0, dim=None, heads=None, mlp=None, sr=None)
     first = blocks[min(blocks)]
-    dim = _shape(first.get('norm1.weight'))
+    dim = size_of(first.get('norm1.weight'))
     heads = next((h for h in (heads_of(blocks[j]) for j in sorted(blocks)) if h is not None), None)
-    info = dict(depth=max(blocks) + 1, dim=dim, heads=heads, mlp=_ratio(_shape(first.get('mlp.fc1.weight')), dim),
+    info = dict(depth=max(blocks) + 1, dim=dim, heads=heads, mlp=_ratio(size_of(first.get('mlp.fc1.weight')), dim),
                 sr=None)
     if extra:
         info.update(extra(first))
@@ -72,9 +75,16 @@ def _preset_kinds(p) -> tuple:
     return tuple(tuple('inline' if _kind(c) == 'inline' else 'softmax' for c in cs) for cs in cfgs)
 
 
+
 class ArchSpec:
     """How one backbone class's architecture shows in its state dict, its presets, and the arguments that build
-    another one."""
+    another one: what a family declares (``Family(arch_spec=...)``) so that a file of another architecture is one
+    error naming both and the arguments that fit the file.
+
+    A family sets ``cls_name``, ``key_pattern`` (regex of a block's keys; groups: stage, block, the rest), ``staged``
+    (False: one stage, its blocks at ``blocks.{j}``) and implements ``signature`` (a block of this family),
+    ``info`` (the file's stages, e.g. through :func:`stage_info`), ``preset_info`` (a preset read the same way) and
+    ``overrides`` (the arguments that build the file's architecture from a preset)."""
     cls_name = ''
     staged = True
     preset_fields = ('depth', 'dim', 'heads')  # the per-stage fields a preset fixes
@@ -82,14 +92,14 @@ class ArchSpec:
     arg_defaults: Dict[str, tuple] = {}  # whole-model setting -> (argument name, its default) outside the presets
     fills_heads = False  # heads the file does not show are assumed (SOFT's arch dict needs them all)
 
-    _KEY = re.compile(r'^stages\.(\d+)\.blocks\.(\d+)\.(.*)$')
+    key_pattern = re.compile(r'^stages\.(\d+)\.blocks\.(\d+)\.(.*)$')  # groups: stage, block, the rest
 
     def signature(self, stage: int, params: Dict[str, torch.Tensor]) -> bool:
         """A block of this family (so that another family's file is left to the key report)."""
         raise NotImplementedError
 
     def blocks(self, sd):
-        by = _by_block(sd, self._KEY)
+        by = _by_block(sd, self.key_pattern)
         if not by or not all(self.signature(i, b[min(b)]) for i, b in by.items()):
             return None
         return by
