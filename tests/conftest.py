@@ -12,8 +12,9 @@ puts its folder first, so that ``tests.helpers.load_tool`` and plain imports of 
 own helper modules (tool_warnings, analysis/_cli). It is the one sys.path edit of the suite.
 
 Demo data: many tests write their own ``data/demo`` root (through softfree_mm/engine/demo_data.py, which
-tools/make_demo_data.py and the tools call). ``SOFTFREE_DEMO_CACHE`` makes each demo set be generated once per test session and hard-linked into every root
-that asks for it (subprocesses inherit the variable). Tests that check the generator itself remove it.
+tools/make_demo_data.py and the tools call). ``SOFTFREE_DEMO_CACHE`` makes each demo set be generated once per test
+session and hard-linked into every root that asks for it (subprocesses inherit the variable). Tests that check the
+generator itself remove it.
 """
 import os
 import pathlib

@@ -173,7 +173,8 @@ def test_the_check_catches_tools_importing_tools_and_the_package_reaching_into_t
     (tmp_path / 'tools' / 'b.py').write_text("def main():\n    pass\nif __name__ == '__main__':\n    main()\n")
     # allowed: a tool importing a helper (no __main__ block) and the package
     (tmp_path / 'tools' / 'helper.py').write_text('X = 1\n')
-    (tmp_path / 'tools' / 'c.py').write_text("import helper\nimport softfree_mm\nif __name__ == '__main__':\n    pass\n")
+    (tmp_path / 'tools' / 'c.py').write_text("import helper\nimport softfree_mm\n"
+                                             "if __name__ == '__main__':\n    pass\n")
     (tmp_path / where).write_text(source)
     monkeypatch.setattr(sys.modules[__name__], 'PACKAGE', tmp_path / 'softfree_mm')
     monkeypatch.setattr(sys.modules[__name__], 'TOOLS', tmp_path / 'tools')

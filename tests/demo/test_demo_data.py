@@ -1,4 +1,5 @@
-"""The demo data generator (softfree_mm/engine/demo_data.py, behind tools/make_demo_data.py) writes real, deterministic demo sets in the layouts the configs expect.
+"""The demo data generator (softfree_mm/engine/demo_data.py, behind tools/make_demo_data.py) writes real,
+deterministic demo sets in the layouts the configs expect.
 
 Guards: the same seed gives byte-identical files; the COCO set holds both polygon and RLE masks whose stored area
 and box agree with the mask pycocotools decodes, its images carry digits where the masks say (the strokes differ from

@@ -211,7 +211,8 @@ def test_misspelt_types_outside_the_model_are_one_line_with_a_suggestion(tiny, r
 def test_type_check_passes_the_configs_and_names_without_a_close_match():
     from softfree_mm.engine import config_checks, errors
     for path in (DET, SEG, CLS, *sorted(glob.glob(osp.join(ROOT, 'configs', 'demo', '*.py')))):
-        config_checks.check_types(config_checks.load_config(path))  # the Mask R-CNN configs hold roi_layer type 'RoIAlign' (mmcv)
+        # the Mask R-CNN configs hold roi_layer type 'RoIAlign' (mmcv)
+        config_checks.check_types(config_checks.load_config(path))
     cfg = config_checks.load_config(CLS)
     cfg.optim_wrapper.optimizer.type = 'AdamWW'
     with pytest.raises(errors.UsageError, match=r"optim_wrapper.optimizer.type='AdamWW'.*AdamW"):

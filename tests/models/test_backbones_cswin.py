@@ -9,13 +9,14 @@ import torch
 
 import softfree_mm  # noqa: F401  (registers the backbones)
 from softfree_mm.attention import kernel_class, list_attentions
-from softfree_mm.models.backbones.cswin import SoftFreeCSWin, convert_cswin
+from softfree_mm.models.backbones.cswin import SoftFreeCSWin
+from softfree_mm.models.backbones.cswin_convert import convert_cswin
 
 from tests.helpers.models import build_in, run_classifier, run_mask_rcnn, run_upernet, strided_shapes
 
 SCOPES = ('mmdet', 'mmseg', 'mmpretrain')
 KERNELS = list_attentions()
-TINY = dict(embed_dims=16, depths=(1, 1, 1, 1), num_heads=(2, 2, 4, 4), stripe_widths=(1, 2, 4, 7))
+TINY = SoftFreeCSWin.family.tiny['arch']  # stripes of 1, 2, 4 and the last stage global
 CHANNELS = (16, 32, 64, 128)
 
 

@@ -5,13 +5,16 @@ import torch.nn.functional as F
 
 import softfree_mm  # noqa: F401  (registers the backbones)
 from softfree_mm.attention import kernel_class, kernel_arguments, list_attentions
-from softfree_mm.models.backbones.pvt import SoftFreePVT, SoftFreePVTv2, convert_pvt, convert_pvt_v2
+from softfree_mm.models.backbones.pvt import SoftFreePVT, SoftFreePVTv2
+from softfree_mm.models.backbones.pvt_convert import convert_pvt, convert_pvt_v2
 
 from tests.helpers.models import build_in, run_classifier, run_mask_rcnn, run_upernet, strided_shapes
 
 KERNELS = list_attentions()
 SCOPES = ('mmdet', 'mmseg', 'mmpretrain')
-TINY = dict(embed_dims=(16, 32, 40, 64), depths=(1, 1, 1, 1))  # heads 1-2-5-8 of the presets: 16/8/8/8 channels
+# the families' tiny presets without their arch (the tests pick it): heads 1-2-5-8 of the presets, 16/8/8/8 channels
+TINY = {k: v for k, v in SoftFreePVT.family.tiny.items() if k != 'arch'}
+assert TINY == {k: v for k, v in SoftFreePVTv2.family.tiny.items() if k != 'arch'}
 CHANNELS = TINY['embed_dims']
 
 

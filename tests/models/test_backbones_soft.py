@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import softfree_mm  # noqa: F401
-from softfree_mm.models.backbones.soft import ARCH_ZOO, SoftFreeSOFT, convert_soft
+from softfree_mm.models.backbones.soft import ARCH_ZOO, SoftFreeSOFT
+from softfree_mm.models.backbones.soft_convert import convert_soft
 
 from tests.helpers.models import build_in
 

@@ -10,13 +10,14 @@ import torch.nn.functional as F
 
 import softfree_mm  # noqa: F401  (registers the backbones)
 from softfree_mm.attention import kernel_class, list_attentions
-from softfree_mm.models.backbones.swin import SoftFreeSwin, convert_swin
+from softfree_mm.models.backbones.swin import SoftFreeSwin
+from softfree_mm.models.backbones.swin_convert import convert_swin
 
 from tests.helpers.models import build_in, run_classifier, run_mask_rcnn, run_upernet, strided_shapes
 
 SCOPES = ('mmdet', 'mmseg', 'mmpretrain')
 KERNELS = list_attentions()
-TINY = dict(embed_dims=16, depths=(2, 2, 1, 1), num_heads=(1, 2, 2, 4))  # shifted blocks in stages 0 and 1
+TINY = SoftFreeSwin.family.tiny['arch']  # the family's tiny preset: shifted blocks in stages 0 and 1
 CHANNELS = (16, 32, 64, 128)
 
 

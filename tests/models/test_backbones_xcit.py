@@ -8,14 +8,15 @@ import torch.nn.functional as F
 
 import softfree_mm  # noqa: F401  (registers the backbones)
 from softfree_mm.attention import build_attention, kernel_class, list_attentions
-from softfree_mm.models.backbones.xcit import XCA, BlockDeconv, SoftFreeXCiT, convert_xcit
+from softfree_mm.models.backbones.xcit import XCA, BlockDeconv, SoftFreeXCiT
+from softfree_mm.models.backbones.xcit_convert import convert_xcit
 
 from tests.helpers.models import build_in, run_classifier, run_mask_rcnn, run_upernet
 
 KERNELS = list_attentions()
 BN = dict(type='BN')
 # tiny: 4 blocks, 4 heads of 8 channels; every block feeds one output
-TINY = dict(arch='t12', embed_dims=32, num_heads=4, depth=4, out_indices=(0, 1, 2, 3), norm_cfg=BN)
+TINY = SoftFreeXCiT.family.tiny  # t12 at width 32, depth 4, four outputs, BatchNorm
 SCOPES = ('mmdet', 'mmseg', 'mmpretrain')
 
 

@@ -32,7 +32,7 @@ from tests.helpers.presets import TINY  # every registered backbone
 
 MMDET_CONFIGS = osp.join(osp.dirname(importlib.import_module('mmdet').__file__), '.mim', 'configs')
 MMSEG_CONFIGS = osp.join(osp.dirname(importlib.import_module('mmseg').__file__), '.mim', 'configs')
-SWIN_TINY = dict(arch=dict(embed_dims=16, depths=(2, 2, 1, 1), num_heads=(1, 2, 2, 4)))
+SWIN_TINY = SoftFreeSwin.family.tiny
 
 
 def n_params(module):

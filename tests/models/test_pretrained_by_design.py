@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import softfree_mm  # noqa: F401  (registers the backbones)
-from softfree_mm.models.backbones.xcit import SoftFreeXCiT, convert_xcit
+from softfree_mm.models.backbones.xcit import SoftFreeXCiT
+from softfree_mm.models.backbones.xcit_convert import convert_xcit
 from softfree_mm.models.converters import load_pretrained
 
 SMALL = dict(arch='t12', embed_dims=32, num_heads=4, depth=4, out_indices=(0, 1, 2, 3),

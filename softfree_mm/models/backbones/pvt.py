@@ -3,8 +3,8 @@
 Queries come from every token, keys and values from the grid reduced by a strided conv (PVTv2-li: 7x7 pooling);
 without reduction (the InLine set-up ``sr_ratios=(1, 1, 1, 1)``) the kernel also gets ``hw``, and a kernel that
 needs a grid is refused under reduction. No token is padded, so nothing is masked. Presets: v1 tiny .. large and
-the official InLine-PVT models; v2 b0 .. b5, b2_li. ``convert_pvt`` / ``convert_pvt_v2`` (pvt_convert.py) map the official and
-timm releases."""
+the official InLine-PVT models; v2 b0 .. b5, b2_li. ``convert_pvt`` / ``convert_pvt_v2`` (pvt_convert.py) map the
+official and timm releases."""
 from typing import Dict, Optional, Sequence, Union
 
 import torch
