@@ -232,6 +232,13 @@ def _model_zoo():
         attentions = re.findall(r'`(\w+)`', row[1])
         assert attentions, row
         names += [f'{task}_{backbone}_{attn}' for task in TASKS for attn in attentions]
+        # the backbone-start column: "softmax: the ... release; inline: ...; others: their warm start" -> the
+        # attentions without a release of their own have the warm start's two configs
+        start = row[-1]
+        if 'others: their warm start' in start:
+            released = set(re.findall(r'(?:^|; )(\w+):', start)) - {'others'}
+            names += [f'{stage}_{backbone}_{attn}' for stage in ('transfer', 'finetune') for attn in attentions
+                      if attn not in released]
     return names
 
 

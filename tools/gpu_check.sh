@@ -15,9 +15,11 @@
 #      fused variant checks itself against the explicit path on first use; a failure is listed in the summary);
 #   4. one Mask R-CNN training step at 800x1216, batch 2: our Swin-T / PVTv2-b2 with softmax, poly3 and inline
 #      against mmdet's own SwinTransformer / PyramidVisionTransformerV2 in the same detector;
-#   5. the fused Triton kernels compiled on the GPU against the explicit path (tests/attention/test_attention_fused.py);
-#   6. the CUDA-only tests (tests/test_cuda.py);
-#   7. the summary in work_dirs/gpu_check/summary.txt (each step's log beside it, the tables in *.csv).
+#   5. the warm start's stage 1 against a supervised step of the same classifier (XCiT-S12 and Swin-T, poly3, batch 64
+#      at 224: tools/analysis/warm_start.py --cost), the GPU seconds per step that project its GPU-hours;
+#   6. the fused Triton kernels compiled on the GPU against the explicit path (tests/attention/test_attention_fused.py);
+#   7. the CUDA-only tests (tests/test_cuda.py);
+#   8. the summary in work_dirs/gpu_check/summary.txt (each step's log beside it, the tables in *.csv).
 # Every step after the set-up runs under `timeout` with its own cap and at most what is left of the budget; a step
 # cut short is a FAIL saying so, steps with no time left are SKIP, and the summary still comes. GPU_CHECK_STEPS
 # (e.g. "detector tests") runs only those steps (a second run after a first one that ran out of time).
@@ -29,7 +31,7 @@
 # Sourced (`source tools/gpu_check.sh`), it only defines its functions (tests/tools/test_gpu_check.py runs them on CPU).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-STEPS_ALL="cuda fused bench-bf16 bench-fp32 detector tests"
+STEPS_ALL="cuda fused bench-bf16 bench-fp32 detector warm-start tests"
 # what the offline set-up installs with --no-deps from the wheel folder: setuptools as torch requires it (>= 77.0.3)
 # with pkg_resources (< 82: mmengine imports it) and wheel, the build that the -e install runs without isolation
 # (pyproject.toml); mmengine's, mmdet's, mmseg's and mmpretrain's requirements (and theirs) that a CUDA image with
@@ -106,6 +108,8 @@ detail() {
     case $1 in
         cuda) tail -n 1 "$OUT/cuda.log" ;;
         tests|fused) grep -E '[0-9]+ passed' "$OUT/$1.log" | tail -n 1 ;;
+        warm-start) grep -oE '^transfer_[a-z0-9_]+\.py: stage 1 [0-9.]+ s/step, the classifier [0-9.]+ s/step' \
+                        "$OUT/warm-start.log" | tr '\n' ' ' ;;
         bench-*) grep -E '^\| (softmax|poly|relu|sigmoid|linear) \| 16384 \| fwdbwd ' "$OUT/$1.log" \
                      | awk -F'|' '{printf "%s%sms x%s ", $2, $5, $6}' ;;
         detector) grep -E '^\| pvt_v2_b2:(mmdet|softmax|poly3) ' "$OUT/detector.log" | awk -F'|' '{printf "%s%s img/s ", $2, $7}' ;;
@@ -264,6 +268,8 @@ print(f"{torch.cuda.device_count()} x {p.name} (sm_{p.major}{p.minor}, {p.total_
     wanted detector && step detector 200 "$PY" tools/benchmark.py detector --device cuda --batch 2 --size 800x1216 \
         --repeats 3 --csv "$OUT/detector.csv" --detectors swin_t:mmdet swin_t:softmax pvt_v2_b2:mmdet \
         pvt_v2_b2:softmax pvt_v2_b2:poly3 swin_t:poly3 pvt_v2_b2:inline swin_t:inline
+    wanted warm-start && step warm-start 90 "$PY" tools/analysis/warm_start.py --cost configs/transfer_xcit_s12_poly3.py \
+        configs/transfer_swin_t_poly3.py --device cuda --batch 64 --steps 5 --csv "$OUT/warm_start_cost.csv"
     wanted fused && step fused 150 "$PY" -m pytest tests/attention/test_attention_fused.py -q -p no:cacheprovider -x
     wanted tests && step tests 150 "$PY" -m pytest tests/test_cuda.py -q -p no:cacheprovider -rs
     finish

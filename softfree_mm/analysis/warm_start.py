@@ -29,18 +29,15 @@ RESULT = 'result.json'
 SCRATCH_ITERS = 300  # the study's recipe
 
 
-def _text(value) -> str:
-    return repr(value)
-
-
 def backbone_of(config: str) -> dict:
     from mmengine.config import Config
     return Config.fromfile(config).model.backbone.to_dict()
 
 
 # ---------------------------------------------------------------------------------------------- child configs
-def scratch_config(base: str, kernel) -> str:
-    return f"_base_ = {base!r}\nmodel = dict(backbone=dict(attn_cfg={_text(kernel)}))\n"
+def kernel_config(base: str, kernel) -> str:
+    """``base`` with ``kernel`` in its backbone (a classifier from scratch, a detector from a start)."""
+    return f"_base_ = {base!r}\nmodel = dict(backbone=dict(attn_cfg={kernel!r}))\n"
 
 
 def finetune_config(base: str, kernel, iters: int, start: str, lr: float) -> str:
@@ -48,7 +45,7 @@ def finetune_config(base: str, kernel, iters: int, start: str, lr: float) -> str
     initialisation), ``iters`` iterations: 10 % warm-up, cosine to 1e-5, validated at the end."""
     warm = max(1, iters // 10)
     return f"""_base_ = {base!r}
-model = dict(backbone=dict(attn_cfg={_text(kernel)}))
+model = dict(backbone=dict(attn_cfg={kernel!r}))
 custom_hooks = []
 load_from = {start!r}
 optim_wrapper = dict(optimizer=dict(lr={lr}))
@@ -68,8 +65,8 @@ def transfer_config(base: str, kernel, iters: int, teacher_ckpt: str, groups: Se
     teacher = dict(backbone_of(base), attn_cfg=dict(type='softmax'), init_cfg=init)
     warm = max(1, iters // 10)
     return f"""_base_ = {base!r}
-model = dict(type='AttentionTransfer', backbone=dict(attn_cfg={_text(kernel)}), teacher={_text(teacher)},
-             train={_text(list(groups))})
+model = dict(type='AttentionTransfer', backbone=dict(attn_cfg={kernel!r}), teacher={teacher!r},
+             train={list(groups)!r})
 custom_hooks = []
 val_dataloader = None
 val_evaluator = None
@@ -84,10 +81,6 @@ param_scheduler = [
     dict(type='CosineAnnealingLR', eta_min=1e-5, by_epoch=False, begin=0, end={iters})]
 default_hooks = dict(logger=dict(interval=1), checkpoint=dict(by_epoch=False, interval={iters}, max_keep_ckpts=1))
 """
-
-
-def detector_config(base: str, kernel) -> str:
-    return f"_base_ = {base!r}\nmodel = dict(backbone=dict(attn_cfg={_text(kernel)}))\n"
 
 
 def merged_start(stage1: str, classifier: str, out: str) -> str:
@@ -264,11 +257,11 @@ class Plan:
     # ---------------------------------------------------------------- the phases
     def scratch(self, bb: str, kernel: str, seed: int) -> dict:
         key = f'scratch/{bb}/{safe_name(kernel)}/seed{seed}'
-        return self.r.train(key, scratch_config(self.base(bb), kernel_cfg(kernel)), [f'randomness.seed={seed}'])
+        return self.r.train(key, kernel_config(self.base(bb), kernel_cfg(kernel)), [f'randomness.seed={seed}'])
 
     def swap(self, bb: str, kernel: str, seed: int, softmax: dict) -> dict:
         key = f'swap/{bb}/{safe_name(kernel)}/seed{seed}'
-        return self.r.test(key, scratch_config(self.base(bb), kernel_cfg(kernel)), softmax['checkpoint'],
+        return self.r.test(key, kernel_config(self.base(bb), kernel_cfg(kernel)), softmax['checkpoint'],
                            [f'randomness.seed={seed}'])
 
     def finetune(self, key: str, bb: str, kernel: str, seed: int, iters: int, start: str) -> dict:
@@ -297,7 +290,7 @@ class Plan:
         key = f'det/{safe_name(kernel)}/{start_kind}/seed{seed}'
         if classifier.get('status') != 'ok':
             return dict(status='failed', error=f'no classifier: {classifier.get("error")}', key=key)
-        cfg = detector_config(osp.join(self.root, DETECTOR), kernel_cfg(kernel))
+        cfg = kernel_config(osp.join(self.root, DETECTOR), kernel_cfg(kernel))
         opts = [f'randomness.seed={seed}', f'model.backbone.init_cfg.checkpoint={classifier["checkpoint"]}']
         trained = self.r.train(key, cfg, opts)
         if trained.get('status') != 'ok':
@@ -390,7 +383,18 @@ def write_outputs(result: dict, out: str, plan: Plan) -> None:
             w.writeheader()
             for r in rows:
                 w.writerow({k: ('' if r.get(k) is None else r[k]) for k in fields})
+    groups = dict(chosen=list(result['groups']), scores={'+'.join(g): v for g, v in result['scores'].items()},
+                  budgets=plan.budgets, transfer_share=plan.share, ft_lr=plan.ft_lr, transfer_lr=plan.transfer_lr)
     with open(osp.join(out, 'groups.json'), 'w') as f:
-        json.dump(dict(chosen=list(result['groups']), scores={'+'.join(g): v for g, v in result['scores'].items()},
-                       budgets=plan.budgets, transfer_share=plan.share, ft_lr=plan.ft_lr,
-                       transfer_lr=plan.transfer_lr), f, indent=1)
+        json.dump(groups, f, indent=1)
+    from .warm_start_report import markdown, plots, summarise
+    summary = summarise(result['rows'])
+    fields = list(summary[0]) if summary else ['backbone']
+    with open(osp.join(out, 'summary.csv'), 'w', newline='') as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for r in summary:
+            w.writerow({k: ('' if r.get(k) is None else r[k]) for k in fields})
+    with open(osp.join(out, 'table.md'), 'w') as f:
+        f.write(markdown(summary, result['detectors'], groups))
+    plots(summary, result['curves'], out)

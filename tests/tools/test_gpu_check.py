@@ -248,7 +248,7 @@ def test_offline_setup_and_fetch_wheels_name_what_is_missing_or_wrong_in_one_lin
 
 def test_gpu_check_steps_runs_only_the_named_steps():
     text = open(osp.join(ROOT, 'tools', 'gpu_check.sh')).read()
-    for name in ('cuda', 'fused', 'bench-bf16', 'bench-fp32', 'detector', 'tests'):
+    for name in ('cuda', 'fused', 'bench-bf16', 'bench-fp32', 'detector', 'warm-start', 'tests'):
         assert f'wanted {name} ' in text or name == 'cuda', name
     proc = subprocess.run(['bash', '-c', f"source {osp.join(ROOT, 'tools', 'gpu_check.sh')!r}; "
                            'GPU_CHECK_STEPS="detector tests"; for s in fused detector tests; do wanted $s && echo $s; '

@@ -143,3 +143,28 @@ def test_bad_inputs_are_one_line_and_exit_2_before_any_iteration(case, message, 
     err = [ln for ln in proc.stderr.strip().splitlines() if ln.startswith('error:')]
     assert len(err) == 1 and message in err[0], proc.stderr[-3000:]
     assert 'Iter(train)' not in proc.stdout + proc.stderr
+
+
+def test_cost_times_stage_1_against_the_classifiers_step_and_refuses_other_configs(tmp_path):
+    """tools/analysis/warm_start.py --cost on a tiny XCiT pair (a transfer config and the classifier it names)."""
+    import csv
+    (tmp_path / 'cls_tiny_poly3.py').write_text(
+        f"_base_ = {osp.join(ROOT, 'configs', 'cls_xcit_s12_poly3.py')!r}\n"
+        "model = dict(backbone=dict(embed_dims=32, depth=2, num_heads=4, cls_attn_layers=1), "
+        "head=dict(in_channels=32))\n")
+    (tmp_path / 'transfer_tiny_poly3.py').write_text(
+        f"_base_ = {osp.join(ROOT, 'configs', 'transfer_xcit_s12_poly3.py')!r}\n"
+        "model = dict(backbone=dict(embed_dims=32, depth=2, num_heads=4, cls_attn_layers=1),\n"
+        "             teacher=dict(embed_dims=32, depth=2, num_heads=4, cls_attn_layers=1))\n")
+    tool = osp.join(ROOT, 'tools', 'analysis', 'warm_start.py')
+    out = tmp_path / 'cost.csv'
+    proc = subprocess.run([sys.executable, tool, '--cost', str(tmp_path / 'transfer_tiny_poly3.py'), '--batch', '2',
+                           '--steps', '1', '--csv', str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (row,) = list(csv.DictReader(open(out)))
+    assert float(row['ratio']) == pytest.approx(float(row['transfer_s']) / float(row['classifier_s']))
+    assert 0 < int(row['trained_params']) < int(row['student_params'])
+    assert f"transfer_tiny_poly3.py: stage 1 {float(row['transfer_s']):.3f} s/step" in proc.stdout
+    bad = subprocess.run([sys.executable, tool, '--cost', osp.join(ROOT, 'configs', 'cls_xcit_s12_poly3.py')],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip().endswith('not a configs/transfer_*.py file')

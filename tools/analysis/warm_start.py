@@ -6,12 +6,17 @@ each start.
 
     python tools/analysis/warm_start.py [--work-dir work_dirs/warm_start] [--out docs/results/warm_start]
         [--seeds 0 1 2] [--budgets 30 75] [--jobs 2] [--threads 1] [--report-only]
+    python tools/analysis/warm_start.py --cost CONFIG [CONFIG ...] [--device cpu|cuda] [--batch 8] [--steps 3]
+        [--csv PATH]
 
 Every run is tools/train.py or tools/test.py on a child config written into its folder under --work-dir; a run
 that finished is not run again, so the same command resumes a stopped study. --report-only runs nothing and writes
 the outputs from the runs finished so far. Writes into --out: classifiers.csv (one row per classifier run, its
 ``start``: scratch / swap / transfer, its iterations and the transfer's), detectors.csv, transfer_curves.csv (each
 block's stage-1 loss per iteration), summary.csv and table.md, and the plots.
+--cost times stage 1 of each configs/transfer_*.py against a supervised step of its kernel's classifier (the
+matching configs/cls_*.py) in one process, alternating, random weights, and prints (and with --csv writes) the
+seconds per step and their ratio: what a stage-1 iteration costs in supervised iterations.
 Bad input: one line, exit status 2.
 """
 import os.path as osp
@@ -31,7 +36,14 @@ def main(argv=None):
     p.add_argument('--jobs', type=int, default=2, help='processes at a time')
     p.add_argument('--threads', type=int, default=1, help='torch threads per process')
     p.add_argument('--report-only', action='store_true', help='run nothing; report the finished runs')
+    p.add_argument('--cost', nargs='+', metavar='CONFIG', help='time stage 1 of these transfer configs instead')
+    p.add_argument('--device', choices=['cpu', 'cuda'], default='cpu', help='--cost: where to time')
+    p.add_argument('--batch', type=int, default=8, help='--cost: images per step (224 x 224)')
+    p.add_argument('--steps', type=int, default=3, help='--cost: timed steps of each (after one warm-up)')
+    p.add_argument('--csv', help='--cost: also write the rows here')
     args = p.parse_args(argv)
+    if args.cost:
+        return cost(args)
     if len(set(args.seeds)) != len(args.seeds) or any(s < 0 for s in args.seeds):
         fail(f'--seeds {args.seeds}: distinct ints >= 0')
     if any(b < 3 for b in args.budgets) or sorted(args.budgets) != args.budgets:
@@ -46,6 +58,34 @@ def main(argv=None):
     plan = ws.Plan(runner, ROOT, args.seeds, args.budgets, echo=lambda m: print(m, flush=True))
     result = ws.run_grid(plan)
     ws.write_outputs(result, osp.abspath(args.out), plan)
+    return 0
+
+
+def cost(args):
+    import csv
+    if args.batch < 1 or args.steps < 1:
+        fail(f'--batch {args.batch} / --steps {args.steps}: each >= 1')
+    for path in args.cost:
+        if not osp.isfile(path) or not osp.basename(path).startswith('transfer_'):
+            fail(f'--cost {path}: not a configs/transfer_*.py file')
+    if args.device == 'cuda':
+        import torch
+        if not torch.cuda.is_available():
+            fail('--device cuda: torch sees no CUDA device')
+    from softfree_mm.analysis.warm_start_cost import step_cost
+    rows = []
+    for path in args.cost:
+        row = step_cost(path, args.batch, args.steps, args.device)
+        rows.append(row)
+        print(f"{row['config']}: stage 1 {row['transfer_s']:.3f} s/step, the classifier {row['classifier_s']:.3f} "
+              f"s/step ({args.batch} images, {args.device}, {row['threads']} threads): ratio {row['ratio']:.2f}; "
+              f"{row['trained_params'] / 1e6:.2f} M of the student's {row['student_params'] / 1e6:.2f} M parameters "
+              'train', flush=True)
+    if args.csv:
+        with open(args.csv, 'w', newline='') as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
     return 0
 
 

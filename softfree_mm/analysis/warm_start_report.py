@@ -1,0 +1,135 @@
+"""The warm-start study's tables and figures (docs/warm_start.md) from its rows (softfree_mm.analysis.warm_start)."""
+import os.path as osp
+from typing import Dict, List
+
+
+def _mean_std(vals):
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return None, None, 0
+    m = sum(vals) / len(vals)
+    s = (sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else 0.0
+    return m, s, len(vals)
+
+
+def _pm(m, s, digits=1):
+    return '' if m is None else f'{m:.{digits}f} ± {s:.{digits}f}'
+
+
+def summarise(rows: List[dict]) -> List[dict]:
+    """Per (backbone, kernel, start, iterations, groups): top-1 mean ± sample std over the seeds, and the paired
+    difference to the same kernel from scratch (seed by seed, over the seeds both have)."""
+    scratch = {(r['backbone'], r['kernel'], r['seed']): r['top1'] for r in rows if r['start'] == 'scratch'}
+    groups: Dict[tuple, list] = {}
+    for r in rows:
+        groups.setdefault((r['backbone'], r['kernel'], r['start'], r['iters'], r['groups']), []).append(r)
+    out = []
+    for (bb, k, start, iters, g), rs in groups.items():
+        m, s, n = _mean_std([r['top1'] for r in rs])
+        diffs = [r['top1'] - scratch[(bb, k, r['seed'])] for r in rs
+                 if r['top1'] is not None and scratch.get((bb, k, r['seed'])) is not None]
+        dm, ds, dn = _mean_std(diffs)
+        out.append(dict(backbone=bb, kernel=k, start=start, iters=iters, groups=g, n=n, top1_mean=m, top1_std=s,
+                        vs_scratch_mean=dm if start != 'scratch' else None,
+                        vs_scratch_std=ds if start != 'scratch' else None, paired_seeds=dn,
+                        transfer_iters=rs[0].get('transfer_iters', 0),
+                        failed=sum(r['status'] != 'ok' for r in rs)))
+    order = {'scratch': 0, 'swap': 1, 'transfer': 2}
+    return sorted(out, key=lambda r: (r['backbone'], r['kernel'], order[r['start']], r['iters'], r['groups']))
+
+
+def markdown(summary: List[dict], detectors: List[dict], groups: dict) -> str:
+    lines = []
+    titles = {'xcit': 'XCiT-T12 (channel attention)', 'pvt': 'PVTv2-b0 without spatial reduction (token attention)'}
+    for bb in dict.fromkeys(r['backbone'] for r in summary):
+        soft = next((r for r in summary if r['backbone'] == bb and r['kernel'] == 'softmax'), None)
+        lines += [f'### {titles.get(bb, bb)}', '',
+                  f'Softmax from scratch (the teacher): {_pm(soft["top1_mean"], soft["top1_std"])} % top-1, '
+                  f'n = {soft["n"]}.' if soft else '', '',
+                  '| kernel | start | iterations (transfer) | n | top-1 % | vs scratch, paired |',
+                  '|---|---|---|---|---|---|']
+        for r in summary:
+            if r['backbone'] != bb or r['kernel'] == 'softmax':
+                continue
+            it = {'scratch': str(r['iters']), 'swap': f'{r["iters"]}' if r['iters'] else '0 (as it is)'}.get(
+                r['start'], f'{r["iters"]} ({r["transfer_iters"]}, {r["groups"]})')
+            vs = '' if r['vs_scratch_mean'] is None else (f'{r["vs_scratch_mean"]:+.1f} ± {r["vs_scratch_std"]:.1f} '
+                                                           f'(n = {r["paired_seeds"]})')
+            lines.append(f'| {r["kernel"]} | {r["start"]} | {it} | {r["n"]} | '
+                         f'{_pm(r["top1_mean"], r["top1_std"])} | {vs} |')
+        lines.append('')
+    if groups.get('scores'):
+        lines += ['### What stage 1 trains', '', '| groups | top-1 % after the fine-tune (both backbones, all seeds) |',
+                  '|---|---|']
+        for g, v in groups['scores'].items():
+            m, s, n = _mean_std(v)
+            lines.append(f'| {g} | {_pm(m, s)} (n = {n}) |')
+        lines += ['', f'Chosen: {"+".join(groups["chosen"])}.', '']
+    if detectors:
+        lines += ['### The demo Mask R-CNN from each start', '',
+                  '| kernel | backbone start | n | bbox mAP | segm mAP |', '|---|---|---|---|---|']
+        keys = dict.fromkeys((d['kernel'], d['start']) for d in detectors)
+        for k, start in keys:
+            rs = [d for d in detectors if d['kernel'] == k and d['start'] == start]
+            bm, bs, n = _mean_std([d['bbox_mAP'] for d in rs])
+            sm, ss, _ = _mean_std([d['segm_mAP'] for d in rs])
+            lines.append(f'| {k} | {start} | {n} | {_pm(bm, bs, 3)} | {_pm(sm, ss, 3)} |')
+        lines.append('')
+    return '\n'.join(lines)
+
+
+def plots(summary: List[dict], curves: List[dict], out: str) -> List[str]:
+    """accuracy.png (top-1 against the iterations of each start, per backbone and kernel) and
+    transfer_curves.png (each block's stage-1 loss over its iterations, mean over seeds)."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    made = []
+    bbs = list(dict.fromkeys(r['backbone'] for r in summary))
+    if bbs:
+        fig, axes = plt.subplots(1, len(bbs), figsize=(6 * len(bbs), 4.2), squeeze=False)
+        for ax, bb in zip(axes[0], bbs):
+            kernels = [k for k in dict.fromkeys(r['kernel'] for r in summary if r['backbone'] == bb) if k != 'softmax']
+            for i, k in enumerate(kernels):
+                color = f'C{i}'
+                for start, style in (('swap', '--'), ('transfer', '-')):
+                    pts = sorted((r['iters'], r['top1_mean']) for r in summary if r['backbone'] == bb and
+                                 r['kernel'] == k and r['start'] == start and r['top1_mean'] is not None)
+                    if pts:
+                        ax.plot(*zip(*pts), style, marker='o', color=color, label=f'{k} {start}')
+                sc = [r for r in summary if r['backbone'] == bb and r['kernel'] == k and r['start'] == 'scratch']
+                if sc and sc[0]['top1_mean'] is not None:
+                    ax.plot([sc[0]['iters']], [sc[0]['top1_mean']], marker='*', markersize=12, color=color,
+                            linestyle='none')
+            ax.set_title(f'{bb}: swap (--), transfer (-), scratch (*)')
+            ax.set_xlabel('iterations (transfer included)')
+            ax.set_ylabel('top-1 %')
+            ax.legend(fontsize=6)
+        fig.tight_layout()
+        path = osp.join(out, 'accuracy.png')
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        made.append(path)
+    if curves:
+        keys = list(dict.fromkeys((c['backbone'], c['kernel']) for c in curves))
+        fig, axes = plt.subplots(1, len(keys), figsize=(3.2 * len(keys), 3.2), squeeze=False)
+        big = max(c['iters'] for c in curves)
+        for ax, (bb, k) in zip(axes[0], keys):
+            sel = [c for c in curves if c['backbone'] == bb and c['kernel'] == k and c['iters'] == big]
+            for b in sorted({c['block'] for c in sel}):
+                pts: Dict[int, list] = {}
+                for c in sel:
+                    if c['block'] == b and c['iter'] is not None:
+                        pts.setdefault(c['iter'], []).append(c['loss'])
+                xs = sorted(pts)
+                ax.plot(xs, [sum(pts[x]) / len(pts[x]) for x in xs], color=matplotlib.cm.viridis(b / 12), lw=1)
+            ax.set_yscale('log')
+            ax.set_title(f'{bb} {k}', fontsize=8)
+            ax.set_xlabel('stage-1 iteration', fontsize=7)
+        axes[0][0].set_ylabel('block loss (relative error)')
+        fig.tight_layout()
+        path = osp.join(out, 'transfer_curves.png')
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        made.append(path)
+    return made
