@@ -115,12 +115,16 @@ class Runner:
     def _env(self):
         return dict(os.environ, OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads))
 
-    def _fresh(self, key: str) -> str:
+    def _fresh(self, key: str, config_text: str):
+        """(the run's folder, emptied: a run that did not finish starts again; its child config written there)."""
         wd = self.folder(key)
-        if osp.isdir(wd):  # a run that did not finish starts again
+        if osp.isdir(wd):
             shutil.rmtree(wd)
         os.makedirs(wd)
-        return wd
+        cfg = osp.join(wd, f'{safe_name(key)}.py')
+        with open(cfg, 'w') as f:
+            f.write(config_text)
+        return wd, cfg
 
     def _finish(self, key: str, row: dict) -> dict:
         row = dict(row, key=key)
@@ -133,10 +137,7 @@ class Runner:
         got = self.done(key)
         if got is not None:
             return got
-        wd = self._fresh(key)
-        cfg = osp.join(wd, f'{safe_name(key)}.py')
-        with open(cfg, 'w') as f:
-            f.write(config_text)
+        wd, cfg = self._fresh(key, config_text)
         res = train_one(osp.join(self.tools, 'train.py'), cfg, wd, list(options), log_path=osp.join(wd, 'run.log'),
                         env=self._env())
         row = dict(status='ok' if res['returncode'] == 0 else 'failed', error=res['error'], wall_s=res['seconds'],
@@ -159,10 +160,7 @@ class Runner:
         got = self.done(key)
         if got is not None:
             return got
-        wd = self._fresh(key)
-        cfg = osp.join(wd, f'{safe_name(key)}.py')
-        with open(cfg, 'w') as f:
-            f.write(config_text)
+        wd, cfg = self._fresh(key, config_text)
         cmd = [sys.executable, osp.join(self.tools, 'test.py'), cfg, checkpoint, '--work-dir', wd]
         if options:
             cmd += ['--cfg-options', *options]
