@@ -122,6 +122,10 @@ class AttentionTransfer(BaseModel):
             for g in self.train_groups:
                 self.trained += [f'{path}.{name}' for name in groups[g]]
         self.trained = list(dict.fromkeys(self.trained))
+        if not self.trained:
+            raise ValueError(f'AttentionTransfer: nothing would train: the student\'s kernels have no parameters of '
+                             f'their own and train={list(self.train_groups)} selects none; add the input projections '
+                             "('qkv'), the output projection ('proj') or 'blocks'")
         for name in self.trained:
             params[name].requires_grad_(True)
 

@@ -147,6 +147,12 @@ def test_a_student_that_is_not_the_teachers_twin_is_refused_at_build(student, me
                                                                              checkpoint=releases['SoftFreeSwin'])))
 
 
+def test_a_transfer_that_would_train_nothing_is_refused(releases):
+    with pytest.raises(ValueError, match=r"nothing would train: the student's kernels have no parameters of their own "
+                                         r"and train=\['kernel'\] selects none"):
+        _transfer('SoftFreeSwin', releases['SoftFreeSwin'], dict(attn_cfg='poly'), train=('kernel', ))
+
+
 def test_bad_groups_are_refused():
     base = dict(type='SoftFreeSwin', **TINY['SoftFreeSwin'])
     with pytest.raises(ValueError, match=r"train must name groups of \['kernel', 'qkv', 'proj', 'blocks'\], got "
