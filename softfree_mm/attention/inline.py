@@ -235,25 +235,46 @@ class InLineAttention(AttentionKernel):
             w = self._residual_weights(kbar.expand(k.shape[0], k.shape[1], -1, -1))  # (B, h, Nq, d, 9)
         return channel_conv(v, w, grid, keep=mask)
 
+    def _keep(self, q, k, mask):
+        """(.., Nq, Nk) float keep-mask (all ones without a mask) and each row's number of valid keys (.., Nq, 1)."""
+        if mask is None:
+            keep = torch.ones(1, 1, q.shape[2], k.shape[2], dtype=q.dtype, device=q.device)
+        else:
+            keep = _as_4d(mask).to(q.dtype)
+        return keep, keep.sum(-1, keepdim=True).clamp_min(1.0)
+
+    def _head_term(self, q, kbar, keep, grid):
+        """The 'head' residual as a part of A: each row's 3x3 neighbourhood, weighted from its mean valid key."""
+        r = self._residual_weights(kbar).expand(q.shape[0], q.shape[1], q.shape[2], 9)
+        return torch.einsum('bhio,ioj->bhij', r, neighbour_onehot(grid, q.device, q.dtype)) * keep
+
+    def _masked_parts(self, q, k, scale, mask):
+        """Explicit linear part of A (B, h, Nq, Nk) and the per-row mean key tokens, for a mask (or None)."""
+        fq, fk = _feature(q, self.feature_map), _feature(k, self.feature_map)
+        keep, n = self._keep(q, k, mask)
+        kbar_phi = (keep @ fk) / n  # (B, h, Nq, d) mean of phi(k) over the valid keys of each row
+        a = (scale * (fq @ fk.transpose(-2, -1)) + (1.0 - scale * (fq * kbar_phi).sum(-1, keepdim=True))) / n
+        kbar = (keep @ k) / n  # masked mean key token, one per row
+        return a * keep, kbar, keep
+
     # ------------------------------------------------------------------ API
+    def _matrix(self, q, k, hw, scale, bias, mask):
+        grid = self._grid(q, k, hw) if self.local_residual else None
+        q, k = upcast(q, k)
+        with no_autocast(q):  # sums and means in fp32
+            a, kbar, keep = self._masked_parts(q, k, default_scale(scale, q.shape[-1], q), mask)
+            return a + self._head_term(q, kbar, keep, grid) if self.local_residual == 'head' else a
+
     def _score_map(self, q, k, hw, scale, bias, mask):
         """S = s phi(q) phi(k)^T, and per row over its N valid keys ``A = (S + 1 - mean S) / N`` (plus the 'head'
         residual's weights, which do not depend on S): ``||J_i||_F^2 = (N - 1) / N^2``."""
         grid = self._grid(q, k, hw) if self.local_residual else None
         q, k = upcast(q, k)
-        with no_autocast(q):  # sums and means in fp32
+        with no_autocast(q):
             fq, fk = _feature(q, self.feature_map), _feature(k, self.feature_map)
             s = default_scale(scale, q.shape[-1], q) * (fq @ fk.transpose(-2, -1))
-            if mask is None:
-                keep = torch.ones(1, 1, q.shape[2], k.shape[2], dtype=q.dtype, device=q.device)
-            else:
-                keep = _as_4d(mask).to(q.dtype)
-            n = keep.sum(-1, keepdim=True).clamp_min(1.0)  # (.., Nq, 1)
-            offset = 0.0
-            if self.local_residual == 'head':
-                r = self._residual_weights((keep @ k) / n)  # from the mean of each row's valid key tokens
-                r = r.expand(q.shape[0], q.shape[1], q.shape[2], 9)
-                offset = torch.einsum('bhio,ioj->bhij', r, neighbour_onehot(grid, q.device, q.dtype)) * keep
+            keep, n = self._keep(q, k, mask)
+            offset = self._head_term(q, (keep @ k) / n, keep, grid) if self.local_residual == 'head' else 0.0
 
         def weights(x):
             return (x + (1.0 - (x * keep).sum(-1, keepdim=True) / n)) / n * keep + offset
@@ -262,9 +283,6 @@ class InLineAttention(AttentionKernel):
             valid = keep.sum(-1)
             return ((valid - 1.0).clamp_min(0.0) / (valid * valid).clamp_min(1.0)).expand(x.shape[:-1])
         return ScoreMap(s.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2]), weights, row_jacobian_sq)
-
-    def _matrix(self, q, k, hw, scale, bias, mask):
-        return self._score_map(q, k, hw, scale, bias, mask).matrix()
 
     def residual_output(self, q, k, v, hw=None, scale=None, bias=None, mask=None, context=None):
         """``out - attention_matrix(...) @ v``: the official per-channel residual ('channel'), else zero."""
