@@ -79,9 +79,12 @@ class AttentionTransfer(BaseModel):
             raise ValueError(f'AttentionTransfer: train must name groups of {list(GROUPS)}, got {list(train)!r}')
         self.train_groups = tuple(dict.fromkeys(('kernel', *train)))
         self.eps = eps
-        from ..registry import MODELS  # softfree_mm's own scope: the backbones with AttentionBlocks, in any scope
-        self.teacher = MODELS.build(teacher)
-        self.backbone = MODELS.build(backbone)
+        from mmengine.registry import DefaultScope
+
+        from ..registry import MODELS
+        with DefaultScope.overwrite_default_scope('softfree_mm'):  # our backbones, whatever scope builds this
+            self.teacher = MODELS.build(teacher)
+            self.backbone = MODELS.build(backbone)
         self._check_twins()
         self.teacher.requires_grad_(False)
         self.teacher.eval()

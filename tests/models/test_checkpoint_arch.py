@@ -644,7 +644,7 @@ def test_dry_run_start_check_reads_converts_and_names_what_is_not_there(tmp_path
     model.backbone.init_cfg = dict(type='Pretrained', checkpoint=str(tmp_path / 'work_dirs' / 'cls_swin_t_poly3' /
                                                                      'epoch_300.pth'))
     lines = check_start(Config(dict(load_from=str(tmp_path / 'none.pth'))), model)
-    assert lines[0].startswith('model.backbone.init_cfg: not checked: the run needs it: pretrained checkpoint ')
+    assert lines[0].startswith('model.backbone.init_cfg: the run stops before training: pretrained checkpoint ')
     assert 'make it with `python tools/train.py configs/cls_swin_t_poly3.py`' in lines[0]
     assert lines[1] == f'load_from: not checked: {tmp_path / "none.pth"} is not there'
     model.backbone.init_cfg = dict(type='Pretrained', checkpoint='https://example.org/never/swin_not_fetched_9f3a.pth')

@@ -13,6 +13,7 @@ import torch
 import softfree_mm  # noqa: F401  (registers the backbones)
 from softfree_mm.models.transfer import AttentionTransfer, blocks_of, parameter_groups
 
+from tests.helpers.models import build_in
 from tests.helpers.presets import TINY
 
 FAMILIES = ('SoftFreeXCiT', 'SoftFreePVT', 'SoftFreePVTv2', 'SoftFreeSwin', 'SoftFreeCSWin')
@@ -25,21 +26,19 @@ OWN = {'SoftFreePVTv2': dict(attn_cfg='inline', sr_ratios=(1, 1, 1, 1)),
 @pytest.fixture(scope='module')
 def releases(tmp_path_factory):
     """A softmax 'release' of each tiny family: random weights saved as a file the teacher loads."""
-    from softfree_mm.registry import MODELS
     folder = tmp_path_factory.mktemp('releases')
     out = {}
     for fam in FAMILIES:
         torch.manual_seed(1)
-        model = MODELS.build(dict(type=fam, **TINY[fam], attn_cfg='softmax'))
+        model = build_in('softfree_mm', dict(type=fam, **TINY[fam], attn_cfg='softmax'))
         out[fam] = str(folder / f'{fam}.pth')
         torch.save({'state_dict': model.state_dict()}, out[fam])
     return out
 
 
 def _transfer(fam, release, student=None, train=('kernel', 'qkv')):
-    from softfree_mm.registry import MODELS
     base = dict(type=fam, **TINY[fam])
-    model = MODELS.build(dict(type='AttentionTransfer', backbone=dict(base, **(student or {})),
+    model = build_in('softfree_mm', dict(type='AttentionTransfer', backbone=dict(base, **(student or {})),
                               teacher=dict(base, attn_cfg='softmax',
                                            init_cfg=dict(type='Pretrained', checkpoint=release)), train=train))
     model.init_weights()
@@ -118,15 +117,15 @@ def test_steps_lower_the_loss_and_touch_only_what_trains(fam, releases):
 
 
 def test_groups_name_the_kernel_the_input_projections_and_the_output_projection():
-    from softfree_mm.registry import MODELS
-    swin = MODELS.build(dict(type='SoftFreeSwin', **TINY['SoftFreeSwin'], attn_cfg='inline', global_window=True))
+    swin = build_in('softfree_mm', dict(type='SoftFreeSwin', **TINY['SoftFreeSwin'], attn_cfg='inline',
+                                       global_window=True))
     _, block = blocks_of(swin)[0]
     groups = parameter_groups(block)
     assert groups['kernel'] and all('.kernel.' in n for n in groups['kernel'])
     assert set(groups['qkv']) == {'attn.qkv.weight', 'attn.qkv.bias'}
     assert set(groups['proj']) == {'attn.proj.weight', 'attn.proj.bias'}
     assert set(groups['blocks']) == {n for n, _ in block.named_parameters()}
-    xcit = MODELS.build(dict(type='SoftFreeXCiT', **TINY['SoftFreeXCiT'], attn_cfg='poly'))
+    xcit = build_in('softfree_mm', dict(type='SoftFreeXCiT', **TINY['SoftFreeXCiT'], attn_cfg='poly'))
     _, block = blocks_of(xcit)[0]
     assert 'attn.temperature' in parameter_groups(block)['qkv']  # held by the attention layer itself
 

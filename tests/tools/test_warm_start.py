@@ -20,6 +20,7 @@ from softfree_mm.analysis import warm_start as ws
 
 from tests.helpers import ROOT
 from tests.helpers.demo import shared_demo_root
+from tests.helpers.models import build_in
 
 STUDY = osp.join(ROOT, 'configs', 'demo', 'study_xcit_t12_digits.py')
 
@@ -41,9 +42,8 @@ def _tiny_base(tmp_path, demo_root, width=32):
 
 def _release(tmp_path, depth=4, width=32):
     """A softmax XCiT of the tiny width with random weights, saved as a release file."""
-    from softfree_mm.registry import MODELS
     torch.manual_seed(0)
-    model = MODELS.build(dict(type='SoftFreeXCiT', arch='t12', embed_dims=width, depth=depth, num_heads=4,
+    model = build_in('softfree_mm', dict(type='SoftFreeXCiT', arch='t12', embed_dims=width, depth=depth, num_heads=4,
                               cls_attn_layers=1, out_type='cls_token', attn_cfg='softmax'))
     path = str(tmp_path / f'release_d{depth}_w{width}.pth')
     torch.save({'model': model.state_dict()}, path)
@@ -112,11 +112,10 @@ def test_stage1_trains_what_it_declares_resumes_exactly_and_both_stages_start_th
     # both start the demo Mask R-CNN at this width: every backbone weight placed but the new adapter's
     from mmengine.config import Config
     from softfree_mm.models.converters import placement, read_pretrained
-    from softfree_mm.registry import MODELS
     det = Config.fromfile(osp.join(ROOT, 'configs', 'demo', 'maskrcnn_xcit_t12_poly3_demo.py'))
     bb = dict(det.model.backbone.to_dict(), embed_dims=32, depth=4, num_heads=4, out_indices=(0, 1, 2, 3),
               norm_cfg=dict(type='BN'))
-    backbone = MODELS.build(bb)
+    backbone = build_in('softfree_mm', bb)
     for path in (ckpt, ft_ckpt):
         sd = read_pretrained(backbone, path, type(backbone)._convert, 'backbone.')
         missing, unexpected, mismatched = placement(backbone, sd)
