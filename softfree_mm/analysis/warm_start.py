@@ -35,9 +35,10 @@ def backbone_of(config: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- child configs
-def kernel_config(base: str, kernel) -> str:
-    """``base`` with ``kernel`` in its backbone (a classifier from scratch, a detector from a start)."""
-    return f"_base_ = {base!r}\nmodel = dict(backbone=dict(attn_cfg={kernel!r}))\n"
+def kernel_config(base: str, kernel: dict) -> str:
+    """``base`` with ``kernel`` in its backbone in place of its own (a classifier from scratch, a detector from a
+    start)."""
+    return f"_base_ = {base!r}\nmodel = dict(backbone=dict(attn_cfg={dict(_delete_=True, **kernel)!r}))\n"
 
 
 def finetune_config(base: str, kernel, iters: int, start: str, lr: float) -> str:
@@ -45,7 +46,7 @@ def finetune_config(base: str, kernel, iters: int, start: str, lr: float) -> str
     initialisation), ``iters`` iterations: 10 % warm-up, cosine to 1e-5, validated at the end."""
     warm = max(1, iters // 10)
     return f"""_base_ = {base!r}
-model = dict(backbone=dict(attn_cfg={kernel!r}))
+model = dict(backbone=dict(attn_cfg={dict(_delete_=True, **kernel)!r}))
 custom_hooks = []
 load_from = {start!r}
 optim_wrapper = dict(optimizer=dict(lr={lr}))
@@ -65,7 +66,8 @@ def transfer_config(base: str, kernel, iters: int, teacher_ckpt: str, groups: Se
     teacher = dict(backbone_of(base), attn_cfg=dict(type='softmax'), init_cfg=init)
     warm = max(1, iters // 10)
     return f"""_base_ = {base!r}
-model = dict(type='AttentionTransfer', backbone=dict(attn_cfg={kernel!r}), teacher={teacher!r},
+model = dict(type='AttentionTransfer', backbone=dict(attn_cfg={dict(_delete_=True, **kernel)!r}),
+             teacher={teacher!r},
              train={list(groups)!r})
 custom_hooks = []
 val_dataloader = None

@@ -167,3 +167,15 @@ def test_cost_times_stage_1_against_the_classifiers_step_and_refuses_other_confi
     bad = subprocess.run([sys.executable, tool, '--cost', osp.join(ROOT, 'configs', 'cls_xcit_s12_poly3.py')],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip().endswith('not a configs/transfer_*.py file')
+
+
+def test_child_configs_put_the_kernel_in_place_of_the_bases_own(tmp_path):
+    """The demo detector's base holds poly with degree=3: a child for softmax or linear must not inherit the degree."""
+    from mmengine.config import Config
+    det = osp.join(ROOT, 'configs', 'demo', 'maskrcnn_xcit_t12_poly3_demo.py')
+    for kernel in (dict(type='softmax'), dict(type='linear', feature_map='elu+1')):
+        for name, text in (('k', ws.kernel_config(det, kernel)),
+                           ('ft', ws.finetune_config(det, kernel, 4, 'start.pth', 1e-4))):
+            path = tmp_path / f'{name}_{kernel["type"]}.py'
+            path.write_text(text)
+            assert Config.fromfile(str(path)).model.backbone.attn_cfg.to_dict() == kernel
