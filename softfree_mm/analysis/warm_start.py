@@ -307,7 +307,7 @@ def run_grid(plan: Plan) -> dict:
     """Every run of the grid (cached runs are read, not run); the rows of the classifiers, the detectors and the
     stage-1 curves, and the groups the ablation chose."""
     r, seeds, bbs = plan.r, plan.seeds, list(plan.backbones)
-    small, large = plan.budgets[0], plan.budgets[-1]
+    large = plan.budgets[-1]
     # from scratch, in this code and on this machine: softmax (the teacher) and every kernel, the study's recipe
     tasks = [(bb, k, s) for s in seeds for bb in bbs for k in ('softmax', *plan.backbones[bb][1])]
     scratch = dict(zip(tasks, r.map(lambda t: plan.scratch(*t), tasks)))
@@ -320,7 +320,8 @@ def run_grid(plan: Plan) -> dict:
     swap_ft = dict(zip(ft_tasks, r.map(lambda t: plan.finetune(
         f'swap_ft/{t[0]}/{safe_name(t[1])}/{t[3]}/seed{t[2]}', t[0], t[1], t[2], t[3],
         softmax[(t[0], t[2])]['checkpoint']), ft_tasks)))
-    abl = [(bb, plan.ablation_kernel, s, small, g) for bb in bbs for s in seeds for g in GROUP_CHOICES
+    # which parameter groups stage 1 trains: compared at the larger budget (the smaller leaves stage 1 too few steps)
+    abl = [(bb, plan.ablation_kernel, s, large, g) for bb in bbs for s in seeds for g in GROUP_CHOICES
            if softmax[(bb, s)].get('status') == 'ok']
     stage1 = dict(zip(abl, r.map(lambda t: plan.transfer(*t, softmax[(t[0], t[2])]), abl)))
     stage2 = dict(zip(abl, r.map(lambda t: plan.transfer_finetune(*t, stage1[t], softmax[(t[0], t[2])]), abl)))
@@ -330,7 +331,7 @@ def run_grid(plan: Plan) -> dict:
             scores.setdefault(g, []).append(top1(run))
     chosen = max(scores, key=lambda g: (len(scores[g]), sum(scores[g]) / len(scores[g]))) if scores else \
         GROUP_CHOICES[1]
-    plan.echo(f'[warm-start] stage-1 groups: {"+".join(chosen)} (mean top-1 after the fine-tune at {small} '
+    plan.echo(f'[warm-start] stage-1 groups: {"+".join(chosen)} (mean top-1 after the fine-tune at {large} '
               f'iterations: ' + ', '.join(f'{"+".join(g)} {sum(v) / len(v):.1f}' for g, v in scores.items()) + ')')
     main = [(bb, k, s, b, chosen) for bb, k, s in grid for b in plan.budgets]
     todo = [t for t in main if t not in stage1]
