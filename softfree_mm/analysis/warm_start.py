@@ -1,13 +1,10 @@
-"""The warm-start study: does a softmax-free backbone started from a trained softmax one get to its from-scratch
-accuracy for a fraction of the compute, and does a detector from it do as well?
-
-On the kernel study's two backbones and its digits task (docs/study.md), per kernel and seed, the starts of a
-classifier are: ``scratch`` (the study's own runs, 300 iterations), ``swap`` (the softmax classifier of the same seed
-with the kernel swapped in: evaluated as it is, and fine-tuned), ``transfer`` (stage 1, :class:`AttentionTransfer`
-from that softmax classifier, then the same fine-tune), each fine-tune at a share of the from-scratch iterations
-with the transfer's iterations counted in it. Then the demo's Mask R-CNN from the softmax, scratch, swap and transfer
-classifiers. Every run is an ordinary ``tools/train.py`` / ``tools/test.py`` command on a child config written
-here, in a process of its own; a run that finished (its result.json) is not run again.
+"""The warm-start study: does a softmax-free backbone started from a trained softmax one reach its from-scratch
+accuracy for a fraction of the compute, and does a detector from it do as well? On the kernel study's two backbones
+and digits task (docs/study.md), per kernel and seed: ``scratch`` (the study's recipe, 300 iterations), ``swap`` (the
+softmax classifier of the same seed with the kernel swapped in: as it is, and fine-tuned), ``transfer`` (stage 1,
+:class:`AttentionTransfer` from it, then the same fine-tune), at shares of the from-scratch iterations with the
+transfer's counted in them; then the demo's Mask R-CNN from each start. Every run is ``tools/train.py`` /
+``tools/test.py`` on a child config in a process of its own; a finished run (its result.json) is not run again.
 """
 import ast
 import json
