@@ -31,7 +31,8 @@ def step_cost(transfer_config: str, batch: int = 8, steps: int = 3, device: str 
     opts = [torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-4) for m in (transfer, classifier)]
     g = torch.Generator().manual_seed(0)
     x = torch.randn(batch, 3, size, size, generator=g).to(device)
-    samples = [DataSample().set_gt_label(int(i)) for i in torch.randint(0, 1000, (batch, ), generator=g)]
+    labels = torch.randint(0, 1000, (batch, ), generator=g)
+    samples = [DataSample().set_gt_label(int(i)).to(device) for i in labels]  # beside the logits
 
     def step(model, opt, loss_fn):
         opt.zero_grad(set_to_none=True)
