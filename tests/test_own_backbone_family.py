@@ -45,12 +45,15 @@ def test_it_is_declared_to_the_tools_and_built_from_every_registry(example):
     import mmdet.registry
     import mmpretrain.registry
     import mmseg.registry
+    from mmengine.registry import DefaultScope
     from softfree_mm.models.backbones.base import FAMILIES
     from softfree_mm.registry import MODELS, register_backbone
     cls = example[0].MyViT
     assert FAMILIES['MyViT'] is cls
     for reg in (MODELS, mmdet.registry.MODELS, mmseg.registry.MODELS, mmpretrain.registry.MODELS):
-        assert type(reg.build(dict(type='MyViT', **cls.family.tiny, attn_cfg='poly'))) is cls
+        # in the registry's own scope, as its package's runner builds (another test may leave a scope current)
+        with DefaultScope.overwrite_default_scope(reg.scope):
+            assert type(reg.build(dict(type='MyViT', **cls.family.tiny, attn_cfg='poly'))) is cls
     other = type('MyViT', (cls,), dict(family=cls.family))
     with pytest.raises(KeyError, match="'MyViT' is already registered"):
         register_backbone(other)
