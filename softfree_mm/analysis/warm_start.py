@@ -229,6 +229,21 @@ def kernel_cfg(label: str) -> dict:
     return cfg
 
 
+def study_rows(path: str) -> Dict[tuple, dict]:
+    """(config, kernel, seed) -> a from-scratch row of the kernel study's runs.csv (docs/results/study), in the
+    grid's form (no checkpoint: its runs are read, not repeated)."""
+    import csv
+    with open(path, newline='') as f:
+        rows = list(csv.DictReader(f))
+    out = {}
+    for r in rows:
+        top = float(r['top1_final']) if r.get('top1_final') else None
+        out[(r['config'], r['kernel'], int(r['seed']))] = dict(
+            status=r['status'], error=r.get('error', ''), top1_final=top, wall_s=float(r['wall_s'] or 0) or None,
+            cpu_s=float(r['cpu_s'] or 0) or None, source='study', key=f'study/{r["config"]}/{r["kernel"]}/{r["seed"]}')
+    return out
+
+
 class Plan:
     """The grid's runs, in the order their inputs exist: softmax (and scratch) classifiers; swap evaluations,
     fine-tunes from the swap and stage-1 transfers; fine-tunes from the transfers; detectors."""
@@ -236,8 +251,11 @@ class Plan:
     def __init__(self, runner: Runner, root: str, seeds: Sequence[int], budgets: Sequence[int] = (30, 75),
                  transfer_share: float = 1 / 3, ft_lr: float = 1e-4, transfer_lr: float = 3e-3,
                  ablation_kernel: str = 'poly:degree=3', det_kernels: Sequence[str] = ('poly:degree=3', 'linear'),
-                 backbones: Optional[Dict[str, tuple]] = None, echo=print):
+                 backbones: Optional[Dict[str, tuple]] = None, scratch_from: Optional[str] = None,
+                 ablation_seeds: Optional[Sequence[int]] = None, echo=print):
         self.r, self.root, self.seeds = runner, root, list(seeds)
+        self.study = study_rows(scratch_from) if scratch_from else {}
+        self.ablation_seeds = list(ablation_seeds) if ablation_seeds is not None else self.seeds
         self.budgets, self.share = list(budgets), transfer_share
         self.ft_lr, self.transfer_lr = ft_lr, transfer_lr
         self.ablation_kernel, self.det_kernels = ablation_kernel, list(det_kernels)
@@ -251,8 +269,20 @@ class Plan:
     def transfer_iters(self, budget: int) -> int:
         return max(1, round(budget * self.share))
 
+    def needs_checkpoint(self, bb: str, kernel: str) -> bool:
+        """The from-scratch runs whose weights the grid uses: the teachers and the detectors' scratch starts."""
+        return kernel == 'softmax' or (bb == 'xcit' and kernel in self.det_kernels)
+
+    def from_study(self, bb: str, kernel: str, seed: int) -> Optional[dict]:
+        if self.needs_checkpoint(bb, kernel):
+            return None
+        return self.study.get((osp.splitext(osp.basename(self.backbones[bb][0]))[0], kernel, seed))
+
     # ---------------------------------------------------------------- the phases
     def scratch(self, bb: str, kernel: str, seed: int) -> dict:
+        got = self.from_study(bb, kernel, seed)
+        if got is not None:
+            return got
         key = f'scratch/{bb}/{safe_name(kernel)}/seed{seed}'
         return self.r.train(key, kernel_config(self.base(bb), kernel_cfg(kernel)), [f'randomness.seed={seed}'])
 
@@ -296,7 +326,8 @@ class Plan:
 
 
 def _row(run: dict, **fields) -> dict:
-    return dict(fields, status=run.get('status'), error=run.get('error', ''), top1=top1(run),
+    return dict(fields, source=run.get('source', 'grid'), status=run.get('status'), error=run.get('error', ''),
+                top1=top1(run),
                 wall_s=run.get('wall_s'), cpu_s=run.get('cpu_s'), key=run.get('key'))
 
 
@@ -318,7 +349,7 @@ def run_grid(plan: Plan) -> dict:
         f'swap_ft/{t[0]}/{safe_name(t[1])}/{t[3]}/seed{t[2]}', t[0], t[1], t[2], t[3],
         softmax[(t[0], t[2])]['checkpoint']), ft_tasks)))
     # which parameter groups stage 1 trains: compared at the larger budget (the smaller leaves stage 1 too few steps)
-    abl = [(bb, plan.ablation_kernel, s, large, g) for bb in bbs for s in seeds for g in GROUP_CHOICES
+    abl = [(bb, plan.ablation_kernel, s, large, g) for bb in bbs for s in plan.ablation_seeds for g in GROUP_CHOICES
            if softmax[(bb, s)].get('status') == 'ok']
     stage1 = dict(zip(abl, r.map(lambda t: plan.transfer(*t, softmax[(t[0], t[2])]), abl)))
     stage2 = dict(zip(abl, r.map(lambda t: plan.transfer_finetune(*t, stage1[t], softmax[(t[0], t[2])]), abl)))
@@ -356,9 +387,10 @@ def run_grid(plan: Plan) -> dict:
                          transfer_s_per_iter=stage1[(bb, k, s, b, g)].get('s_per_iter'),
                          finetune_s_per_iter=run.get('s_per_iter')))
     det_rows = []
-    for (k, start, s, _), run in zip(det, dets):
+    for (k, start, s, cls), run in zip(det, dets):
         m = run.get('metrics', {})
-        det_rows.append(dict(kernel=k, start=start, seed=s, status=run.get('status'), error=run.get('error', ''),
+        det_rows.append(dict(kernel=k, start=start, seed=s, start_top1=top1(cls), status=run.get('status'),
+                             error=run.get('error', ''),
                              bbox_mAP=m.get('coco/bbox_mAP'), segm_mAP=m.get('coco/segm_mAP'),
                              bbox_mAP_50=m.get('coco/bbox_mAP_50'), segm_mAP_50=m.get('coco/segm_mAP_50')))
     curves = []
@@ -366,33 +398,3 @@ def run_grid(plan: Plan) -> dict:
         for c in transfer_curves(run):
             curves.append(dict(c, backbone=bb, kernel=k, seed=s, iters=b, groups='+'.join(g)))
     return dict(rows=rows, detectors=det_rows, curves=curves, groups=chosen, scores=scores)
-
-
-def write_outputs(result: dict, out: str, plan: Plan) -> None:
-    """The CSVs (the tables and plots come from them: :func:`report`)."""
-    import csv
-    os.makedirs(out, exist_ok=True)
-    for name, rows in (('classifiers', result['rows']), ('detectors', result['detectors']),
-                       ('transfer_curves', result['curves'])):
-        fields = list(dict.fromkeys(k for r in rows for k in r if k not in ('key', 'error'))) + ['error']
-        fields = [f for f in fields if any(f in r for r in rows)] or ['status']
-        with open(osp.join(out, f'{name}.csv'), 'w', newline='') as f:
-            w = csv.DictWriter(f, fieldnames=fields, extrasaction='ignore')
-            w.writeheader()
-            for r in rows:
-                w.writerow({k: ('' if r.get(k) is None else r[k]) for k in fields})
-    groups = dict(chosen=list(result['groups']), scores={'+'.join(g): v for g, v in result['scores'].items()},
-                  budgets=plan.budgets, transfer_share=plan.share, ft_lr=plan.ft_lr, transfer_lr=plan.transfer_lr)
-    with open(osp.join(out, 'groups.json'), 'w') as f:
-        json.dump(groups, f, indent=1)
-    from .warm_start_report import markdown, plots, summarise
-    summary = summarise(result['rows'])
-    fields = list(summary[0]) if summary else ['backbone']
-    with open(osp.join(out, 'summary.csv'), 'w', newline='') as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        for r in summary:
-            w.writerow({k: ('' if r.get(k) is None else r[k]) for k in fields})
-    with open(osp.join(out, 'table.md'), 'w') as f:
-        f.write(markdown(summary, result['detectors'], groups))
-    plots(summary, result['curves'], out)

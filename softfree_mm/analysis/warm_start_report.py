@@ -1,4 +1,7 @@
 """The warm-start study's tables and figures (docs/warm_start.md) from its rows (softfree_mm.analysis.warm_start)."""
+import csv
+import json
+import os
 import os.path as osp
 from typing import Dict, List
 
@@ -33,6 +36,7 @@ def summarise(rows: List[dict]) -> List[dict]:
                         vs_scratch_mean=dm if start != 'scratch' else None,
                         vs_scratch_std=ds if start != 'scratch' else None, paired_seeds=dn,
                         transfer_iters=rs[0].get('transfer_iters', 0),
+                        source='+'.join(sorted({r.get('source', 'grid') for r in rs})),
                         failed=sum(r['status'] != 'ok' for r in rs)))
     order = {'scratch': 0, 'swap': 1, 'transfer': 2}
     return sorted(out, key=lambda r: (r['backbone'], r['kernel'], order[r['start']], r['iters'], r['groups']))
@@ -55,7 +59,8 @@ def markdown(summary: List[dict], detectors: List[dict], groups: dict) -> str:
                 r['start'], f'{r["iters"]} ({r["transfer_iters"]}, {r["groups"]})')
             vs = '' if r['vs_scratch_mean'] is None else (f'{r["vs_scratch_mean"]:+.1f} ± {r["vs_scratch_std"]:.1f} '
                                                            f'(n = {r["paired_seeds"]})')
-            lines.append(f'| {r["kernel"]} | {r["start"]} | {it} | {r["n"]} | '
+            start = r['start'] + (' (the study)' if r['source'] == 'study' else '')
+            lines.append(f'| {r["kernel"]} | {start} | {it} | {r["n"]} | '
                          f'{_pm(r["top1_mean"], r["top1_std"])} | {vs} |')
         lines.append('')
     if groups.get('scores'):
@@ -133,3 +138,31 @@ def plots(summary: List[dict], curves: List[dict], out: str) -> List[str]:
         plt.close(fig)
         made.append(path)
     return made
+
+
+def write_outputs(result: dict, out: str, plan) -> None:
+    """The CSVs (the tables and plots come from them: :func:`report`)."""
+    os.makedirs(out, exist_ok=True)
+    for name, rows in (('classifiers', result['rows']), ('detectors', result['detectors']),
+                       ('transfer_curves', result['curves'])):
+        fields = list(dict.fromkeys(k for r in rows for k in r if k not in ('key', 'error'))) + ['error']
+        fields = [f for f in fields if any(f in r for r in rows)] or ['status']
+        with open(osp.join(out, f'{name}.csv'), 'w', newline='') as f:
+            w = csv.DictWriter(f, fieldnames=fields, extrasaction='ignore')
+            w.writeheader()
+            for r in rows:
+                w.writerow({k: ('' if r.get(k) is None else r[k]) for k in fields})
+    groups = dict(chosen=list(result['groups']), scores={'+'.join(g): v for g, v in result['scores'].items()},
+                  budgets=plan.budgets, transfer_share=plan.share, ft_lr=plan.ft_lr, transfer_lr=plan.transfer_lr)
+    with open(osp.join(out, 'groups.json'), 'w') as f:
+        json.dump(groups, f, indent=1)
+    summary = summarise(result['rows'])
+    fields = list(summary[0]) if summary else ['backbone']
+    with open(osp.join(out, 'summary.csv'), 'w', newline='') as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for r in summary:
+            w.writerow({k: ('' if r.get(k) is None else r[k]) for k in fields})
+    with open(osp.join(out, 'table.md'), 'w') as f:
+        f.write(markdown(summary, result['detectors'], groups))
+    plots(summary, result['curves'], out)

@@ -5,10 +5,14 @@ kernels trained from scratch, on the kernel study's two backbones and digits tas
 each start.
 
     python tools/analysis/warm_start.py [--work-dir work_dirs/warm_start] [--out docs/results/warm_start]
-        [--seeds 0 1 2] [--budgets 30 75] [--jobs 2] [--threads 1] [--report-only]
+        [--seeds 0 1 2] [--budgets 30 75] [--scratch-from docs/results/study/runs.csv] [--ablation-seeds 0]
+        [--jobs 2] [--threads 1] [--report-only]
     python tools/analysis/warm_start.py --cost CONFIG [CONFIG ...] [--device cpu|cuda] [--batch 8] [--steps 3]
         [--csv PATH]
 
+The from-scratch top-1 of a kernel is the kernel study's run of the same seed (--scratch-from, its runs.csv; '' trains
+them all again); the grid trains from scratch only what it needs the weights of: softmax (the teachers) and the
+detectors' kernels on XCiT. The stage-1 groups are compared on --ablation-seeds (default: the first seed).
 Every run is tools/train.py or tools/test.py on a child config written into its folder under --work-dir; a run
 that finished is not run again, so the same command resumes a stopped study. --report-only runs nothing and writes
 the outputs from the runs finished so far. Writes into --out: classifiers.csv (one row per classifier run, its
@@ -33,6 +37,9 @@ def main(argv=None):
     p.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2])
     p.add_argument('--budgets', nargs='+', type=int, default=[30, 75],
                    help='iterations of a warm start (transfer included), against 300 from scratch')
+    p.add_argument('--scratch-from', default=osp.join('docs', 'results', 'study', 'runs.csv'),
+                   help="the kernel study's runs.csv: the from-scratch rows ('' runs them again)")
+    p.add_argument('--ablation-seeds', nargs='+', type=int, help='seeds of the stage-1 groups comparison')
     p.add_argument('--jobs', type=int, default=2, help='processes at a time')
     p.add_argument('--threads', type=int, default=1, help='torch threads per process')
     p.add_argument('--report-only', action='store_true', help='run nothing; report the finished runs')
@@ -50,14 +57,23 @@ def main(argv=None):
         fail(f'--budgets {args.budgets}: increasing iteration counts >= 3')
     if args.jobs < 1 or args.threads < 1:
         fail(f'--jobs {args.jobs} / --threads {args.threads}: each >= 1')
+    ablation = args.ablation_seeds if args.ablation_seeds is not None else args.seeds[:1]
+    if not set(ablation) <= set(args.seeds):
+        fail(f'--ablation-seeds {ablation}: a subset of --seeds {args.seeds}')
+    scratch_from = args.scratch_from and (args.scratch_from if osp.isabs(args.scratch_from)
+                                          else osp.join(ROOT, args.scratch_from))
+    if scratch_from and not osp.isfile(scratch_from):
+        fail(f"--scratch-from {args.scratch_from}: no such file (the kernel study's runs.csv, or '')")
     from softfree_mm.analysis import warm_start as ws
+    from softfree_mm.analysis.warm_start_report import write_outputs
     runner = ws.Runner(osp.abspath(args.work_dir), osp.join(ROOT, 'tools'), args.jobs, args.threads,
                        echo=lambda m: print(m, flush=True))
     if args.report_only:
         runner.train = runner.test = lambda key, *a, **k: runner.done(key) or dict(status='not run', key=key)
-    plan = ws.Plan(runner, ROOT, args.seeds, args.budgets, echo=lambda m: print(m, flush=True))
+    plan = ws.Plan(runner, ROOT, args.seeds, args.budgets, scratch_from=scratch_from or None, ablation_seeds=ablation,
+                   echo=lambda m: print(m, flush=True))
     result = ws.run_grid(plan)
-    ws.write_outputs(result, osp.abspath(args.out), plan)
+    write_outputs(result, osp.abspath(args.out), plan)
     return 0
 
 
