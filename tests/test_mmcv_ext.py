@@ -388,6 +388,26 @@ def test_a_bare_python_of_the_environment_imports_mmdet_and_mmseg_through_the_st
     assert proc.returncode != 0 and "No module named 'mmcv._ext'" in proc.stderr
 
 
+def test_the_pth_line_leaves_a_softfree_mm_without_the_standin_alone(tmp_path):
+    """The line the install puts in site-packages, run where the softfree_mm found first has no stand-in (an older
+    checkout on PYTHONPATH): no error and no finder; with this package found, it puts the finder in place."""
+    shadow = tmp_path / 'old' / 'softfree_mm'
+    shadow.mkdir(parents=True)
+    (shadow / '__init__.py').write_text('')
+    code = f"""
+        import sys
+        sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, {finder.MARK!r}, False)]
+        exec({finder.PTH_LINE!r})
+        print(sum(bool(getattr(f, {finder.MARK!r}, False)) for f in sys.meta_path))
+        """
+    env = dict(os.environ, PYTHONPATH=str(shadow.parent))
+    proc = _python(code, env, tmp_path)
+    assert (proc.returncode, proc.stdout.strip(), proc.stderr) == (0, '0', '')
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = _python(code, env, tmp_path)
+    assert (proc.returncode, proc.stdout.strip()) == (0, '1'), proc.stderr[-2000:]
+
+
 @needs_standin  # a compiled build is itself the case: its .so is found before anything on mmcv's path
 def test_a_compiled_ext_is_used_and_the_standin_stays_out_of_the_way(tmp_path):
     """An ``mmcv/_ext`` that Python's own path finder finds (a compiled build; here a module on mmcv's path) is the

@@ -14,11 +14,12 @@ STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'ops.py')
 MARK = 'softfree_mm_mmcv_ext'  # attribute that tells the finder apart, however often this file was loaded
 
 # site-packages/softfree_mm-mmcv-ext.pth: one line that site.py executes; it finds the installed package without
-# importing it (its __init__ imports torch and mmengine) and loads this file on its own
+# importing it (its __init__ imports torch and mmengine) and loads this file on its own. A softfree_mm found first
+# that has no stand-in (an older checkout on PYTHONPATH) leaves mmcv as it is instead of a traceback at every start.
 PTH_NAME = 'softfree_mm-mmcv-ext.pth'
-PTH_LINE = ("import importlib.util as u; s = u.find_spec('softfree_mm'); "
-            "f = s and s.submodule_search_locations and u.spec_from_file_location("
-            "'softfree_mm_mmcv_ext_finder', s.submodule_search_locations[0] + '/mmcv_ext/finder.py'); "
+PTH_LINE = ("import importlib.util as u, os.path as p; s = u.find_spec('softfree_mm'); "
+            "l = s and s.submodule_search_locations and s.submodule_search_locations[0] + '/mmcv_ext/finder.py'; "
+            "f = l and p.isfile(l) and u.spec_from_file_location('softfree_mm_mmcv_ext_finder', l); "
             "m = f and u.module_from_spec(f); m and (f.loader.exec_module(m) or m.install())\n")
 
 
