@@ -5,14 +5,14 @@ kernels trained from scratch, on the kernel study's two backbones and digits tas
 each start.
 
     python tools/analysis/warm_start.py [--work-dir work_dirs/warm_start] [--out docs/results/warm_start]
-        [--seeds 0 1 2] [--budgets 30 75] [--scratch-from docs/results/study/runs.csv] [--ablation-seeds 0]
+        [--seeds 0 1 2] [--budgets 30 75] [--scratch-from docs/results/study/runs.csv] [--ablation-seeds 0 1 2]
         [--jobs 2] [--threads 1] [--report-only]
     python tools/analysis/warm_start.py --cost CONFIG [CONFIG ...] [--device cpu|cuda] [--batch 8] [--steps 3]
         [--csv PATH]
 
 The from-scratch top-1 of a kernel is the kernel study's run of the same seed (--scratch-from, its runs.csv; '' trains
 them all again); the grid trains from scratch only what it needs the weights of: softmax (the teachers) and the
-detectors' kernels on XCiT. The stage-1 groups are compared on --ablation-seeds (default: the first seed).
+detectors' kernels on XCiT. The stage-1 groups are compared on --ablation-seeds (default: every seed).
 Every run is tools/train.py or tools/test.py on a child config written into its folder under --work-dir; a run
 that finished is not run again, so the same command resumes a stopped study. --report-only runs nothing and writes
 the outputs from the runs finished so far. Writes into --out: classifiers.csv (one row per classifier run, its
@@ -57,7 +57,7 @@ def main(argv=None):
         fail(f'--budgets {args.budgets}: increasing iteration counts >= 3')
     if args.jobs < 1 or args.threads < 1:
         fail(f'--jobs {args.jobs} / --threads {args.threads}: each >= 1')
-    ablation = args.ablation_seeds if args.ablation_seeds is not None else args.seeds[:1]
+    ablation = args.ablation_seeds if args.ablation_seeds is not None else args.seeds
     if not set(ablation) <= set(args.seeds):
         fail(f'--ablation-seeds {ablation}: a subset of --seeds {args.seeds}')
     scratch_from = args.scratch_from and (args.scratch_from if osp.isabs(args.scratch_from)
