@@ -20,7 +20,8 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from .study import read_scalars
-from .sweep import json_records, newest_scalars, safe_name, train_one
+from .sweep import newest_scalars, safe_name, train_one
+from .warm_start_report import transfer_curves
 
 RESULT = 'result.json'
 SCRATCH_ITERS = 300  # the study's recipe
@@ -185,19 +186,6 @@ class Runner:
             return list(pool.map(fn, items))
 
 
-def transfer_curves(row: dict) -> List[dict]:
-    """(iter, block, loss) of a stage-1 run's log: each block's transfer loss at every logged iteration."""
-    out = []
-    if not row.get('log') or not osp.isfile(row['log']):
-        return out
-    for rec in json_records(row['log']):
-        for k, v in rec.items():
-            if k.startswith('block_'):
-                out.append(dict(iter=rec.get('step', rec.get('iter')), block=int(k[len('block_'):]), loss=v,
-                                loss_transfer=rec.get('loss_transfer')))
-    return out
-
-
 def top1(row: Optional[dict]) -> Optional[float]:
     if not row or row.get('status') != 'ok':
         return None
@@ -322,7 +310,8 @@ class Plan:
         trained = self.r.train(key, cfg, opts)
         if trained.get('status') != 'ok':
             return trained
-        return self.r.test(key + '/test', cfg, trained['checkpoint'], [f'randomness.seed={seed}'])
+        tested = self.r.test(key + '/test', cfg, trained['checkpoint'], [f'randomness.seed={seed}'])
+        return dict(tested, wall_s=(trained.get('wall_s') or 0) + (tested.get('wall_s') or 0))
 
 
 def _row(run: dict, **fields) -> dict:
@@ -385,12 +374,13 @@ def run_grid(plan: Plan) -> dict:
                          transfer_iters=plan.transfer_iters(b), groups='+'.join(g),
                          transfer_loss=stage1[(bb, k, s, b, g)].get('loss_final'),
                          transfer_s_per_iter=stage1[(bb, k, s, b, g)].get('s_per_iter'),
+                         transfer_wall_s=stage1[(bb, k, s, b, g)].get('wall_s'),
                          finetune_s_per_iter=run.get('s_per_iter')))
     det_rows = []
     for (k, start, s, cls), run in zip(det, dets):
         m = run.get('metrics', {})
         det_rows.append(dict(kernel=k, start=start, seed=s, start_top1=top1(cls), status=run.get('status'),
-                             error=run.get('error', ''),
+                             error=run.get('error', ''), wall_s=run.get('wall_s'),
                              bbox_mAP=m.get('coco/bbox_mAP'), segm_mAP=m.get('coco/segm_mAP'),
                              bbox_mAP_50=m.get('coco/bbox_mAP_50'), segm_mAP_50=m.get('coco/segm_mAP_50')))
     curves = []

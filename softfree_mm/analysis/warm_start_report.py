@@ -5,6 +5,21 @@ import os
 import os.path as osp
 from typing import Dict, List
 
+from .sweep import json_records
+
+
+def transfer_curves(row: dict) -> List[dict]:
+    """(iter, block, loss) of a stage-1 run's log: each block's transfer loss at every logged iteration."""
+    out = []
+    if not row.get('log') or not osp.isfile(row['log']):
+        return out
+    for rec in json_records(row['log']):
+        for k, v in rec.items():
+            if k.startswith('block_'):
+                out.append(dict(iter=rec.get('step', rec.get('iter')), block=int(k[len('block_'):]), loss=v,
+                                loss_transfer=rec.get('loss_transfer')))
+    return out
+
 
 def _mean_std(vals):
     vals = [v for v in vals if v is not None]
@@ -140,6 +155,18 @@ def plots(summary: List[dict], curves: List[dict], out: str) -> List[str]:
     return made
 
 
+def compute_line(result: dict) -> str:
+    """What the grid's own runs took: their count and wall-clock seconds added up (the study's rows not counted)."""
+    own = [r for r in result['rows'] if r.get('source', 'grid') == 'grid' and r.get('wall_s')]
+    stage1 = [r for r in result['rows'] if r.get('transfer_wall_s')]
+    dets = [d for d in result['detectors'] if d.get('wall_s')]
+    total = sum(r['wall_s'] for r in own) + sum(r['transfer_wall_s'] for r in stage1) + sum(d['wall_s'] for d in dets)
+    studied = sum(r.get('source') == 'study' for r in result['rows'])
+    return (f'The grid\'s runs: {len(own)} classifier runs and evaluations, {len(stage1)} stage-1 runs, {len(dets)} '
+            f'detectors (train + test); their wall-clock times add up to {total / 3600:.1f} h (two run at a time). '
+            f'{studied} from-scratch rows are the kernel study\'s runs, read, not run again.')
+
+
 def write_outputs(result: dict, out: str, plan) -> None:
     """The CSVs (the tables and plots come from them: :func:`report`)."""
     os.makedirs(out, exist_ok=True)
@@ -164,5 +191,5 @@ def write_outputs(result: dict, out: str, plan) -> None:
         for r in summary:
             w.writerow({k: ('' if r.get(k) is None else r[k]) for k in fields})
     with open(osp.join(out, 'table.md'), 'w') as f:
-        f.write(markdown(summary, result['detectors'], groups))
+        f.write(compute_line(result) + '\n\n' + markdown(summary, result['detectors'], groups))
     plots(summary, result['curves'], out)
