@@ -179,3 +179,52 @@ def test_child_configs_put_the_kernel_in_place_of_the_bases_own(tmp_path):
             path = tmp_path / f'{name}_{kernel["type"]}.py'
             path.write_text(text)
             assert Config.fromfile(str(path)).model.backbone.attn_cfg.to_dict() == kernel
+
+
+def test_scratch_rows_are_the_studys_runs_unless_the_grid_needs_their_weights(tmp_path):
+    """--scratch-from: a kernel's from-scratch row is the study's run of the same config, kernel and seed (read, not
+    run: the runner's folder stays empty), except softmax (the teachers) and the detectors' kernels on XCiT, which
+    the grid trains itself (here: their finished result.json, read by the real runner); the paired difference of a
+    warm start is taken against the row it reads."""
+    import csv
+    import json
+    from softfree_mm.analysis.warm_start_report import summarise
+    study = tmp_path / 'runs.csv'
+    fields = ['config', 'kernel', 'seed', 'status', 'top1_final', 'wall_s', 'cpu_s', 'error']
+    with open(study, 'w', newline='') as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for config in ('study_xcit_t12_digits', 'study_pvt_v2_b0_digits'):
+            for kernel, top in (('softmax', 75.0), ('relu', 61.5), ('linear', 66.0)):
+                w.writerow(dict(config=config, kernel=kernel, seed=1, status='ok', top1_final=top, wall_s=10,
+                                cpu_s=9, error=''))
+    runner = ws.Runner(str(tmp_path / 'runs'), osp.join(ROOT, 'tools'))
+    plan = ws.Plan(runner, ROOT, [1], scratch_from=str(study), det_kernels=['linear'])
+    got = plan.scratch('pvt', 'relu', 1)
+    assert (got['source'], got['top1_final'], got['status']) == ('study', 61.5, 'ok')
+    assert plan.scratch('pvt', 'linear', 1)['top1_final'] == 66.0
+    assert not (tmp_path / 'runs').exists()
+    for key, top in (('scratch/xcit/softmax/seed1', 70.0), ('scratch/xcit/linear/seed1', 64.0)):
+        os.makedirs(tmp_path / 'runs' / key)
+        (tmp_path / 'runs' / key / 'result.json').write_text(json.dumps(
+            dict(status='ok', top1_final=top, checkpoint='c.pth', key=key)))
+    assert plan.scratch('xcit', 'softmax', 1)['top1_final'] == 70.0
+    assert plan.scratch('xcit', 'linear', 1)['top1_final'] == 64.0
+    assert plan.scratch('xcit', 'relu', 1)['source'] == 'study'
+    rows = [ws._row(plan.scratch('pvt', 'relu', 1), backbone='pvt', kernel='relu', seed=1, start='scratch',
+                    iters=300, groups=''),
+            dict(backbone='pvt', kernel='relu', seed=1, start='swap', iters=75, groups='', top1=60.0, status='ok')]
+    (swap,) = [r for r in summarise(rows) if r['start'] == 'swap']
+    assert swap['vs_scratch_mean'] == pytest.approx(60.0 - 61.5) and swap['paired_seeds'] == 1
+
+
+@pytest.mark.parametrize('args,message', [
+    (['--seeds', '0', '1', '--ablation-seeds', '2'], '--ablation-seeds [2]: a subset of --seeds [0, 1]'),
+    (['--scratch-from', 'no/such/runs.csv'], "--scratch-from no/such/runs.csv: no such file"),
+])
+def test_grid_options_out_of_range_are_one_line_and_exit_2(args, message, tmp_path):
+    tool = osp.join(ROOT, 'tools', 'analysis', 'warm_start.py')
+    proc = subprocess.run([sys.executable, tool, '--work-dir', str(tmp_path / 'w'), '--out', str(tmp_path / 'o'),
+                           *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]
+    assert not (tmp_path / 'w').exists()
