@@ -338,7 +338,7 @@ def test_missing_warm_start_checkpoint_is_one_line_naming_both_stages_the_releas
     msg = str(e.value)
     assert '\n' not in msg and "'work_dirs/finetune_swin_t_poly3/epoch_20.pth' does not exist" in msg
     assert ('`python tools/train.py configs/transfer_swin_t_poly3.py`, then `python tools/train.py '
-            'configs/finetune_swin_t_poly3.py`') in msg
+            'configs/finetune_swin_t_poly3.py` (both stages cost 27 to 32 epochs of the supervised recipe') in msg
     release = Config.fromfile(osp.join(ROOT, 'configs', 'maskrcnn_swin_t_softmax.py'))
     assert ('--cfg-options model.backbone.init_cfg.checkpoint=' + release.model.backbone.init_cfg.checkpoint) in msg
     assert 'model.backbone.init_cfg.type=Scratch' in msg
