@@ -228,3 +228,40 @@ def test_grid_options_out_of_range_are_one_line_and_exit_2(args, message, tmp_pa
                            *args], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and message in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]
     assert not (tmp_path / 'w').exists()
+
+
+def test_dry_run_of_the_main_job_with_only_the_softmax_release_says_which_start_it_takes(tmp_path):
+    """`tools/train.py configs/maskrcnn_xcit_s12_poly3.py --dry-run` where only the XCiT-S12/16 release is downloaded
+    (random weights in the official layout, in torch hub's cache) and no warm start is made: the run would stop
+    before training with the line naming both stages; the other start, the release with poly3 swapped in, is here
+    and fits, with the option that takes it; with that option the dry run checks the release as the start."""
+    from softfree_mm.models.converters import release_file_name
+    from tests.models.test_checkpoint_arch import xcit_official
+    cfg = osp.join(ROOT, 'configs', 'maskrcnn_xcit_s12_poly3.py')
+    from mmengine.config import Config
+    release = Config.fromfile(cfg).softmax_release
+    torch.manual_seed(0)
+    sd = {k: torch.randn(shape) if shape else torch.tensor(1) for k, shape in xcit_official(384, 12, 8).items()}
+    hub = tmp_path / 'torch' / 'hub' / 'checkpoints'
+    hub.mkdir(parents=True)
+    torch.save({'model': sd}, hub / release_file_name(release))
+    env = dict(os.environ, TORCH_HOME=str(tmp_path / 'torch'))
+    tool = osp.join(ROOT, 'tools', 'train.py')
+
+    def dry_run(*options):
+        proc = subprocess.run([sys.executable, tool, cfg, '--dry-run', '--work-dir', str(tmp_path / 'w'), *options],
+                              capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return [ln for ln in proc.stdout.splitlines() if 'model.backbone.init_cfg' in ln]
+
+    stops, other = dry_run()
+    assert stops.startswith("[dry-run] model.backbone.init_cfg: the run stops before training: pretrained checkpoint "
+                            "'work_dirs/finetune_xcit_s12_poly3/epoch_20.pth' does not exist; make it with the warm "
+                            'start (docs/warm_start.md): `python tools/train.py configs/transfer_xcit_s12_poly3.py`, '
+                            'then `python tools/train.py configs/finetune_xcit_s12_poly3.py`'), stops
+    fit = (f'{release} fits SoftFreeXCiT (12 blocks, width 384, 8 heads, MLP ratio 4, patch size 16): 350 of its 361 '
+           'weights placed (11 left to their initialisation, 39 in the file not placed)')
+    assert other == ('[dry-run] model.backbone.init_cfg: the other start, softmax_release with this kernel swapped '
+                     f'in: {fit}; --cfg-options model.backbone.init_cfg.checkpoint={release} takes it'), other
+    (taken, ) = dry_run('--cfg-options', f'model.backbone.init_cfg.checkpoint={release}')
+    assert taken == f'[dry-run] model.backbone.init_cfg: {fit}', taken
