@@ -98,9 +98,10 @@ def markdown(summary: List[dict], detectors: List[dict], groups: dict) -> str:
     return '\n'.join(lines)
 
 
-def plots(summary: List[dict], curves: List[dict], out: str) -> List[str]:
+def plots(summary: List[dict], curves: List[dict], out: str, groups: str = '') -> List[str]:
     """accuracy.png (top-1 against the iterations of each start, per backbone and kernel) and
-    transfer_curves.png (each block's stage-1 loss over its iterations, mean over seeds)."""
+    transfer_curves.png (each block's stage-1 loss over its iterations, mean over seeds, of the runs that train
+    ``groups``)."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
@@ -130,23 +131,31 @@ def plots(summary: List[dict], curves: List[dict], out: str) -> List[str]:
         fig.savefig(path, dpi=110)
         plt.close(fig)
         made.append(path)
+    if groups:  # the main runs' stage 1 (the groups comparison's other runs left out)
+        curves = [c for c in curves if c['groups'] == groups]
     if curves:
-        keys = list(dict.fromkeys((c['backbone'], c['kernel']) for c in curves))
-        fig, axes = plt.subplots(1, len(keys), figsize=(3.2 * len(keys), 3.2), squeeze=False)
+        rows = list(dict.fromkeys(c['backbone'] for c in curves))
+        cols = max(len({c['kernel'] for c in curves if c['backbone'] == bb}) for bb in rows)
+        fig, axes = plt.subplots(len(rows), cols, figsize=(3.2 * cols, 3.0 * len(rows)), squeeze=False)
         big = max(c['iters'] for c in curves)
-        for ax, (bb, k) in zip(axes[0], keys):
-            sel = [c for c in curves if c['backbone'] == bb and c['kernel'] == k and c['iters'] == big]
-            for b in sorted({c['block'] for c in sel}):
-                pts: Dict[int, list] = {}
-                for c in sel:
-                    if c['block'] == b and c['iter'] is not None:
-                        pts.setdefault(c['iter'], []).append(c['loss'])
-                xs = sorted(pts)
-                ax.plot(xs, [sum(pts[x]) / len(pts[x]) for x in xs], color=matplotlib.cm.viridis(b / 12), lw=1)
-            ax.set_yscale('log')
-            ax.set_title(f'{bb} {k}', fontsize=8)
-            ax.set_xlabel('stage-1 iteration', fontsize=7)
-        axes[0][0].set_ylabel('block loss (relative error)')
+        for i, bb in enumerate(rows):
+            kernels = list(dict.fromkeys(c['kernel'] for c in curves if c['backbone'] == bb))
+            for ax in axes[i][len(kernels):]:
+                ax.axis('off')
+            for ax, k in zip(axes[i], kernels):
+                sel = [c for c in curves if c['backbone'] == bb and c['kernel'] == k and c['iters'] == big]
+                for b in sorted({c['block'] for c in sel}):
+                    pts: Dict[int, list] = {}
+                    for c in sel:
+                        if c['block'] == b and c['iter'] is not None:
+                            pts.setdefault(c['iter'], []).append(c['loss'])
+                    xs = sorted(pts)
+                    ax.plot(xs, [sum(pts[x]) / len(pts[x]) for x in xs], color=matplotlib.cm.viridis(b / 12),
+                            lw=1)
+                ax.set_yscale('log')
+                ax.set_title(f'{bb} {k} (block 0 dark .. last light)', fontsize=7)
+                ax.set_xlabel('stage-1 iteration', fontsize=7)
+            axes[i][0].set_ylabel('block loss (relative error)', fontsize=8)
         fig.tight_layout()
         path = osp.join(out, 'transfer_curves.png')
         fig.savefig(path, dpi=110)
@@ -192,4 +201,4 @@ def write_outputs(result: dict, out: str, plan) -> None:
             w.writerow({k: ('' if r.get(k) is None else r[k]) for k in fields})
     with open(osp.join(out, 'table.md'), 'w') as f:
         f.write(compute_line(result) + '\n\n' + markdown(summary, result['detectors'], groups))
-    plots(summary, result['curves'], out)
+    plots(summary, result['curves'], out, '+'.join(result['groups']))
