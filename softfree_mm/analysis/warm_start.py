@@ -21,10 +21,9 @@ import torch
 
 from .study import read_scalars
 from .sweep import newest_scalars, safe_name, train_one
-from .warm_start_report import transfer_curves
+from .warm_start_report import SCRATCH_ITERS, transfer_curves
 
 RESULT = 'result.json'
-SCRATCH_ITERS = 300  # the study's recipe
 
 
 def backbone_of(config: str) -> dict:
