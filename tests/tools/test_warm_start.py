@@ -265,3 +265,20 @@ def test_dry_run_of_the_main_job_with_only_the_softmax_release_says_which_start_
                      f'in: {fit}; --cfg-options model.backbone.init_cfg.checkpoint={release} takes it'), other
     (taken, ) = dry_run('--cfg-options', f'model.backbone.init_cfg.checkpoint={release}')
     assert taken == f'[dry-run] model.backbone.init_cfg: {fit}', taken
+
+
+def test_the_table_gives_mean_std_and_the_difference_paired_by_seed_with_a_failed_seed():
+    """Hand computation: scratch 70 / 60 / 80 on seeds 0-2; swap at 75 iterations 71 on seed 0, failed on seed 1, 77
+    on seed 2: 74.0 ± 4.2 (sample std), paired differences +1 and -3: -1.0 ± 2.8, n = 2 shown."""
+    from softfree_mm.analysis.warm_start_report import markdown, summarise
+    rows = [dict(backbone='pvt', kernel='relu', seed=s, start='scratch', iters=300, transfer_iters=0, groups='',
+                 top1=t, status='ok', source='study') for s, t in ((0, 70.0), (1, 60.0), (2, 80.0))]
+    rows += [dict(backbone='pvt', kernel='relu', seed=s, start='swap', iters=75, transfer_iters=0, groups='',
+                  top1=t, status='ok' if t else 'failed') for s, t in ((0, 71.0), (1, None), (2, 77.0))]
+    (swap,) = [r for r in summarise(rows) if r['start'] == 'swap']
+    assert (swap['n'], swap['failed'], swap['paired_seeds']) == (2, 1, 2)
+    assert swap['top1_mean'] == pytest.approx(74.0) and swap['top1_std'] == pytest.approx(18 ** 0.5)
+    assert swap['vs_scratch_mean'] == pytest.approx(-1.0) and swap['vs_scratch_std'] == pytest.approx(8 ** 0.5)
+    table = markdown(summarise(rows), [], dict(chosen=['kernel', 'qkv']))
+    assert '| kernel | scratch, 300 | swap, 75 |' in table
+    assert '| relu * | 70.0 ± 10.0 | 74.0 ± 4.2 (-1.0 ± 2.8) n = 2 |' in table
