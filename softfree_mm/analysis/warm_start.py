@@ -1,6 +1,7 @@
 """The warm-start study: does a softmax-free backbone started from a trained softmax one reach its from-scratch
 accuracy for a fraction of the compute, and does a detector from it do as well? On the kernel study's two backbones
-and digits task (docs/study.md), per kernel and seed: ``scratch`` (the study's recipe, 300 iterations), ``swap`` (the
+and digits task (docs/study.md), per kernel and seed: ``scratch`` (the study's runs, 300 iterations, read from its
+runs.csv; trained again in its recipe where the grid needs the weights), ``swap`` (the
 softmax classifier of the same seed with the kernel swapped in: as it is, and fine-tuned), ``transfer`` (stage 1,
 :class:`AttentionTransfer` from it, then the same fine-tune), at shares of the from-scratch iterations with the
 transfer's counted in them; then the demo's Mask R-CNN from each start. Every run is ``tools/train.py`` /
@@ -220,8 +221,15 @@ def study_rows(path: str) -> Dict[tuple, dict]:
     """(config, kernel, seed) -> a from-scratch row of the kernel study's runs.csv (docs/results/study), in the
     grid's form (no checkpoint: its runs are read, not repeated)."""
     import csv
+
+    from softfree_mm.engine.errors import UsageError
     with open(path, newline='') as f:
-        rows = list(csv.DictReader(f))
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    missing = sorted({'config', 'kernel', 'seed', 'status', 'top1_final', 'wall_s', 'cpu_s'}
+                     - set(reader.fieldnames or ()))
+    if missing:
+        raise UsageError(f'--scratch-from {path}: no column {", ".join(missing)} (the kernel study\'s runs.csv)')
     out = {}
     for r in rows:
         top = float(r['top1_final']) if r.get('top1_final') else None

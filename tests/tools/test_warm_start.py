@@ -221,8 +221,12 @@ def test_scratch_rows_are_the_studys_runs_unless_the_grid_needs_their_weights(tm
 @pytest.mark.parametrize('args,message', [
     (['--seeds', '0', '1', '--ablation-seeds', '2'], '--ablation-seeds [2]: a subset of --seeds [0, 1]'),
     (['--scratch-from', 'no/such/runs.csv'], "--scratch-from no/such/runs.csv: no such file"),
+    (['--scratch-from', 'OTHER'], 'no column cpu_s, top1_final, wall_s'),
 ])
 def test_grid_options_out_of_range_are_one_line_and_exit_2(args, message, tmp_path):
+    other = tmp_path / 'other.csv'
+    other.write_text('config,kernel,seed,status\nstudy_xcit_t12_digits,relu,0,ok\n')
+    args = [str(other) if a == 'OTHER' else a for a in args]
     tool = osp.join(ROOT, 'tools', 'analysis', 'warm_start.py')
     proc = subprocess.run([sys.executable, tool, '--work-dir', str(tmp_path / 'w'), '--out', str(tmp_path / 'o'),
                            *args], capture_output=True, text=True, timeout=120)
