@@ -199,6 +199,11 @@ def compute_line(result: dict) -> str:
 def write_outputs(result: dict, out: str, plan) -> None:
     """The CSVs (the tables and plots come from them: :func:`report`)."""
     os.makedirs(out, exist_ok=True)
+    root = osp.join(plan.r.root, '')
+
+    def cell(v):  # a run's error names its child config: under the work dir, not this machine's path
+        return '' if v is None else v.replace(root, '') if isinstance(v, str) else v
+
     for name, rows in (('classifiers', result['rows']), ('detectors', result['detectors']),
                        ('transfer_curves', result['curves'])):
         fields = list(dict.fromkeys(k for r in rows for k in r if k not in ('key', 'error'))) + ['error']
@@ -207,7 +212,7 @@ def write_outputs(result: dict, out: str, plan) -> None:
             w = csv.DictWriter(f, fieldnames=fields, extrasaction='ignore')
             w.writeheader()
             for r in rows:
-                w.writerow({k: ('' if r.get(k) is None else r[k]) for k in fields})
+                w.writerow({k: cell(r.get(k)) for k in fields})
     groups = dict(chosen=list(result['groups']), scores={'+'.join(g): v for g, v in result['scores'].items()},
                   budgets=plan.budgets, transfer_share=plan.share, ft_lr=plan.ft_lr, transfer_lr=plan.transfer_lr)
     with open(osp.join(out, 'groups.json'), 'w') as f:
