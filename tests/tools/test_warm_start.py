@@ -286,3 +286,28 @@ def test_the_table_gives_mean_std_and_the_difference_paired_by_seed_with_a_faile
     table = markdown(summarise(rows), [], dict(chosen=['kernel', 'qkv']))
     assert '| kernel | scratch, 300 | swap, 75 |' in table
     assert '| relu * | 70.0 ± 10.0 | 74.0 ± 4.2 (-1.0 ± 2.8) n = 2 |' in table
+
+
+def test_outputs_count_the_grids_own_time_and_name_configs_under_the_work_dir(tmp_path):
+    """compute_line adds the grid's own runs (classifier, stage 1, detectors; not the study's rows) by hand; an error
+    naming a child config is written relative to the work dir."""
+    import csv
+    from softfree_mm.analysis.warm_start_report import compute_line, write_outputs
+    root = tmp_path / 'runs'
+    err = f'stage 1 failed: {root}/transfer/x/seed0/cfg.py: ValueError: nothing would train'
+    rows = [dict(backbone='pvt', kernel='relu', seed=0, start='scratch', iters=300, transfer_iters=0, groups='',
+                 top1=70.0, status='ok', source='study', wall_s=1000.0),
+            dict(backbone='pvt', kernel='relu', seed=0, start='swap', iters=75, transfer_iters=0, groups='',
+                 top1=69.0, status='ok', source='grid', wall_s=1800.0),
+            dict(backbone='pvt', kernel='relu', seed=0, start='transfer', iters=75, transfer_iters=25, groups='kernel',
+                 top1=None, status='failed', source='grid', transfer_wall_s=1800.0, error=err)]
+    det = dict(kernel='relu', start='swap', seed=0, wall_s=3600.0, bbox_mAP=0.5, segm_mAP=0.3, start_top1=69.0)
+    result = dict(rows=rows, detectors=[det], curves=[],
+                  groups=('kernel', 'qkv'), scores={})
+    line = compute_line(result)
+    assert line.startswith("The grid's runs: 1 classifier runs and evaluations, 1 stage-1 runs, 1 detectors")
+    assert 'add up to 2.0 h' in line and '1 from-scratch rows are the kernel study' in line
+    plan = ws.Plan(ws.Runner(str(root), osp.join(ROOT, 'tools')), ROOT, [0])
+    write_outputs(result, str(tmp_path / 'out'), plan)
+    (failed,) = [r for r in csv.DictReader(open(tmp_path / 'out' / 'classifiers.csv')) if r['status'] == 'failed']
+    assert failed['error'] == 'stage 1 failed: transfer/x/seed0/cfg.py: ValueError: nothing would train'
