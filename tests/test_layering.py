@@ -5,6 +5,8 @@ function, is checked against its layer's rule; ``softfree_mm/__init__.py`` and `
 together and may import anything. The package never imports from tools/ nor edits ``sys.path``; a tool (a file of
 tools/ that runs as a command: it has a ``__main__`` block) imports no other tool, only the package and the tools'
 helpers (the files without one: what must run before the package is imported, such as the warning filters).
+No import circle among the package's modules (imports inside functions count), but for a package's ``__init__``
+importing its own submodules so that they register. docs/contributing.md states these rules for contributors.
 """
 import ast
 import os.path as osp
@@ -18,11 +20,11 @@ from tests.helpers import ROOT as REPOSITORY
 ROOT = pathlib.Path(REPOSITORY)
 PACKAGE = ROOT / 'softfree_mm'
 TOOLS = ROOT / 'tools'
-FREE = {'softfree_mm', 'softfree_mm.registry'}  # the wiring modules
+FREE = {'softfree_mm', 'softfree_mm.registry'}  # the wiring modules (models/ and swap/ never import the registry)
 # what each layer must not import (by package prefix); attention/ is checked by what it may import instead
 FORBIDDEN = {
-    'models': ('softfree_mm.engine', 'softfree_mm.analysis'),
-    'swap': ('softfree_mm.engine', 'softfree_mm.analysis'),
+    'models': ('softfree_mm.engine', 'softfree_mm.analysis', 'softfree_mm.registry'),
+    'swap': ('softfree_mm.engine', 'softfree_mm.analysis', 'softfree_mm.registry'),
     'engine': ('softfree_mm.analysis', ),
 }
 
@@ -91,7 +93,72 @@ def violations():
             else:
                 for bad in FORBIDDEN.get(layer, ()):
                     if mod == bad or mod.startswith(bad + '.'):
-                        found.append(f'{where}:{line}: {mod} ({layer}/ must not import {bad.split(".")[1]}/)')
+                        what = bad.split('.')[1] + ('.py' if bad == 'softfree_mm.registry' else '/')
+                        found.append(f'{where}:{line}: {mod} ({layer}/ must not import {what})')
+    return found
+
+
+def import_graph():
+    """module -> the package's modules it imports (module level or inside a function), itself left out."""
+    paths = {module_name(p): p for p in modules()}
+    return {name: {mod for _, mod, _ in imports(path) if mod in paths and mod != name} for name, path in paths.items()}
+
+
+def _strong_components(nodes, edges):
+    """Tarjan's strongly connected components of more than one module (each sorted), over ``nodes`` only."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges[v] & nodes):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(nodes):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def circles(edges=None):
+    """The import circles among the package's modules, each a sorted list of its modules.
+
+    A package's ``__init__`` importing its own submodules so that they register, while they import names from it
+    (the kernel registry's idiom), is not a circle: within a component that lies wholly inside a package whose
+    ``__init__`` belongs to it, that ``__init__``'s imports of its own submodules are set aside and what still
+    loops is reported. A loop that leaves the package (``models/__init__ -> models/x -> registry -> models``) is one.
+    """
+    edges = import_graph() if edges is None else edges
+    packages = {n for n, p in ((module_name(p), p) for p in modules()) if p.name == '__init__.py'}
+    found = []
+
+    def check(nodes, edges):
+        for comp in _strong_components(nodes, edges):
+            owner = next((p for p in sorted(comp, key=len)
+                          if p in packages and all(m == p or m.startswith(p + '.') for m in comp)), None)
+            if owner is None:
+                found.append(comp)
+                continue
+            cut = dict(edges)
+            cut[owner] = {w for w in edges[owner] if not w.startswith(owner + '.')}
+            check(set(comp), cut)
+
+    check(set(edges), edges)
     return found
 
 
@@ -151,6 +218,36 @@ def test_no_import_runs_back_up_the_layers():
     assert violations() == []
 
 
+def test_no_import_circle_among_the_packages_modules():
+    graph = import_graph()
+    assert len(graph) > 50 and sum(map(len, graph.values())) > 100, 'the parser finds the imports'
+    assert circles(graph) == []
+
+
+@pytest.mark.parametrize('files,expected', [
+    # through imports inside functions too, across layers
+    ({'models/__init__.py': 'from .transfer import T\n', 'models/transfer.py': 'def f():\n    from .. import reg\n',
+      'reg.py': 'from . import models\n'}, [['softfree_mm.models', 'softfree_mm.models.transfer', 'softfree_mm.reg']]),
+    # two plain modules
+    ({'models/a.py': 'from .b import x\n', 'models/b.py': 'def f():\n    from .a import y\n'},
+     [['softfree_mm.models.a', 'softfree_mm.models.b']]),
+    # the registry idiom: the package's __init__ imports its submodules, which take names from it
+    ({'attention/__init__.py': 'REG = {}\nfrom . import poly, soft\n', 'attention/poly.py': 'from . import REG\n',
+      'attention/soft.py': 'from . import REG\nfrom .poly import x\n'}, []),
+    # ... but a loop among those submodules still is one
+    ({'attention/__init__.py': 'from . import poly, soft\n', 'attention/poly.py': 'from . import soft\n',
+      'attention/soft.py': 'from .poly import x\n'}, [['softfree_mm.attention.poly', 'softfree_mm.attention.soft']]),
+])
+def test_the_circle_check_finds_loops_and_leaves_the_registry_idiom(tmp_path, monkeypatch, files, expected):
+    pkg = tmp_path / 'softfree_mm'
+    for rel, source in {'__init__.py': '', 'models/__init__.py': '', 'attention/__init__.py': '', **files}.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(source)
+    monkeypatch.setattr(sys.modules[__name__], 'PACKAGE', pkg)
+    monkeypatch.setattr(sys.modules[__name__], 'ROOT', tmp_path)
+    assert circles() == expected
+
+
 def test_no_tool_imports_another_and_the_package_nothing_of_tools():
     tools = tool_files()
     assert sum(runs for _, runs in tools.values()) >= 10, tools  # the parser finds the tools
@@ -189,6 +286,8 @@ def test_the_check_catches_tools_importing_tools_and_the_package_reaching_into_t
     ('swap', 'import softfree_mm.engine.launch\n', 'swap/ must not import engine/'),
     ('engine', 'from softfree_mm import analysis\n', 'engine/ must not import analysis/'),
     ('models', 'from ..analysis import probe\n', 'models/ must not import analysis/'),
+    ('models', 'def f():\n    from ..registry import MODELS\n', 'models/ must not import registry.py'),
+    ('swap', 'from softfree_mm import registry\n', 'swap/ must not import registry.py'),
     ('attention', 'import numpy as np\n', 'torch and the standard library only'),
     ('attention', 'from ..models import layers\n', 'attention/ imports only attention/'),
     ('attention', 'from .kernels_src import launch\n', 'imports triton: import it inside a function'),

@@ -46,7 +46,7 @@ def test_it_is_declared_to_the_tools_and_built_from_every_registry(example):
     import mmpretrain.registry
     import mmseg.registry
     from mmengine.registry import DefaultScope
-    from softfree_mm.models.backbones.base import FAMILIES
+    from softfree_mm.models.family import FAMILIES
     from softfree_mm.registry import MODELS, register_backbone
     cls = example[0].MyViT
     assert FAMILIES['MyViT'] is cls

@@ -10,7 +10,7 @@ from typing import Dict, List, Tuple
 import torch
 
 from ..attention import list_attentions
-from ..models.backbones.base import FAMILIES
+from ..models.family import FAMILIES
 
 
 def _try(cls, kwargs, size) -> Tuple[bool, str]:

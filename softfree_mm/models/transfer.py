@@ -79,10 +79,11 @@ class AttentionTransfer(BaseModel):
             raise ValueError(f'AttentionTransfer: train must name groups of {list(GROUPS)}, got {list(train)!r}')
         self.train_groups = tuple(dict.fromkeys(('kernel', *train)))
         self.eps = eps
-        from mmengine.registry import DefaultScope
+        from mmengine.registry import MODELS, DefaultScope
 
-        from ..registry import MODELS
-        with DefaultScope.overwrite_default_scope('softfree_mm'):  # our backbones, whatever scope builds this
+        # mmengine's root registry in the package's scope finds our backbones, whatever scope builds this (as
+        # swap/ does; importing softfree_mm.registry from here would be a circle through models/)
+        with DefaultScope.overwrite_default_scope('softfree_mm'):
             self.teacher = MODELS.build(teacher)
             self.backbone = MODELS.build(backbone)
         self._check_twins()

@@ -41,7 +41,7 @@ def forget_kernel(name: str) -> None:
 def forget_family(cls_name: str) -> None:
     """The family out of the tools' declarations and every MODELS registry it went into."""
     from softfree_mm import registry
-    from softfree_mm.models.backbones.base import FAMILIES
+    from softfree_mm.models.family import FAMILIES
     from softfree_mm.models.converters import detect
     cls = FAMILIES.pop(cls_name, None)
     for reg in registry._downstream_registries().values():

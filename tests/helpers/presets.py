@@ -2,6 +2,6 @@
 family's own ``Family.tiny``, by class name.
 """
 import softfree_mm  # noqa: F401  (declares every family)
-from softfree_mm.models.backbones.base import FAMILIES
+from softfree_mm.models.family import FAMILIES
 
 TINY = {name: dict(cls.family.tiny) for name, cls in FAMILIES.items()}

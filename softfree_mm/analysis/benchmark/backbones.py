@@ -13,7 +13,7 @@ from .timing import DTYPES, in_fresh_process, peak_memory, timed
 def backbone_presets() -> Dict[str, Tuple[type, dict]]:
     """Preset name (``--backbones``) -> (backbone class, build arguments): what every family declares
     (``Family.benchmark``)."""
-    from ...models.backbones.base import FAMILIES
+    from ...models.family import FAMILIES
     return {name: (cls, kw) for cls in FAMILIES.values() for name, kw in cls.family.benchmark.items()}
 
 

@@ -13,6 +13,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...attention import AttentionKernel
 from ..utils.cfg import is_cfg
+from ..family import FAMILIES, Family  # noqa: F401  (the table lives in a leaf; re-exported here)
 from ..utils.pretrained import init_from_cfg, resolve_pretrained
 
 
@@ -27,39 +28,6 @@ def checkpointed(owner: nn.Module, fn: Callable, *args):
 class AttentionBlock(nn.Module):
     """A residual attention block of a backbone (x -> x + attention -> ... -> x + MLP, same shape in and out): the
     unit attention transfer matches one by one (softfree_mm/models/transfer.py). A family's blocks subclass it."""
-
-
-class Family:
-    """What a backbone family declares for the package's tools (the converter, the hooks, the support table, the
-    benchmark, the tests): a ``family`` attribute of its class, read from there; no central table names a family.
-
-    Args:
-        tiny: build arguments of a small instance: the tests and the support table build it with every kernel and run
-            it on odd image sizes.
-        fit: ``(label, build arguments)`` of the set-up under which kernels that the family's own layout refuses
-            run (global windows, no spatial reduction), or None when there is none.
-        checkpoints: checkpoint kind (the converter's family name) -> build arguments of a small instance whose
-            state dict holds every name a converted file of that kind may use (family detection compares files with
-            it); files convert through the class's ``_convert``. Kinds are unique over all families.
-        arch_spec: how the architecture shows in a converted state dict
-            (:class:`softfree_mm.models.converters.spec.ArchSpec`), for the one-line errors of a file of another
-            architecture; None when the family has none.
-        benchmark: preset names that ``tools/benchmark.py`` builds -> build arguments (unique over all families).
-    """
-
-    def __init__(self, tiny: dict, fit: Optional[Tuple[str, dict]] = None,
-                 checkpoints: Optional[Dict[str, dict]] = None, arch_spec=None,
-                 benchmark: Optional[Dict[str, dict]] = None):
-        if not isinstance(tiny, dict):
-            raise TypeError(f'Family: tiny must be a dict of build arguments, got {tiny!r}')
-        if fit is not None and not (isinstance(fit, tuple) and len(fit) == 2 and isinstance(fit[0], str)
-                                    and isinstance(fit[1], dict)):
-            raise TypeError(f'Family: fit must be None or (label, build arguments), got {fit!r}')
-        self.tiny, self.fit, self.arch_spec = tiny, fit, arch_spec
-        self.checkpoints, self.benchmark = dict(checkpoints or {}), dict(benchmark or {})
-
-
-FAMILIES: Dict[str, type] = {}  # class name -> backbone class, in the order the families were declared
 
 
 def register_family(cls):

@@ -6,6 +6,7 @@ from typing import Dict, Optional
 
 import torch
 
+from ..family import FAMILIES, Family
 from .detect import checkpoint_class, list_converters
 from .spec import ArchSpec, _num
 
@@ -15,7 +16,6 @@ _STAGE_FIELDS = ('depth', 'dim', 'heads', 'mlp', 'sr')
 def _spec(target) -> Optional[ArchSpec]:
     """The spec a family declares, for a module, a class, a class name or a checkpoint kind (None when its family
     declares none)."""
-    from ..backbones.base import FAMILIES, Family
     if isinstance(target, str):
         target = checkpoint_class(target) if target in list_converters() else FAMILIES.get(target)
     family = getattr(target if isinstance(target, type) else type(target), 'family', None)

@@ -11,13 +11,14 @@ from typing import Callable, Dict, List
 
 import torch
 
+from ..family import FAMILIES
+
 WRAPPER_KEYS = ('state_dict_ema', 'model_ema', 'state_dict', 'model', 'module')
 
 
 def _kinds() -> Dict[str, type]:
     """Checkpoint kind -> the backbone class that declares it: every family's first kind (its plain layout), then
     the others, each in declaration order (detection prefers the plainer layout among equal fits)."""
-    from ..backbones.base import FAMILIES
     ranked = sorted(((i, f, kind, cls) for f, cls in enumerate(FAMILIES.values())
                      for i, kind in enumerate(cls.family.checkpoints)), key=lambda t: t[:2])
     return {kind: cls for _, _, kind, cls in ranked}

@@ -6,6 +6,8 @@ from typing import Dict, Optional
 
 import torch
 
+from ..family import FAMILIES
+
 # Read from a converted state dict (our layout): per stage the number of blocks, the width, the heads where a
 # tensor shows them (relative position bias tables, InLine's residual convs, SOFT's landmark convs, XCiT's
 # temperatures), the MLP ratio, PVT's spatial reduction; and what else sizes a tensor (Swin's window, PVT v1's
@@ -126,7 +128,6 @@ class ArchSpec:
 
     @property
     def zoo(self) -> Dict[str, dict]:
-        from ..backbones.base import FAMILIES
         return FAMILIES[self.cls_name].arch_zoo
 
 
