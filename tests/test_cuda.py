@@ -85,6 +85,50 @@ default_hooks = dict(logger=dict(interval=1), checkpoint=dict(by_epoch=False, in
     return str(cfg)
 
 
+def test_roi_align_under_amp_runs_in_float16_without_a_float32_copy_of_the_level():
+    """The stand-in's RoIAlign on CUDA in the features' float16 (under autocast, as a detector with --amp runs it):
+    forward and gradient within float16's tolerance of the float32 result, and no float32 copy of the feature level
+    (the forward's peak well under the level's float32 size; the backward's under mmcv's float16 gradient buffer
+    plus torchvision's float16 gradient, which together are that size, where a float32 copy would add as much
+    again)."""
+    from softfree_mm import compat
+    if not compat.mmcv_ext_is_standin():
+        pytest.skip('mmcv._ext is a compiled build here')
+    from mmcv.ops import roi_align
+    g = torch.Generator(device='cuda').manual_seed(0)
+    x32 = torch.randn(2, 256, 200, 304, device='cuda', generator=g)  # a P2 level of an 800x1216 batch of two
+    boxes = torch.rand(512, 4, device='cuda', generator=g) * torch.tensor([1216., 800., 1216., 800.], device='cuda')
+    rois = torch.cat([torch.randint(0, 2, (512, 1), device='cuda', generator=g).float(),
+                      torch.minimum(boxes[:, :2], boxes[:, 2:]), torch.maximum(boxes[:, :2], boxes[:, 2:])], 1)
+    x16 = x32.half().requires_grad_()
+    peaks = []
+
+    def measured(fn):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        result = fn()
+        torch.cuda.synchronize()
+        peaks.append(torch.cuda.max_memory_allocated() - base)
+        return result
+
+    with torch.autocast('cuda', dtype=torch.float16):
+        out = measured(lambda: roi_align(x16, rois.half(), (7, 7), 0.25, 0, 'avg', True))
+    loss = out.float().square().sum()
+    measured(loss.backward)
+    x = x32.clone().requires_grad_()
+    ref = roi_align(x, rois, (7, 7), 0.25, 0, 'avg', True)
+    ref.square().sum().backward()
+    assert out.dtype == torch.float16 and x16.grad.dtype == torch.float16
+    level32 = x32.numel() * 4
+    mib = [f'{p / 2**20:.1f}' for p in peaks]
+    assert peaks[0] < 0.5 * level32 and peaks[1] < 1.25 * level32, \
+        f'peaks (forward, backward) {mib} MiB against the level\'s float32 {level32 / 2**20:.1f} MiB'
+    for a, r, what in ((out, ref, 'forward'), (x16.grad, x.grad, 'gradient')):
+        err = (a.float() - r).abs().max() / r.abs().max().clamp(min=1)
+        assert err < 1e-2, f'{what}: max |diff| / scale {float(err):.3g}'
+
+
 def test_amp_float16_overflow_stops_with_one_line_and_bfloat16_trains(tmp_path, capsys):
     """poly with a constant of 1e8: its outputs (up to about 1e8) overflow float16 (65504) but not bfloat16 or
     float32. Under --amp float16 the overflow is inf, the loss is not finite: exit 2 naming the iteration and

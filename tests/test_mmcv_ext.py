@@ -5,7 +5,9 @@ Guards, each against a plain reference written here (not torchvision, not the st
 sampling_ratio 0 and > 0, boxes across the map's edges, degenerate boxes; float64, fp32, fp16, bf16), deformable
 convolution v1 / v2 with groups, stride, padding, dilation (forward and every gradient), the sigmoid focal loss and
 multi-scale deformable attention (mmcv calls both on CUDA only: here through their autograd Functions on CPU); an op
-without a torchvision form raises one line naming it and the compiled opt-in. The stand-in is in place in a bare
+without a torchvision form raises one line naming it and the compiled opt-in. The edges: a negative-size RoI with
+``aligned`` is refused on the CPU with mmcv's CPU message; RoIAlign's compute dtype (the features' own on CUDA where
+torchvision takes it); the focal loss in float64 stays float64. The stand-in is in place in a bare
 Python of the environment (no softfree_mm import), and a compiled ``mmcv._ext``, where one exists, is the one used.
 """
 import math
@@ -202,6 +204,46 @@ def test_roi_align_max_pooling_is_one_line_naming_the_compiled_opt_in():
     assert '\n' not in msg and "pool_mode='max'" in msg and 'MMCV_COMPILED=1' in msg
 
 
+@needs_standin
+def test_a_negative_roi_with_aligned_is_refused_on_cpu_with_mmcvs_message_and_computed_unaligned():
+    """mmcv's CPU kernel asserts a non-negative size for aligned RoIs (its message, word for word); unaligned ones
+    are at least 1 x 1 (the reference); a RoI of zero size is no error. Its CUDA kernel computes negative ones."""
+    from mmcv.ops import roi_align
+    x = torch.randn(1, 2, 9, 11, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    for box in ([0, 6.0, 2.0, 3.0, 7.0], [0, 2.0, 6.0, 7.0, 3.0]):  # x2 < x1, then y2 < y1
+        rois = torch.tensor([[0, 1.0, 1.0, 5.0, 5.0], box], dtype=torch.float64)
+        with pytest.raises(RuntimeError) as err:
+            roi_align(x, rois, (2, 2), 1.0, 2, 'avg', True)
+        msg = str(err.value)
+        assert msg.startswith('ROIs in ROIAlign cannot have non-negative size!') and 'RoI 1 of 2' in msg, msg
+        assert '\n' not in msg
+        out = roi_align(x, rois, (2, 2), 1.0, 2, 'avg', False)
+        _close(out, roi_align_reference(x, rois, (2, 2), 1.0, 2, False), torch.float64, 'unaligned')
+        xi = x.clone().requires_grad_()  # the backward pass refuses it too (mmcv's CPU backward asserts the same)
+        from softfree_mm.mmcv_ext import ops
+        with pytest.raises(RuntimeError, match='cannot have non-negative size'):
+            ops.roi_align_backward(torch.ones(2, 2, 2, 2, dtype=torch.float64), rois, None, None,
+                                   torch.zeros_like(xi), 2, 2, 1.0, 2, 1, True)
+    zero = torch.tensor([[0, 5.0, 5.0, 5.0, 5.0]], dtype=torch.float64)
+    _close(roi_align(x, zero, (2, 2), 1.0, 2, 'avg', True), roi_align_reference(x, zero, (2, 2), 1.0, 2, True),
+           torch.float64, 'zero size')
+
+
+def test_roi_align_computes_in_the_features_dtype_on_cuda_where_torchvision_takes_it():
+    """On CUDA: float16 stays float16 (no float32 copy of a feature level under AMP, as mmcv's CUDA kernel),
+    bfloat16 (which torchvision's CUDA kernel does not take) goes to float32, the RoIs follow the features. On the
+    CPU: float32 for the 16-bit dtypes, float64 stays float64, the promoted dtype of features and RoIs otherwise."""
+    from softfree_mm.mmcv_ext.ops import roi_align_dtype
+    f16, bf16, f32, f64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
+    cuda = {(f16, f16): f16, (f16, f32): f16, (bf16, bf16): f32, (bf16, f32): f32, (f32, f32): f32, (f32, f64): f32,
+            (f64, f64): f64, (f64, f32): f64}
+    cpu = {(f16, f16): f32, (f16, f32): f32, (bf16, bf16): f32, (bf16, f32): f32, (f32, f32): f32, (f32, f64): f64,
+           (f64, f64): f64, (f64, f32): f64}
+    for device, table in (('cuda', cuda), ('cpu', cpu)):
+        got = {pair: roi_align_dtype(*pair, device) for pair in table}
+        assert got == table, device
+
+
 # ------------------------------------------------------------------------------------------------ DCN v1 / v2
 def _bilinear_zero(f, y, x):
     """f (N, C, H, W) sampled at y, x (N, *S): bilinear, corners outside the map count as zero -> (N, C, *S)."""
@@ -306,6 +348,27 @@ def test_sigmoid_focal_loss_equals_the_formula(with_weight):
         ref.sum().backward()
         _close(out, ref.detach(), torch.float32, reduction)
         _close(li.grad, lr.grad, torch.float32, 'gradient, ' + reduction)
+
+
+@needs_standin
+def test_sigmoid_focal_loss_in_float64_computes_in_float64():
+    """float64 logits stay float64 (the dtype _compute_dtype states): forward and gradient within float64's
+    rounding of the formula, not float32's."""
+    from mmcv.ops import sigmoid_focal_loss
+    g = torch.Generator().manual_seed(6)
+    logits = (torch.randn(30, 5, generator=g, dtype=torch.float64) * 3).requires_grad_()
+    target = torch.randint(0, 5, (30,), generator=g)  # with a class weight, as the formula test: no background
+    weight = torch.rand(5, generator=g, dtype=torch.float64) + 0.5
+    out = sigmoid_focal_loss(logits, target, 2.0, 0.25, weight, 'none')
+    out.sum().backward()
+    lr = logits.detach().clone().requires_grad_()
+    p = lr.sigmoid()
+    t = torch.nn.functional.one_hot(target, 6)[:, :5].double()
+    ref = (-0.25 * t * (1 - p) ** 2 * p.log() - 0.75 * (1 - t) * p ** 2 * (1 - p).log()) * weight[target][:, None]
+    ref.sum().backward()
+    assert out.dtype == torch.float64
+    _close(out, ref.detach(), torch.float64, 'forward')
+    _close(logits.grad, lr.grad, torch.float64, 'gradient')
 
 
 # ------------------------------------------------------------------------------------------------ MSDeformAttn

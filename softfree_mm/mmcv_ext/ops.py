@@ -52,10 +52,11 @@ def __getattr__(name):  # load_ext asserts hasattr for every name an mmcv.ops mo
 
 def _compute_dtype(*tensors):
     """float32 for the AMP dtypes (box coordinates and sampling positions are never exact in 16 bits), else the
-    promoted dtype (float64 stays float64)."""
-    dt = tensors[0].dtype
-    for t in tensors[1:]:
-        dt = torch.promote_types(dt, t.dtype)
+    promoted dtype (float64 stays float64); of tensors or dtypes."""
+    dts = [t if isinstance(t, torch.dtype) else t.dtype for t in tensors]
+    dt = dts[0]
+    for other in dts[1:]:
+        dt = torch.promote_types(dt, other)
     return torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
 
 
@@ -84,10 +85,38 @@ def nms(bboxes, scores, iou_threshold, offset=0):
 
 
 # ------------------------------------------------------------------------------------------------ RoIAlign
+ROI_ALIGN_CUDA_DTYPES = (torch.float16, torch.float32, torch.float64)  # what torchvision's CUDA kernel dispatches on
+NEGATIVE_ROI = 'ROIs in ROIAlign cannot have non-negative size!'  # mmcv's CPU kernel's message, word for word
+
+
 def _check_avg(pool_mode):
     if pool_mode != 1:  # mmcv passes 0 for 'max', 1 for 'avg'
         raise MissingCompiledOp("mmcv op 'roi_align' with pool_mode='max' has no torchvision form (torchvision "
                                 f"averages); use pool_mode='avg', or {COMPILED_HOWTO}")
+
+
+def roi_align_dtype(features: torch.dtype, rois: torch.dtype, device_type: str) -> torch.dtype:
+    """The dtype RoIAlign computes in. On CUDA the features' own where torchvision's kernel takes it (float16 as
+    mmcv's CUDA kernel: no float32 copy of a whole feature level under AMP), float32 for bfloat16, which it does not
+    take; elsewhere :func:`_compute_dtype`'s (torchvision's CPU kernel is no faster in 16 bits)."""
+    if device_type == 'cuda':
+        return features if features in ROI_ALIGN_CUDA_DTYPES else torch.float32
+    return _compute_dtype(features, rois)
+
+
+def _roi_align_args(features, rois, spatial_scale, aligned):
+    """(compute dtype, the RoIs in it); on CPU a RoI of negative size with ``aligned`` is refused as mmcv's CPU kernel
+    refuses it (its CUDA kernel computes it: so does this one on CUDA)."""
+    dt = roi_align_dtype(features.dtype, rois.dtype, features.device.type)
+    if aligned and features.device.type != 'cuda' and rois.numel():
+        size = (rois[:, 3:5] - rois[:, 1:3]) * float(spatial_scale)
+        bad = (size < 0).any(1).nonzero().flatten()
+        if bad.numel():
+            i = int(bad[0])
+            raise RuntimeError(f'{NEGATIVE_ROI} (RoI {i} of {len(rois)}: [batch, x1, y1, x2, y2] = '
+                               f'{[round(float(v), 4) for v in rois[i]]}, aligned=True: x2 < x1 or y2 < y1; '
+                               "mmcv's CPU kernel refuses such a RoI)")
+    return dt, rois.to(dt)
 
 
 @_served
@@ -96,9 +125,11 @@ def roi_align_forward(input, rois, output, argmax_y, argmax_x, aligned_height, a
     """torchvision's roi_align has mmcv's semantics: ``aligned`` shifts by -0.5, ``sampling_ratio=0`` samples
     ceil(bin size) points per bin side."""
     _check_avg(pool_mode)
-    dt = _compute_dtype(input, rois)
-    out = torch.ops.torchvision.roi_align(input.to(dt), rois.to(dt), float(spatial_scale), int(aligned_height),
-                                          int(aligned_width), int(sampling_ratio), bool(aligned))
+    dt, rois = _roi_align_args(input, rois, spatial_scale, aligned)
+    # autocast off: torchvision's autocast form would copy the level to float32 and back
+    with torch.autocast(input.device.type, enabled=False):
+        out = torch.ops.torchvision.roi_align(input.to(dt), rois, float(spatial_scale), int(aligned_height),
+                                              int(aligned_width), int(sampling_ratio), bool(aligned))
     output.copy_(out)
 
 
@@ -106,11 +137,12 @@ def roi_align_forward(input, rois, output, argmax_y, argmax_x, aligned_height, a
 def roi_align_backward(grad_output, rois, argmax_y, argmax_x, grad_input, aligned_height, aligned_width,
                        spatial_scale, sampling_ratio, pool_mode, aligned):
     _check_avg(pool_mode)
-    dt = _compute_dtype(grad_output, rois)
+    dt, rois = _roi_align_args(grad_input, rois, spatial_scale, aligned)
     b, c, h, w = grad_input.shape
-    grad = torch.ops.torchvision._roi_align_backward(
-        grad_output.to(dt), rois.to(dt), float(spatial_scale), int(aligned_height), int(aligned_width), b, c, h, w,
-        int(sampling_ratio), bool(aligned))
+    with torch.autocast(grad_output.device.type, enabled=False):
+        grad = torch.ops.torchvision._roi_align_backward(
+            grad_output.to(dt), rois, float(spatial_scale), int(aligned_height), int(aligned_width), b, c, h, w,
+            int(sampling_ratio), bool(aligned))
     grad_input.copy_(grad)
 
 
@@ -184,12 +216,12 @@ def modulated_deform_conv_backward(input, weight, bias, ones, offset, mask, colu
 
 # ------------------------------------------------------------------------------------------------ focal loss
 def _focal_terms(input, target, weight):
-    x = input.float()
+    x = input.to(_compute_dtype(input))
     p = torch.sigmoid(x)
     classes = torch.arange(x.shape[1], device=x.device)
     pos = (target.long()[:, None] == classes).to(x.dtype)
-    w = weight.float()[target.long()][:, None] if weight is not None and weight.numel() else None
-    tiny = torch.finfo(torch.float32).tiny  # FLT_MIN, as mmcv's kernel clamps
+    w = weight.to(x.dtype)[target.long()][:, None] if weight is not None and weight.numel() else None
+    tiny = torch.finfo(torch.float32).tiny  # FLT_MIN in every dtype, as mmcv's kernel clamps
     return p, pos, w, torch.log(p.clamp(min=tiny)), torch.log((1 - p).clamp(min=tiny))
 
 
