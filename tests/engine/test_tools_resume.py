@@ -229,13 +229,47 @@ class _BlowUp(BaseModel):
         return dict(loss=loss * self.factor if len(self.seen) == self.at else loss)
 
 
-def _tiny_runner(work_dir, model, hooks, by_epoch=False, iters=8, ckpt_every=4, resume_from=None):
+class _DrawsInValidation(_Draws):
+    """:class:`_Draws` whose validation draws from the three generators too (as test-time augmentations may)."""
+
+    def __init__(self):
+        super().__init__()
+        self.val_draws = []
+
+    def forward(self, inputs, data_samples=None, mode='tensor'):
+        if mode == 'predict':
+            self.val_draws.append((random.random(), float(np.random.rand()), float(torch.rand(()))))
+            return [dict(x=float(v)) for v in inputs]
+        return super().forward(inputs, data_samples, mode)
+
+
+def _validation(every):
+    """What a run that validates every ``every`` iterations (epochs) adds to the Runner: 2 batches of 2 samples."""
+    from mmengine.evaluator import BaseMetric, Evaluator
+
+    class Seen(BaseMetric):
+        def process(self, data_batch, data_samples):
+            self.results.extend(data_samples)
+
+        def compute_metrics(self, results):
+            return dict(seen=len(results))
+
+    data = [dict(inputs=torch.tensor([float(i)])) for i in range(4)]
+    return dict(val_dataloader=dict(dataset=data, sampler=dict(type='DefaultSampler', shuffle=False), batch_size=2,
+                                    collate_fn=dict(type='default_collate')),
+                val_cfg=dict(type='ValLoop'), val_evaluator=Evaluator([Seen()]), val_interval=every)
+
+
+def _tiny_runner(work_dir, model, hooks, by_epoch=False, iters=8, ckpt_every=4, resume_from=None, validation=None):
     """2 samples a batch of 4 shuffled ones; ``iters`` iterations (or ``iters // 2`` epochs), a checkpoint every
-    ``ckpt_every`` iterations (epochs); seed 0."""
+    ``ckpt_every`` iterations (epochs); seed 0; ``validation``: :func:`_validation`'s additions."""
     from mmengine.runner import Runner
     data = [dict(inputs=torch.tensor([float(i)])) for i in range(4)]
     loop = dict(by_epoch=True, max_epochs=iters // 2) if by_epoch else dict(by_epoch=False, max_iters=iters)
-    return Runner(model=model, work_dir=str(work_dir), experiment_name=f'tiny_{next(_NAMES)}',
+    validation = dict(validation or {})
+    if validation:
+        loop['val_interval'] = validation.pop('val_interval')
+    return Runner(model=model, work_dir=str(work_dir), experiment_name=f'tiny_{next(_NAMES)}', **validation,
                   train_dataloader=dict(dataset=data, sampler=dict(type='DefaultSampler', shuffle=True), batch_size=2,
                                         collate_fn=dict(type='default_collate')),
                   optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1)), train_cfg=loop,
@@ -264,6 +298,30 @@ def test_resumed_run_continues_python_numpy_and_torch_random_streams(tmp_path, b
     for i, name in enumerate(('python random', 'numpy', 'torch')):
         assert [d[i] for d in resumed.draws] == [d[i] for d in whole.draws[4:]], name
         assert [d[i] for d in resumed.draws] != [d[i] for d in whole.draws[:4]], name  # not merely re-seeded
+
+
+@pytest.mark.parametrize('by_epoch', [False, True], ids=['iterations', 'epochs'])
+def test_validation_during_training_leaves_the_training_streams_as_a_run_without_it_and_its_resume(tmp_path,
+                                                                                                    by_epoch):
+    """Validation every 2 iterations (every epoch) that draws from Python's random, numpy and torch: the training
+    draws equal those of the same run without validation, and a run resumed from its checkpoint of iteration 4
+    (epoch 2) draws in iterations 5-8 what both drew there."""
+    from softfree_mm.engine.hooks import RNGStateHook
+    every = 2 if by_epoch else 4
+    plain = _Draws()
+    _tiny_runner(tmp_path / 'plain', plain, [RNGStateHook()], by_epoch=by_epoch, ckpt_every=every).train()
+    validated = _DrawsInValidation()
+    _tiny_runner(tmp_path / 'validated', validated, [RNGStateHook()], by_epoch=by_epoch, ckpt_every=every,
+                 validation=_validation(1 if by_epoch else 2)).train()
+    assert len(validated.val_draws) == 4 * 2  # 4 validations of 2 batches: they did draw
+    assert validated.draws == plain.draws
+    ckpt = tmp_path / 'validated' / ('epoch_2.pth' if by_epoch else 'iter_4.pth')
+    resumed = _DrawsInValidation()
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)  # whatever the process held before
+    _tiny_runner(tmp_path / 'resumed', resumed, [RNGStateHook()], by_epoch=by_epoch, ckpt_every=every,
+                 validation=_validation(1 if by_epoch else 2), resume_from=str(ckpt)).train()
+    assert len(resumed.val_draws) == 2 * 2
+    assert resumed.draws == plain.draws[4:]
 
 
 @pytest.mark.parametrize('factor', [float('nan'), float('inf'), float('-inf')], ids=['nan', 'inf', '-inf'])

@@ -146,6 +146,47 @@ def test_a_student_that_is_not_the_teachers_twin_is_refused_at_build(student, me
                                                                              checkpoint=releases['SoftFreeSwin'])))
 
 
+def _kernels_with_parameters():
+    from softfree_mm.attention import build_attention, list_attentions
+    return [n for n in list_attentions() if any(True for _ in build_attention(dict(type=n), num_heads=2,
+                                                                               head_dim=8).parameters())]
+
+
+def _fitting_student(kernel):
+    """(family, student arguments) of the first family whose tiny preset takes ``kernel``, in its own layout or in
+    its declared fit (global windows, no spatial reduction)."""
+    from softfree_mm.models.family import FAMILIES as DECLARED
+    for fam in FAMILIES:
+        fit = DECLARED[fam].family.fit
+        for extra in ({}, *([fit[1]] if fit else [])):
+            student = dict(attn_cfg=kernel, **extra)
+            try:
+                build_in('softfree_mm', dict(type=fam, **TINY[fam], **student))
+            except (ValueError, TypeError):
+                continue
+            return fam, student
+    raise AssertionError(f'no family takes {kernel}')
+
+
+
+@pytest.mark.parametrize('kernel', _kernels_with_parameters())
+def test_train_kernel_alone_trains_exactly_the_kernels_own_parameters(kernel, releases):
+    """train=('kernel',): the parameters inside the student's kernels train, and what the teacher has no value for
+    (which they are part of); no input or output projection, nothing else."""
+    from softfree_mm.attention import AttentionKernel
+    fam, student = _fitting_student(kernel)
+    model = _transfer(fam, releases[fam], student, train=('kernel', ))
+    own = {f'{name}.{p}' for name, m in model.backbone.named_modules() if isinstance(m, AttentionKernel)
+           for p, _ in m.named_parameters()}
+    params = dict(model.backbone.named_parameters())
+    trainable = {n for n, p in params.items() if p.requires_grad}
+    assert own and own <= trainable
+    assert trainable == own | {n for n in model.new if n in params}, sorted(trainable - own)
+    projections = {f'{path}.{n}' for path, block in blocks_of(model.backbone)
+                   for g in ('qkv', 'proj') for n in parameter_groups(block)[g]}
+    assert not (trainable & projections - set(model.new)), sorted(trainable & projections)
+
+
 def test_a_transfer_that_would_train_nothing_is_refused(releases):
     with pytest.raises(ValueError, match=r"nothing would train: the student's kernels have no parameters of their own "
                                          r"and train=\['kernel'\] selects none"):
