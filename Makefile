@@ -1,28 +1,37 @@
 # The README's two commands: `make demo` (the main job on the embedded demo data) and `make test`.
 # Both set up the environment on first use (tools/setup_env.sh) and reuse it afterwards.
-VENV ?= .venv
+VENV ?= $(or $(SOFTFREE_VENV),.venv)
+export SOFTFREE_VENV := $(VENV)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 # the test files are spread over this many processes (pytest-xdist, whole files per worker); 0 = one process
 TEST_WORKERS ?= 2
 
-.PHONY: setup demo test gpu-check clean
+.PHONY: setup demo test test-pythons gpu-check clean
 
 setup:
 	bash tools/setup_env.sh
 
 DEMO_DIR ?= work_dirs/demo
 DEMO_ARGS ?=
+# all: both halves of the main job; det: the detector only; seg: the segmentor only
+TASK ?= all
 
 # the main job on the embedded digits data (tools/run_demo.py: one progress line per step, their logs and commands
-# in $(DEMO_DIR); DEMO_ARGS=--verbose prints the logs): demo data -> XCiT-T12/16
-# poly3 classifier pretraining (mmpretrain) -> Mask R-CNN from that checkpoint (mmdet) -> COCO bbox / segm AP ->
-# predictions drawn on val images -> a summary (top-1, AP, time of each step, picture folder)
+# in $(DEMO_DIR); DEMO_ARGS=--verbose prints the logs): demo data -> XCiT-T12/16 poly3 classifier pretraining
+# (mmpretrain) -> Mask R-CNN (mmdet) and Semantic FPN (mmseg) from that checkpoint -> COCO bbox / segm AP and mIoU ->
+# predictions drawn on val images -> a summary (top-1, AP, mIoU, time of each step, picture folders)
 demo: setup
-	$(PY) tools/run_demo.py --work-dir $(DEMO_DIR) $(DEMO_ARGS)
+	$(PY) tools/run_demo.py --work-dir $(DEMO_DIR) --task $(TASK) $(DEMO_ARGS)
 
 test: setup
 	$(PY) -m pytest tests -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
+
+# the other supported Pythons this machine has (setup.py's PYTHONS but the one of $(VENV); found on PATH or under
+# pyenv): each sets up its own .venv-3.X and runs a slice of the suite (tools/test_pythons.sh says which and why);
+# PYTHONS="python3.12 /opt/py313/bin/python3" names them instead
+test-pythons: setup
+	bash tools/test_pythons.sh
 
 # on a CUDA machine: set-up (offline from GPU_CHECK_WHEELS where the node has no package index), the fused-kernel
 # and CUDA-only tests, kernels vs SDPA (bf16, fp32, N = 1k..64k), a Mask R-CNN training step against mmdet's

@@ -26,6 +26,8 @@ from setuptools.command.build_py import build_py
 HERE = osp.dirname(osp.abspath(__file__))
 PACKAGE = 'softfree_mm'
 MIM_ITEMS = ('configs', 'tools', 'model-index.yml')  # what mim looks for under <package>/.mim
+# the CPython versions the whole test suite passes on (tools/setup_env.sh reads this line: one tuple, in order)
+PYTHONS = ('3.11', '3.12', '3.13')
 
 
 def mmcv_ext_pth():
@@ -164,7 +166,9 @@ if __name__ == '__main__':
                     'and mmpretrain',
         long_description=open(osp.join(HERE, 'README.md')).read() if osp.exists(osp.join(HERE, 'README.md')) else '',
         long_description_content_type='text/markdown',
-        python_requires='>=3.9',
+        python_requires=f'>={PYTHONS[0]},<3.{int(PYTHONS[-1].split(".")[1]) + 1}',
+        classifiers=['Programming Language :: Python :: 3', 'Programming Language :: Python :: Implementation :: CPython',
+                     *(f'Programming Language :: Python :: {v}' for v in PYTHONS), 'Operating System :: POSIX :: Linux'],
         packages=find_packages(exclude=('configs', 'configs.*', 'tools', 'tools.*', 'tests', 'tests.*', 'data')),
         cmdclass=cmdclass(),
         install_requires=parse_requirements('runtime.txt') + parse_requirements('mmcv.txt'),

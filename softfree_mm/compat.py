@@ -241,9 +241,26 @@ def checkpoints_replace_atomically():
     APPLIED.append('checkpoints_replace_atomically')
 
 
+def distutils_for_mmengine():
+    """mmengine 0.10.7's ``collect_env`` (the environment every Runner logs at its start) imports ``distutils``, which
+    Python 3.12 removed from the standard library. setuptools (a requirement) carries it and serves it through the
+    shim its ``distutils-precedence.pth`` installs, which does not run where site-packages' .pth files are not read
+    (an environment that sees the packages through another folder). There the same shim is put in place; it imports
+    nothing until ``distutils`` is imported."""
+    import sys
+    if sys.version_info >= (3, 12) and not any(type(f).__name__ == 'DistutilsMetaFinder' for f in sys.meta_path):
+        try:
+            import _distutils_hack
+        except ImportError:  # no setuptools at all: mmengine's own error stays
+            return
+        _distutils_hack.add_shim()
+    APPLIED.append('distutils_for_mmengine')
+
+
 def apply_all():
     if APPLIED:
         return APPLIED
+    distutils_for_mmengine()
     allow_mmengine_checkpoint_types()
     init_dist_without_cuda()
     mmcv_ops_on_torchvision()

@@ -221,9 +221,40 @@ def test_numpy_scalars_round_trip(tmp_path):
 def test_repairs_are_named_and_applied_once():
     # the mmcv ops route is for a compiled mmcv only: over the stand-in every op already runs on torchvision
     route = [] if compat.mmcv_ext_is_standin() else ['mmcv_ops_on_torchvision']
-    assert compat.APPLIED == ['allow_mmengine_checkpoint_types', 'init_dist_without_cuda', *route,
-                              'checkpoints_replace_atomically']
+    assert compat.APPLIED == ['distutils_for_mmengine', 'allow_mmengine_checkpoint_types', 'init_dist_without_cuda',
+                              *route, 'checkpoints_replace_atomically']
     assert compat.apply_all() == compat.APPLIED
+
+
+_NO_SHIM = """
+import sys
+# an environment whose site-packages .pth files did not run: no setuptools distutils shim
+sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != 'DistutilsMetaFinder']
+for name in [m for m in sys.modules if m == 'distutils' or m.startswith('distutils.')]:
+    del sys.modules[name]
+try:
+    import distutils  # noqa: F401
+    print('distutils before: yes')
+except ImportError:
+    print('distutils before: no')
+import softfree_mm  # noqa: F401
+from mmengine.utils.dl_utils import collect_env
+env = collect_env()
+print('collect_env:', sorted(env)[:2])
+"""
+
+
+def test_mmengines_collect_env_runs_where_the_distutils_shim_did_not_run():
+    """mmengine's collect_env (every Runner's start) imports distutils: on Python 3.12+ it is setuptools' through its
+    shim, which a .pth installs; where that .pth did not run, importing softfree_mm puts the shim in place. (On 3.11
+    distutils is the standard library's: nothing to repair, the run shows it.)"""
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, '-c', _NO_SHIM], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    before = 'yes' if sys.version_info < (3, 12) else 'no'
+    assert f'distutils before: {before}' in proc.stdout  # the check can fail: without the repair, collect_env does
+    assert 'collect_env:' in proc.stdout
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason='the repair is about machines without CUDA')

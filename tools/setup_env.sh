@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One-time set-up of the environment the README's commands use; later calls return at once (a stamp file holding a
 # hash of this script, the requirements and the options below: change one and the set-up runs again).
-#   - a virtual environment ($SOFTFREE_VENV, default .venv);
+#   - a virtual environment ($SOFTFREE_VENV, default .venv) on $PYTHON: a CPython of those setup.py's PYTHONS
+#     names (default: the existing environment's own, else python3); another interpreter than an existing
+#     environment's is one line saying how to set up beside it, an unsupported one one line naming the supported;
 #   - torch $TORCH_VERSION / torchvision $TORCHVISION_VERSION when the Python has no torch (an existing torch is
 #     respected: the venv then sees the system site-packages); with TORCH_INDEX_URL, the build of that index
 #     replaces a torch of another CUDA (clusters whose driver is older than the default wheel's CUDA 13 needs):
@@ -23,7 +25,6 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
-PYTHON=${PYTHON:-python3}
 VENV=${SOFTFREE_VENV:-$ROOT/.venv}
 TORCH_VERSION=${TORCH_VERSION:-2.14.1}
 TORCHVISION_VERSION=${TORCHVISION_VERSION:-0.29.1}
@@ -39,12 +40,44 @@ case "${1-}" in
   --print-mmcv-plan) MODE=print-mmcv-plan ;;
   *) die "unknown argument '$1' (valid: --print-mmcv-plan, --check-mmcv-source)" ;;
 esac
+# the interpreter: the supported ones are setup.py's PYTHONS (its python_requires and classifiers come from there)
+SUPPORTED=$(sed -n "s/^PYTHONS = (\(.*\))$/\1/p" setup.py | tr -d "' " | tr ',' ' ')
+RANGE="${SUPPORTED%% *} to ${SUPPORTED##* }"
+PYTHON_ASKED=${PYTHON:+1}
+if [ -z "$PYTHON_ASKED" ]; then
+  PYTHON=python3
+  [ -x "$VENV/bin/python" ] && PYTHON="$VENV/bin/python"  # an existing environment keeps its interpreter
+fi
+py_id() {  # py_id PYTHON: "CPython 3.12.1" (empty when it does not run)
+  "$1" -c 'import platform, sys; print(platform.python_implementation(), "%d.%d.%d" % sys.version_info[:3])' \
+    2>/dev/null || true
+}
+PY_ID=$(py_id "$PYTHON")
+[ -n "$PY_ID" ] || die "PYTHON=$PYTHON does not run; set PYTHON to a CPython $RANGE (e.g. PYTHON=python3.12)"
+PY_VERSION=${PY_ID#* }
+PY_MINOR=${PY_VERSION%.*}
+case "${PY_ID%% *}: $SUPPORTED " in
+  "CPython: "*"$PY_MINOR "*) ;;
+  *) die "$PY_ID ($PYTHON) is not supported: softfree_mm runs on CPython $RANGE; set PYTHON to one of them, e.g. \
+PYTHON=python${SUPPORTED##* } make setup" ;;
+esac
+if [ -n "$PYTHON_ASKED" ] && [ -x "$VENV/bin/python" ]; then
+  HAVE=$(py_id "$VENV/bin/python")
+  [ "$HAVE" = "$PY_ID" ] || die "$VENV is ${HAVE:-a broken environment}, PYTHON=$PYTHON is $PY_ID: remove it \
+(rm -rf $VENV) to set up again with $PY_ID, or set up beside it: make setup test VENV=.venv-$PY_MINOR PYTHON=$PYTHON"
+fi
 [ "$MMCV_CUDA" = 0 ] || [ "$MMCV_CUDA" = 1 ] || die "MMCV_CUDA must be 0 or 1, got '$MMCV_CUDA'"
 case "${MMCV_COMPILED-}" in
   '') MMCV_COMPILED=$MMCV_CUDA ;;  # CUDA ops are compiled ops
   0|1) [ "$MMCV_CUDA$MMCV_COMPILED" != 10 ] || die "MMCV_CUDA=1 compiles mmcv's ops: it cannot go with MMCV_COMPILED=0" ;;
   *) die "MMCV_COMPILED must be 0 or 1, got '$MMCV_COMPILED'" ;;
 esac
+# mmcv 2.1.0's setup.py reads __version__ from locals() after exec(), which Python 3.13 no longer fills (PEP 667)
+if [ "$MMCV_COMPILED" = 1 ] && [ "${PY_MINOR#3.}" -ge 13 ]; then
+  die "MMCV_COMPILED=1 cannot work on Python $PY_MINOR: mmcv 2.1.0's setup.py reads its version from locals() \
+after exec(), which Python 3.13 changed; build it with Python 3.11 or 3.12 (PYTHON=python3.12), or use the default \
+set-up (mmcv-lite, no compiler)"
+fi
 if [ "$MMCV_CUDA" = 1 ]; then
   MMCV_PLAN="mmcv 2.1.0 built from source with CPU and CUDA ops (nvcc and a C++ compiler; tens of minutes)"
 elif [ "$MMCV_COMPILED" = 1 ]; then
@@ -59,7 +92,7 @@ fi
 [ -f "$CONSTRAINTS" ] || die "SOFTFREE_CONSTRAINTS: no such file '$CONSTRAINTS'"
 STAMP="$VENV/.softfree_mm_setup_done"
 HASH=$({ cat setup.py requirements/*.txt tools/setup_env.sh "$CONSTRAINTS"
-         echo "$TORCH_VERSION $TORCHVISION_VERSION $TORCH_INDEX_URL $MMCV_CUDA $MMCV_COMPILED"; } \
+         echo "$PY_ID $TORCH_VERSION $TORCHVISION_VERSION $TORCH_INDEX_URL $MMCV_CUDA $MMCV_COMPILED"; } \
        | sha256sum | cut -c1-16)
 
 if [ "$MODE" = setup ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$HASH" ]; then

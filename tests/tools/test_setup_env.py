@@ -92,3 +92,76 @@ def test_bad_mmcv_variables_are_one_line_errors(variables, message):
     proc = _setup(ROOT, None, dict(env, **variables), '--print-mmcv-plan', timeout=60)
     assert proc.returncode == 2 and proc.stdout == ''
     assert proc.stderr.strip() == f'[setup_env] error: {message}'
+
+
+def _fake_python(folder, says):
+    """An 'interpreter' that answers the set-up's one question (implementation and version) with ``says``."""
+    os.makedirs(folder, exist_ok=True)
+    path = osp.join(folder, 'python')
+    with open(path, 'w') as f:
+        f.write(f'#!/bin/sh\necho "{says}"\n')
+    os.chmod(path, 0o755)
+    return path
+
+
+@pytest.mark.parametrize('says', ['CPython 3.9.18', 'CPython 3.10.13', 'CPython 3.14.0', 'PyPy 3.11.11'])
+def test_an_unsupported_interpreter_is_one_line_naming_the_supported_range(tmp_path, says):
+    python = _fake_python(tmp_path / 'bin', says)
+    env = dict(os.environ, PYTHON=python, SOFTFREE_VENV=str(tmp_path / 'venv'))
+    proc = _setup(ROOT, None, env, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ''
+    assert proc.stderr.strip() == (f'[setup_env] error: {says} ({python}) is not supported: softfree_mm runs on '
+                                   'CPython 3.11 to 3.13; set PYTHON to one of them, e.g. PYTHON=python3.13 make setup')
+    assert not (tmp_path / 'venv').exists()
+    proc = _setup(ROOT, None, dict(env, PYTHON=str(tmp_path / 'nothing')), timeout=60)
+    assert proc.returncode == 2 and 'does not run; set PYTHON to a CPython 3.11 to 3.13' in proc.stderr
+
+
+def test_the_supported_range_is_setup_pys_and_its_metadata_says_the_same(tmp_path):
+    import ast
+    import sys
+    tree = ast.parse(open(osp.join(ROOT, 'setup.py')).read())
+    pythons = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                   and getattr(n.targets[0], 'id', '') == 'PYTHONS')
+    assert pythons == ('3.11', '3.12', '3.13')
+    meta = subprocess.run([sys.executable, 'setup.py', '-q', 'egg_info', '--egg-base', str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert meta.returncode == 0, meta.stderr[-2000:]
+    pkg_info = (tmp_path / 'softfree_mm.egg-info' / 'PKG-INFO').read_text()
+    assert 'Requires-Python: <3.14,>=3.11' in pkg_info or 'Requires-Python: >=3.11,<3.14' in pkg_info, pkg_info[:800]
+    for v in pythons:
+        assert f'Classifier: Programming Language :: Python :: {v}\n' in pkg_info
+    assert 'Python :: 3.10' not in pkg_info and 'Python :: 3.9' not in pkg_info
+
+
+def test_another_interpreter_than_the_environments_is_one_line_saying_how_and_changes_nothing(tmp_path):
+    """A used checkout: .venv holds 3.11; PYTHON=3.12 asks for another: one line (remove it, or set up beside it
+    with VENV=.venv-3.12), exit 2, the environment untouched. Without PYTHON the environment's own interpreter is
+    the one (its stamp holds it)."""
+    venv = tmp_path / 'venv'
+    _fake_python(venv / 'bin', 'CPython 3.11.7')
+    stamp = venv / '.softfree_mm_setup_done'
+    stamp.write_text('an older set-up\n')
+    other = _fake_python(tmp_path / 'py312', 'CPython 3.12.1')
+    env = dict(os.environ, PYTHON=other, SOFTFREE_VENV=str(venv))
+    proc = _setup(ROOT, None, env, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ''
+    assert proc.stderr.strip() == (f'[setup_env] error: {venv} is CPython 3.11.7, PYTHON={other} is CPython 3.12.1: '
+                                   f'remove it (rm -rf {venv}) to set up again with CPython 3.12.1, or set up beside '
+                                   f'it: make setup test VENV=.venv-3.12 PYTHON={other}')
+    assert stamp.read_text() == 'an older set-up\n' and sorted(os.listdir(venv)) == ['.softfree_mm_setup_done', 'bin']
+
+
+def test_the_compiled_mmcv_on_python_3_13_is_one_line(tmp_path):
+    python = _fake_python(tmp_path / 'bin', 'CPython 3.13.0')
+    env = {k: v for k, v in os.environ.items() if k not in ('MMCV_CUDA', 'MMCV_COMPILED')}
+    env.update(PYTHON=python, SOFTFREE_VENV=str(tmp_path / 'venv'))
+    for variables in ({'MMCV_COMPILED': '1'}, {'MMCV_CUDA': '1'}):
+        proc = _setup(ROOT, None, dict(env, **variables), '--print-mmcv-plan', timeout=60)
+        assert proc.returncode == 2 and proc.stdout == ''
+        assert proc.stderr.strip() == (
+            "[setup_env] error: MMCV_COMPILED=1 cannot work on Python 3.13: mmcv 2.1.0's setup.py reads its version "
+            'from locals() after exec(), which Python 3.13 changed; build it with Python 3.11 or 3.12 '
+            '(PYTHON=python3.12), or use the default set-up (mmcv-lite, no compiler)')
+    proc = _setup(ROOT, None, env, '--print-mmcv-plan', timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == PLANS['lite']

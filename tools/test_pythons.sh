@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# `make test-pythons`: a slice of the test suite on every other supported CPython this machine has (setup.py's
+# PYTHONS but the one of the main environment, $SOFTFREE_VENV or .venv), each in an environment of its own,
+# .venv-3.X, set up by tools/setup_env.sh as `PYTHON=... make setup` does. `make test` runs the whole suite on the main
+# environment's Python; CI (.ci/run) runs both, so every supported Python is exercised on every change.
+#   PYTHONS="python3.12 /opt/py313/bin/python3"   the interpreters to use instead of looking for them
+# An interpreter is looked for as python3.X on PATH (one that runs: a pyenv shim of a version not selected does not)
+# and under pyenv's versions ($PYENV_ROOT, or the folder above a .../shims entry of PATH).
+# The slice is what differs between Python versions: the install and the import machinery (the .pth that serves
+# mmcv._ext in every process, wheel and editable installs, mim), the set-up's own checks, the import graph, the
+# kernels in their pure-torch forms, the backbones and their checkpoint conversion, the warm start's transfer,
+# training with kill-and-resume, distributed training on torchrun, and the demo's chain on real mmdet / mmpretrain
+# runners; about 5 minutes per interpreter here, beside the set-up's 3.
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+SLICE=(tests/test_layering.py tests/test_mmcv_ext.py tests/tools/test_mim.py tests/tools/test_setup_env.py
+       tests/tools/test_setup_source_build.py tests/attention/test_attention_pure_torch.py
+       tests/attention/test_attention_inline.py tests/attention/test_attention_soft.py
+       tests/models/test_backbones_kit.py tests/models/test_convert_checkpoint.py tests/models/test_transfer.py
+       tests/engine/test_tools_resume.py tests/tools/test_tools_dist.py tests/demo/test_demo_train.py)
+log() { echo "[test_pythons] $*" >&2; }
+SUPPORTED=$(sed -n "s/^PYTHONS = (\(.*\))$/\1/p" setup.py | tr -d "' " | tr ',' ' ')
+MAIN_VENV=${SOFTFREE_VENV:-.venv}
+MAIN=$("$MAIN_VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true)
+
+minor_of() {  # minor_of PYTHON: "3.12" when it runs, else nothing
+  "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true
+}
+
+find_python() {  # find_python 3.X: the first interpreter of that version found, else nothing
+  local v=$1 c roots=() d
+  [ -n "${PYENV_ROOT:-}" ] && roots+=("$PYENV_ROOT")
+  IFS=: read -r -a path_dirs <<< "$PATH"
+  for d in "${path_dirs[@]}"; do
+    case "$d" in */shims) roots+=("${d%/shims}") ;; esac
+  done
+  for c in "$(command -v "python$v" || true)" $(for d in "${roots[@]}"; do ls -d "$d/versions/$v"*/bin/"python$v" \
+           2>/dev/null; done); do
+    [ -n "$c" ] && [ "$(minor_of "$c")" = "$v" ] && { echo "$c"; return; }
+  done
+}
+
+if [ -n "${PYTHONS:-}" ]; then
+  read -r -a WANT <<< "$PYTHONS"
+else
+  WANT=()
+  for v in $SUPPORTED; do
+    [ "$v" = "$MAIN" ] && continue
+    c=$(find_python "$v")
+    if [ -n "$c" ]; then WANT+=("$c"); else log "Python $v: not found on this machine (python$v on PATH, pyenv)"; fi
+  done
+fi
+[ "${#WANT[@]}" -gt 0 ] || { log "no other supported Python ($SUPPORTED but $MAIN) on this machine: nothing to run"; exit 0; }
+
+status=0
+summary=()
+for python in "${WANT[@]}"; do
+  v=$(minor_of "$python")
+  [ -n "$v" ] || { log "error: $python does not run"; status=1; summary+=("$python: does not run"); continue; }
+  venv=".venv-$v"
+  t0=$SECONDS
+  log "Python $v ($python): set-up of $venv"
+  if ! SOFTFREE_VENV="$ROOT/$venv" PYTHON="$python" bash tools/setup_env.sh; then
+    status=1; summary+=("Python $v: the set-up failed"); continue
+  fi
+  t1=$SECONDS
+  log "Python $v: the slice (${#SLICE[@]} files)"
+  if "$venv/bin/python" -m pytest "${SLICE[@]}" -q -p no:cacheprovider -n "${TEST_WORKERS:-2}" --dist loadfile \
+       --no-loadscope-reorder ${PYTEST_ARGS:-}; then
+    summary+=("Python $v: passed (set-up $((t1 - t0)) s, slice $((SECONDS - t1)) s)")
+  else
+    status=1; summary+=("Python $v: FAILED (set-up $((t1 - t0)) s, slice $((SECONDS - t1)) s)")
+  fi
+done
+for line in "${summary[@]}"; do log "$line"; done
+exit $status
