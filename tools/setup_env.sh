@@ -73,7 +73,7 @@ case "${MMCV_COMPILED-}" in
   *) die "MMCV_COMPILED must be 0 or 1, got '$MMCV_COMPILED'" ;;
 esac
 # mmcv 2.1.0's setup.py reads __version__ from locals() after exec(), which Python 3.13 no longer fills (PEP 667)
-if [ "$MMCV_COMPILED" = 1 ] && [ "${PY_MINOR#3.}" -ge 13 ]; then
+if { [ "$MMCV_COMPILED" = 1 ] || [ "$MODE" = check-mmcv-source ]; } && [ "${PY_MINOR#3.}" -ge 13 ]; then
   die "MMCV_COMPILED=1 cannot work on Python $PY_MINOR: mmcv 2.1.0's setup.py reads its version from locals() \
 after exec(), which Python 3.13 changed; build it with Python 3.11 or 3.12 (PYTHON=python3.12), or use the default \
 set-up (mmcv-lite, no compiler)"

@@ -9,6 +9,7 @@ failing ``cc`` / ``gcc`` / ``c++`` / ``g++`` / ``clang`` / ``nvcc`` first on PAT
 import os
 import os.path as osp
 import subprocess
+import sys
 
 import pytest
 
@@ -57,10 +58,14 @@ def test_default_setup_installs_mmcv_lite_and_never_calls_a_compiler(tmp_path):
     assert bare.returncode == 0, bare.stderr[-2000:]
     assert osp.realpath(bare.stdout.strip()) == osp.realpath(osp.join(repo, 'softfree_mm', 'mmcv_ext', 'ops.py'))
 
-    # the check can fail: the compiled opt-in, in the same venv, reaches the compiler and stops there
+    # the check can fail: the compiled opt-in, in the same venv, reaches the compiler and stops there (on Python
+    # 3.13, where mmcv 2.1.0's setup.py cannot work, the set-up refuses it in one line first)
     proc = _setup(repo, tmp_path / 'venv', dict(env, MMCV_COMPILED='1'))
     assert proc.returncode != 0
-    assert log.exists() and log.read_text().strip(), proc.stderr[-3000:]
+    if sys.version_info >= (3, 13):
+        assert proc.returncode == 2 and 'MMCV_COMPILED=1 cannot work on Python 3.13' in proc.stderr, proc.stderr
+    else:
+        assert log.exists() and log.read_text().strip(), proc.stderr[-3000:]
 
 
 PLANS = {
@@ -119,7 +124,6 @@ def test_an_unsupported_interpreter_is_one_line_naming_the_supported_range(tmp_p
 
 def test_the_supported_range_is_setup_pys_and_its_metadata_says_the_same(tmp_path):
     import ast
-    import sys
     tree = ast.parse(open(osp.join(ROOT, 'setup.py')).read())
     pythons = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
                    and getattr(n.targets[0], 'id', '') == 'PYTHONS')
