@@ -1,0 +1,436 @@
+"""The detection and segmentation study: is softmax needed in the main job? Per backbone layout (PVTv2-b0 without
+spatial reduction: token attention; XCiT-T12: channel attention), kernel, start and seed, the classifier (the kernel
+study's recipe from scratch, or a warm start from the softmax classifier of the same seed), then the demo Mask R-CNN
+(COCO bbox / segm mAP) and the demo Semantic FPN (mIoU) from it; paired differences to softmax per seed.
+
+Every run is ``tools/train.py`` / ``tools/test.py`` on a child config in a process of its own, through the warm-start
+grid's runner (:class:`softfree_mm.analysis.warm_start.Runner`): a finished run (its result.json) is never run
+again, so the same command resumes a stopped study. XCiT's detector rows can be read from the warm-start grid's
+detectors.csv instead of run again (``det_from``).
+"""
+import csv
+import math
+import os.path as osp
+import statistics
+from collections import OrderedDict
+from typing import Dict, List, Optional, Sequence
+
+from .study import error_cell
+from .sweep import safe_name
+from .warm_start import Plan, Runner, kernel_cfg, kernel_config, top1
+
+TASKS = ('det', 'seg')
+METRICS = {'det': ('bbox_mAP', 'segm_mAP', 'bbox_mAP_50', 'segm_mAP_50'), 'seg': ('mIoU', 'aAcc', 'mAcc')}
+PRIMARY = {'det': ('bbox_mAP', 'segm_mAP'), 'seg': ('mIoU', )}
+TEST_KEYS = {'det': 'coco/', 'seg': ''}
+COLUMNS = ('layout', 'task', 'kernel', 'start', 'recipe', 'seed', 'cls_top1', 'status', 'error', 'bbox_mAP',
+           'segm_mAP', 'bbox_mAP_50', 'segm_mAP_50', 'mIoU', 'aAcc', 'mAcc', 'wall_s', 'source')
+REFERENCE = 'softmax'
+
+
+class Layout:
+    """A backbone layout of the study: its classifier config (the kernel study's), its demo detector and segmentor
+    configs (the study sets the kernel), its kernels, and the starts it runs besides ``scratch``."""
+
+    def __init__(self, title: str, classifier: str, det: str, seg: str, kernels: Sequence[str],
+                 starts: Sequence[str] = ('scratch', 'transfer'), warm: Sequence[str] = ('poly:degree=3', 'linear')):
+        self.title, self.classifier, self.det, self.seg = title, classifier, det, seg
+        self.kernels, self.starts, self.warm = list(kernels), list(starts), list(warm)
+
+    def config(self, task: str) -> str:
+        return {'det': self.det, 'seg': self.seg}[task]
+
+
+LAYOUTS = OrderedDict(
+    pvt=Layout('PVTv2-b0 without spatial reduction (token attention)', 'configs/demo/study_pvt_v2_b0_digits.py',
+               'configs/demo/maskrcnn_pvt_v2_b0_digits.py', 'configs/demo/semfpn_pvt_v2_b0_digits.py',
+               ['softmax', 'poly:degree=3', 'poly:degree=1', 'linear', 'relu', 'inline', 'soft:landmark_ratio=2']),
+    xcit=Layout('XCiT-T12 (channel attention)', 'configs/demo/study_xcit_t12_digits.py',
+                'configs/demo/maskrcnn_xcit_t12_poly3_demo.py', 'configs/demo/semfpn_xcit_t12_poly3_demo.py',
+                ['softmax', 'poly:degree=3', 'linear'], starts=('scratch', 'swap', 'transfer')),
+)
+# the starts' recipes, named in every row: the kernel study's from-scratch classifier, and the warm start's default
+# at the budget the warm-start grid calls 25 % (75 iterations, stage 1 a third of them) and its swap at the same budget
+RECIPES = {'scratch': 'scratch-300', 'swap': 'swap+ft-75', 'transfer': 'transfer+ft-75 (kernel+qkv)'}
+
+
+def check_names(layouts: Sequence[str], kernels: Optional[Sequence[str]] = None, tasks: Sequence[str] = TASKS):
+    """One line naming what is unknown and the known forms (a UsageError)."""
+    from ..engine.errors import UsageError
+    bad = [x for x in layouts if x not in LAYOUTS]
+    if bad:
+        raise UsageError(f'unknown backbone layout {", ".join(map(repr, bad))}; known: {", ".join(LAYOUTS)}')
+    bad = [t for t in tasks if t not in TASKS]
+    if bad:
+        raise UsageError(f'unknown task {", ".join(map(repr, bad))}; known: {", ".join(TASKS)}')
+    known = list(dict.fromkeys(k for x in layouts for k in LAYOUTS[x].kernels))
+    bad = [k for k in (kernels or ()) if k not in known]
+    if bad:
+        raise UsageError(f'unknown kernel {", ".join(map(repr, bad))} for {", ".join(layouts)}; known: '
+                         f'{", ".join(known)}')
+
+
+def fit_error(config: str, kernel: str) -> str:
+    """'' when the layout's backbone takes ``kernel``, else its fit error's one line (the backbone is built)."""
+    from mmengine.config import Config
+    from mmengine.registry import DefaultScope
+
+    from ..registry import MODELS
+    cfg = Config.fromfile(config).model.backbone.to_dict()
+    cfg.update(attn_cfg=kernel_cfg(kernel), init_cfg=None)
+    try:
+        with DefaultScope.overwrite_default_scope('softfree_mm'):
+            MODELS.build(cfg)
+    except (ValueError, TypeError, KeyError) as e:
+        return str(e).splitlines()[0] if str(e) else type(e).__name__
+    return ''
+
+
+class Study:
+    """The runs, in the order their inputs exist: classifiers (through the warm-start grid's :class:`Plan`), then the
+    detectors and segmentors from them."""
+
+    def __init__(self, runner: Runner, root: str, seeds: Sequence[int], layouts: Sequence[str] = tuple(LAYOUTS),
+                 tasks: Sequence[str] = TASKS, kernels: Optional[Sequence[str]] = None,
+                 det_from: Optional[str] = None, echo=print):
+        check_names(layouts, kernels, tasks)
+        self.r, self.root, self.seeds, self.tasks, self.echo = runner, root, list(seeds), list(tasks), echo
+        self.layouts = OrderedDict((x, LAYOUTS[x]) for x in layouts)
+        self.kernels = {x: [k for k in lay.kernels if kernels is None or k in kernels or k == REFERENCE]
+                        for x, lay in self.layouts.items()}
+        self.det_rows = read_detector_rows(det_from) if det_from else {}
+        # the classifiers: the warm-start grid's plan over these layouts (its budgets: 75 = 25 % of 300)
+        backbones = {x: (lay.classifier, [k for k in self.kernels[x] if k != REFERENCE])
+                     for x, lay in self.layouts.items()}
+        self.plan = Plan(runner, root, self.seeds, budgets=(75, ), backbones=backbones, echo=echo)
+
+    def classifier(self, layout: str, kernel: str, start: str, seed: int, cache: dict) -> dict:
+        """The classifier run of a start (cached in ``cache`` by its arguments)."""
+        key = (layout, kernel, start, seed)
+        if key in cache:
+            return cache[key]
+        p = self.plan
+        if start == 'scratch' or kernel == REFERENCE:
+            run = p.scratch(layout, kernel, seed)
+        else:
+            softmax = self.classifier(layout, REFERENCE, 'scratch', seed, cache)
+            if softmax.get('status') == 'not run':
+                run = dict(status='not run', error='')
+            elif softmax.get('status') != 'ok':
+                run = dict(status='failed', error=f'no softmax classifier: {softmax.get("error")}')
+            elif start == 'swap':
+                run = p.finetune(f'swap_ft/{layout}/{safe_name(kernel)}/75/seed{seed}', layout, kernel, seed, 75,
+                                 softmax['checkpoint'])
+            else:
+                groups = ('kernel', 'qkv')
+                stage1 = p.transfer(layout, kernel, seed, 75, groups, softmax)
+                run = p.transfer_finetune(layout, kernel, seed, 75, groups, stage1, softmax)
+        cache[key] = run
+        return run
+
+    def task_run(self, layout: str, task: str, kernel: str, start: str, seed: int, classifier: dict) -> dict:
+        key = f'{task}/{layout}/{safe_name(kernel)}/{start}/seed{seed}'
+        if classifier.get('status') != 'ok':
+            if classifier.get('status') == 'not run':
+                return dict(status='not run', error='', key=key)
+            return dict(status='failed', error=f'no classifier: {classifier.get("error")}', key=key)
+        cfg = kernel_config(osp.join(self.root, self.layouts[layout].config(task)), kernel_cfg(kernel))
+        opts = [f'randomness.seed={seed}', f'model.backbone.init_cfg.checkpoint={classifier["checkpoint"]}']
+        trained = self.r.train(key, cfg, opts)
+        if trained.get('status') != 'ok':
+            return trained
+        tested = self.r.test(key + '/test', cfg, trained['checkpoint'], [f'randomness.seed={seed}'])
+        return dict(tested, wall_s=(trained.get('wall_s') or 0) + (tested.get('wall_s') or 0))
+
+    def cases(self):
+        """(layout, kernel, start) in the study's order; the fit errors of kernels a layout refuses."""
+        out, unfit = [], {}
+        for x, lay in self.layouts.items():
+            for k in self.kernels[x]:
+                err = fit_error(osp.join(self.root, lay.classifier), k)
+                if err:
+                    unfit[(x, k)] = err
+                starts = ['scratch'] if k == REFERENCE else [s for s in lay.starts if s == 'scratch' or k in lay.warm]
+                out += [(x, k, s) for s in starts]
+        return out, unfit
+
+    def run(self) -> List[dict]:
+        """Every run (finished ones are read); the rows of runs.csv."""
+        cases, unfit = self.cases()
+        todo = [(x, k, s, seed) for seed in self.seeds for x, k, s in cases if (x, k) not in unfit]
+        cache = {}
+        # classifiers: the softmax ones first (every warm start reads them), then the others, `jobs` at a time
+        first = [t for t in todo if t[1] == REFERENCE]
+        self.r.map(lambda t: self.classifier(*t, cache), first)
+        self.r.map(lambda t: self.classifier(*t, cache), [t for t in todo if t[1] != REFERENCE])
+        runs = [(x, task, k, s, seed) for x, k, s, seed in todo for task in self.tasks
+                if not (task == 'det' and self.det_rows.get((x, k, s, seed)))]
+        done = dict(zip(runs, self.r.map(
+            lambda t: self.task_run(t[0], t[1], t[2], t[3], t[4], cache[(t[0], t[2], t[3], t[4])]), runs)))
+        rows = []
+        for x, k, s in cases:
+            for seed in self.seeds:
+                for task in self.tasks:
+                    base = dict(layout=x, task=task, kernel=k, start=s, recipe=RECIPES[s], seed=seed)
+                    if (x, k) in unfit:
+                        rows.append(dict(base, status='unfit', error=unfit[(x, k)], source='study'))
+                        continue
+                    cls = cache.get((x, k, s, seed), {})
+                    read = self.det_rows.get((x, k, s, seed)) if task == 'det' else None
+                    if read:
+                        rows.append(dict(base, **read))
+                        continue
+                    run = done[(x, task, k, s, seed)]
+                    m = run.get('metrics', {})
+                    rows.append(dict(base, cls_top1=top1(cls), status=run.get('status'),
+                                     error=error_cell(run.get('error') or ''), wall_s=run.get('wall_s'),
+                                     source='study',
+                                     **{name: m.get(TEST_KEYS[task] + name) for name in METRICS[task]}))
+        return rows
+
+
+def read_detector_rows(path: str) -> Dict[tuple, dict]:
+    """(layout 'xcit', kernel, start, seed) -> a row of the warm-start grid's detectors.csv, in this study's form
+    (its 'softmax' start is the softmax classifier from scratch)."""
+    out = {}
+    with open(path, newline='') as f:
+        for r in csv.DictReader(f):
+            start = 'scratch' if r['start'] == 'softmax' else r['start']
+            row = dict(cls_top1=_num(r.get('start_top1')), status=r['status'], error=r.get('error', ''),
+                       wall_s=_num(r.get('wall_s')), source=f'warm_start/{osp.basename(path)}')
+            row.update({k: _num(r.get(k)) for k in METRICS['det']})
+            out[('xcit', r['kernel'], start, int(r['seed']))] = row
+    return out
+
+
+def _num(v):
+    if v in (None, ''):
+        return None
+    return float(v)
+
+
+def read_rows(path: str) -> List[dict]:
+    """runs.csv back as rows (numbers as floats, seeds as ints, blanks as None)."""
+    rows = []
+    with open(path, newline='') as f:
+        for r in csv.DictReader(f):
+            row = dict(r, seed=int(r['seed']))
+            for k in ('cls_top1', 'wall_s', *METRICS['det'], *METRICS['seg']):
+                row[k] = _num(r.get(k))
+            rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- the table
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def _mean_std(vals):
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return None, None, 0
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None), len(vals)
+
+
+def summarise(rows: List[dict], reference: str = REFERENCE) -> List[dict]:
+    """One entry per (layout, task, kernel, start), in row order: n (seeds with a result), the failed and unfit
+    seeds, each metric's mean and sample std, the classifier's mean top-1; per primary metric the paired difference to
+    ``reference`` (its scratch row of the same layout and task), seed by seed over the seeds both have: mean, sample
+    std, the 95 % t-interval of the mean, how many seeds are above, and whether the interval holds zero (within the
+    seeds' spread)."""
+    groups = OrderedDict()
+    for r in rows:
+        groups.setdefault((r['layout'], r['task'], r['kernel'], r['start']), []).append(r)
+    out = []
+    for (layout, task, kernel, start), rs in groups.items():
+        ok = [r for r in rs if r['status'] == 'ok']
+        e = dict(layout=layout, task=task, kernel=kernel, start=start, recipe=rs[0].get('recipe', ''), n=len(ok),
+                 failed=sum(r['status'] == 'failed' for r in rs), unfit=sum(r['status'] == 'unfit' for r in rs),
+                 error=next((r['error'] for r in rs if r['status'] != 'ok'), ''))
+        e['cls_top1'] = _mean_std([r.get('cls_top1') for r in ok])[0]
+        for m in METRICS[task]:
+            e[m], e[m + '_std'], _ = _mean_std([r.get(m) for r in ok])
+        e['by_seed'] = {r['seed']: r for r in ok}
+        out.append(e)
+    for e in out:
+        ref = next((r for r in out if (r['layout'], r['task'], r['kernel'], r['start']) ==
+                    (e['layout'], e['task'], reference, 'scratch')), None)
+        for m in PRIMARY[e['task']]:
+            d = [] if ref is None or ref is e else [
+                e['by_seed'][s][m] - ref['by_seed'][s][m] for s in sorted(e['by_seed'])
+                if s in ref['by_seed'] and e['by_seed'][s].get(m) is not None and ref['by_seed'][s].get(m) is not None]
+            mean, std, n = _mean_std(d)
+            half = T95[n - 1] * std / math.sqrt(n) if n > 1 and std is not None else None
+            e[f'd_{m}'], e[f'd_{m}_std'], e[f'd_{m}_n'] = mean, std, n
+            e[f'd_{m}_ci'] = None if half is None else (mean - half, mean + half)
+            e[f'd_{m}_above'] = sum(x > 0 for x in d)
+            e[f'd_{m}_within'] = None if half is None else (mean - half <= 0 <= mean + half)
+    return out
+
+
+def _pm(mean, std, digits):
+    if mean is None:
+        return ''
+    return f'{mean:.{digits}f}' + ('' if std is None else f' ± {std:.{digits}f}')
+
+
+def _paired_cell(e: dict, m: str, digits: int) -> str:
+    if e[f'd_{m}'] is None:
+        return ''
+    ci = e[f'd_{m}_ci']
+    text = f"{_pm(e[f'd_{m}'], e[f'd_{m}_std'], digits)}, {e[f'd_{m}_above']} of {e[f'd_{m}_n']} above"
+    if ci is not None:
+        text += f"; 95 % [{ci[0]:+.{digits}f}, {ci[1]:+.{digits}f}]" + (' within' if e[f'd_{m}_within'] else '')
+    return text
+
+
+TITLES = {'det': 'demo Mask R-CNN, COCO mAP on the demo val set (100 images)',
+          'seg': 'demo Semantic FPN, mIoU % over background and ten digits on the demo val scenes (50 images)'}
+
+
+def markdown(summary: List[dict], titles: Optional[Dict[str, str]] = None, reference: str = REFERENCE) -> str:
+    """One table per layout and task: each (kernel, start) row with the classifier's top-1, the task's metrics (mean
+    ± sample std over seeds) and the paired difference to ``reference`` from scratch."""
+    out = []
+    for layout in dict.fromkeys(e['layout'] for e in summary):
+        for task in dict.fromkeys(e['task'] for e in summary if e['layout'] == layout):
+            head = (titles or {}).get(layout, LAYOUTS[layout].title if layout in LAYOUTS else layout)
+            out.append(f'### {head}: {TITLES[task]}')
+            out.append('')
+            prim = PRIMARY[task]
+            digits = 3 if task == 'det' else 1
+            cols = ['kernel', 'start', 'recipe', 'n', 'classifier top-1 %', *prim, *(f'paired Δ {m} vs {reference}'
+                                                                                     for m in prim)]
+            out.append('| ' + ' | '.join(cols) + ' |')
+            out.append('|' + '---|' * len(cols))
+            for e in summary:
+                if (e['layout'], e['task']) != (layout, task):
+                    continue
+                if not e['n']:
+                    what = 'does not fit' if e['unfit'] else 'failed' if e['failed'] else 'not run yet'
+                    out.append(f"| `{e['kernel']}` | {e['start']} | {e['recipe']} | 0 | {what}: "
+                               f"{error_cell(e['error'])} |" + ' |' * (len(cols) - 5))
+                    continue
+                note = f" ({e['failed']} failed)" if e['failed'] else ''
+                cells = [f"`{e['kernel']}`", e['start'], e['recipe'], f"{e['n']}{note}",
+                         '' if e['cls_top1'] is None else f"{e['cls_top1']:.1f}",
+                         *(_pm(e[m], e[m + '_std'], digits) for m in prim),
+                         *('reference' if (e['kernel'], e['start']) == (reference, 'scratch') else
+                           _paired_cell(e, m, digits) for m in prim)]
+                out.append('| ' + ' | '.join(cells) + ' |')
+            out.append('')
+    return '\n'.join(out).rstrip() + '\n'
+
+
+def within_and_extremes(summary: List[dict]) -> List[str]:
+    """Per layout and task: which rows are within the seeds' spread of softmax (the paired 95 % interval holds zero)
+    and the largest paired differences either way (one line each, for the note and the docs)."""
+    lines = []
+    for layout in dict.fromkeys(e['layout'] for e in summary):
+        for task in dict.fromkeys(e['task'] for e in summary if e['layout'] == layout):
+            for m in PRIMARY[task]:
+                rows = [e for e in summary if (e['layout'], e['task']) == (layout, task) and e.get(f'd_{m}') is not None]
+                if not rows:
+                    continue
+                inside = [f"{e['kernel']} ({e['start']})" for e in rows if e[f'd_{m}_within']]
+                outside = [f"{e['kernel']} ({e['start']}) {e[f'd_{m}']:+.3g}" for e in rows
+                           if e[f'd_{m}_within'] is False]
+                hi = max(rows, key=lambda e: e[f'd_{m}'])
+                lo = min(rows, key=lambda e: e[f'd_{m}'])
+                lines.append(f"{layout} {task} {m}: within the spread of softmax: {', '.join(inside) or 'none'}; "
+                             f"outside: {', '.join(outside) or 'none'}; largest paired difference "
+                             f"{hi[f'd_{m}']:+.3g} ({hi['kernel']}, {hi['start']}) and {lo[f'd_{m}']:+.3g} "
+                             f"({lo['kernel']}, {lo['start']})")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------- outputs
+def plot(rows: List[dict], summary: List[dict], path: str) -> str:
+    """One row of panels per layout, one panel per primary metric of each task: per (kernel, start) the seeds'
+    values (dots) and their mean (bar), softmax's mean as a dashed line; kernels that do not fit named in grey."""
+    import matplotlib.pyplot as plt
+
+    from . import plots
+    from .study_plots import _colours
+    layouts = list(dict.fromkeys(e['layout'] for e in summary))
+    panels = [(t, m) for t in TASKS for m in PRIMARY[t] if any(e['task'] == t for e in summary)]
+    kernels = list(dict.fromkeys(e['kernel'] for e in summary))
+    colours = _colours(kernels)
+    width = max(5.0, 0.45 * max(sum(e['layout'] == x and e['task'] == panels[0][0] for e in summary)
+                                for x in layouts) + 2.0)
+    fig, axes = plt.subplots(len(layouts), len(panels), figsize=(width * len(panels), 4.2 * len(layouts)),
+                             squeeze=False)
+    for row, layout in enumerate(layouts):
+        for col, (task, m) in enumerate(panels):
+            ax = axes[row][col]
+            entries = [e for e in summary if (e['layout'], e['task']) == (layout, task)]
+            for i, e in enumerate(entries):
+                if not e['n']:
+                    ax.text(i, 0.02, 'does not fit' if e['unfit'] else 'failed', rotation=90, ha='center',
+                            va='bottom', fontsize=7, color='grey', transform=ax.get_xaxis_transform())
+                    continue
+                ax.bar(i, e[m], 0.7, color=colours[e['kernel']], alpha=0.85 if e['start'] == 'scratch' else 0.45,
+                       hatch=None if e['start'] == 'scratch' else '//')
+                seeds = [r[m] for r in rows if (r['layout'], r['task'], r['kernel'], r['start']) ==
+                         (layout, task, e['kernel'], e['start']) and r['status'] == 'ok' and r.get(m) is not None]
+                ax.scatter([i] * len(seeds), seeds, s=10, color='black', zorder=3)
+                if (e['kernel'], e['start']) == (REFERENCE, 'scratch'):
+                    ax.axhline(e[m], color='black', linestyle='--', linewidth=1)
+            ax.set_xticks(range(len(entries)))
+            ax.set_xticklabels([f"{e['kernel']}\n{e['start']}" for e in entries], rotation=60, ha='right',
+                               fontsize=7)
+            ax.set_ylabel(m)
+            ax.set_title(f"{LAYOUTS[layout].title if layout in LAYOUTS else layout}: {m}\nbar: mean over seeds "
+                         '(hatched: warm start), dots: seeds, dashed: softmax', fontsize=8)
+            ax.grid(True, axis='y', alpha=0.3)
+    return plots.save(fig, path)
+
+
+BEGIN, END = '<!-- task_study: made by tools/analysis/task_study.py, do not edit by hand -->', \
+    '<!-- task_study: end -->'
+
+
+def docs_section(summary: List[dict], out_rel: str) -> str:
+    """The generated part of docs/study.md's "Detection and segmentation" section: the tables, the plot, the
+    lines saying what is within the seeds' spread."""
+    lines = [BEGIN, '', markdown(summary).rstrip(), '',
+             f'![detection and segmentation per kernel, seeds and means]({out_rel}/task_study.png)', '',
+             'Within the seeds\' spread of softmax (the paired 95 % interval holds zero), and the largest paired '
+             'differences:', '']
+    lines += [f'- {line}' for line in within_and_extremes(summary)]
+    lines += ['', END]
+    return '\n'.join(lines)
+
+
+def write_docs(path: str, section: str) -> None:
+    """Put ``section`` between the markers of ``path`` (appended with a heading when the page has none yet)."""
+    with open(path) as f:
+        text = f.read()
+    if BEGIN in text and END in text:
+        text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END):]
+    else:
+        text = text.rstrip() + '\n\n## Detection and segmentation\n\n' + section + '\n'
+    with open(path, 'w') as f:
+        f.write(text)
+
+
+def write_outputs(rows: List[dict], out: str, docs: Optional[str] = None, root: str = '') -> List[dict]:
+    """runs.csv, summary.csv, table.md and task_study.png under ``out``; the section of ``docs``. Errors name the
+    child configs under the work root, not this machine's path."""
+    import os
+    os.makedirs(out, exist_ok=True)
+    prefix = osp.join(root, '') if root else None
+    clean = [{k: (v.replace(prefix, '') if prefix and isinstance(v, str) else v) for k, v in r.items()} for r in rows]
+    from .tables import write_csv
+    write_csv(osp.join(out, 'runs.csv'), [{k: r.get(k) for k in COLUMNS} for r in clean], COLUMNS)
+    summary = summarise(clean)
+    flat = [{k: v for k, v in e.items() if k != 'by_seed'} for e in summary]
+    write_csv(osp.join(out, 'summary.csv'), flat, list(dict.fromkeys(k for e in flat for k in e)))
+    with open(osp.join(out, 'table.md'), 'w') as f:
+        f.write(markdown(summary))
+    if rows:
+        plot(clean, summary, osp.join(out, 'task_study.png'))
+    if docs:
+        rel = osp.relpath(out, osp.dirname(docs))
+        write_docs(docs, docs_section(summary, rel))
+    return summary

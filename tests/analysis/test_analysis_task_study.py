@@ -1,0 +1,168 @@
+"""softfree_mm.analysis.task_study (tools/analysis/task_study.py): the detection and segmentation study.
+
+Guards: the paired differences to softmax, their 95 % t-intervals and the table, by hand on a small set of rows with
+a failed seed and a kernel that does not fit; a resumed study repeats nothing (every finished run is read from its
+result.json; only an unfinished one starts a process); a kernel a layout refuses is a row with the fit error's line;
+unknown layouts, tasks and kernels are one line listing the known ones.
+"""
+import json
+import math
+import os
+import os.path as osp
+import subprocess
+import sys
+
+import pytest
+
+from softfree_mm.analysis import task_study as ts
+from softfree_mm.analysis.warm_start import Runner
+
+from tests.helpers import ROOT
+
+
+def _row(task, kernel, seed, status='ok', start='scratch', **metrics):
+    return dict(layout='pvt', task=task, kernel=kernel, start=start, recipe=ts.RECIPES[start], seed=seed,
+                cls_top1=70.0 + seed, status=status, error='' if status == 'ok' else 'boom: it broke', **metrics)
+
+
+ROWS = [
+    *[_row('det', 'softmax', s, bbox_mAP=b, segm_mAP=m) for s, b, m in ((0, .50, .30), (1, .40, .35), (2, .45, .32))],
+    _row('det', 'poly:degree=3', 0, bbox_mAP=.46, segm_mAP=.31), _row('det', 'poly:degree=3', 1, 'failed'),
+    _row('det', 'poly:degree=3', 2, bbox_mAP=.47, segm_mAP=.30),
+    *[_row('det', 'soft:landmark_ratio=2', s, 'unfit') for s in (0, 1, 2)],
+    *[_row('seg', 'softmax', s, mIoU=v) for s, v in ((0, 60.0), (1, 62.0), (2, 58.0))],
+    *[_row('seg', 'linear', s, mIoU=v) for s, v in ((0, 55.0), (1, 57.0), (2, 54.0))],
+]
+
+
+def test_paired_differences_intervals_and_table_by_hand_with_a_failed_seed_and_an_unfit_kernel():
+    summary = ts.summarise(ROWS)
+    poly = next(e for e in summary if e['kernel'] == 'poly:degree=3')
+    # seeds 0 and 2 pair up (seed 1 failed): -0.04 and +0.02
+    d = [.46 - .50, .47 - .45]
+    mean, std = sum(d) / 2, math.sqrt(sum((x - sum(d) / 2) ** 2 for x in d) / 1)
+    poly_std = std
+    assert (poly['n'], poly['failed']) == (2, 1)
+    assert poly['bbox_mAP'] == pytest.approx((.46 + .47) / 2)
+    assert poly['d_bbox_mAP'] == pytest.approx(mean) and poly['d_bbox_mAP_std'] == pytest.approx(std)
+    half = 12.706 * std / math.sqrt(2)
+    assert poly['d_bbox_mAP_ci'] == pytest.approx((mean - half, mean + half))
+    assert poly['d_bbox_mAP_within'] is True and poly['d_bbox_mAP_above'] == 1 and poly['d_bbox_mAP_n'] == 2
+    assert poly['cls_top1'] == pytest.approx((70.0 + 72.0) / 2)
+    lin = next(e for e in summary if e['kernel'] == 'linear')
+    d = [-5.0, -5.0, -4.0]
+    mean = sum(d) / 3
+    std = math.sqrt(sum((x - mean) ** 2 for x in d) / 2)
+    half = 4.303 * std / math.sqrt(3)
+    assert lin['d_mIoU'] == pytest.approx(mean) and lin['d_mIoU_ci'] == pytest.approx((mean - half, mean + half))
+    assert lin['d_mIoU_within'] is False and lin['d_mIoU_above'] == 0
+    soft = next(e for e in summary if e['kernel'] == 'soft:landmark_ratio=2')
+    assert (soft['n'], soft['unfit'], soft['failed']) == (0, 3, 0)
+
+    table = ts.markdown(summary)
+    assert '| `poly:degree=3` | scratch | scratch-300 | 2 (1 failed) | 71.0 | 0.465 ± 0.007 | 0.305 ± 0.007 | ' \
+           f'{mean_cell(-0.01, poly_std)}, 1 of 2 above; 95 % [{-0.01 - half_of(poly_std, 2):+.3f}, ' \
+           f'{-0.01 + half_of(poly_std, 2):+.3f}] within | ' in table, table
+    assert '| `soft:landmark_ratio=2` | scratch | scratch-300 | 0 | does not fit: boom: it broke |' in table
+    assert '| `linear` | scratch | scratch-300 | 3 | 71.0 | 55.3 ± 1.5 | -4.7 ± 0.6, 0 of 3 above; 95 % ' \
+           '[-6.1, -3.2] |' in table
+    lines = ts.within_and_extremes(summary)
+    assert any(line.startswith('pvt seg mIoU: within the spread of softmax: none; outside: linear (scratch) -4.67')
+               for line in lines), lines
+    assert any(line.startswith('pvt det bbox_mAP: within the spread of softmax: poly:degree=3 (scratch); '
+                               'outside: none') for line in lines), lines
+
+
+def mean_cell(mean, std):
+    return f'{mean:+.3f} ± {std:.3f}'.replace('+-', '-')
+
+
+def half_of(std, n):
+    return ts.T95[n - 1] * std / math.sqrt(n)
+
+
+def test_outputs_csv_summary_plot_and_the_docs_section_between_markers(tmp_path):
+    docs = tmp_path / 'study.md'
+    docs.write_text('# Study\n\nsome text\n')
+    ts.write_outputs(ROWS, str(tmp_path / 'out'), str(docs))
+    text = docs.read_text()
+    assert text.count(ts.BEGIN) == 1 and '## Detection and segmentation' in text and 'some text' in text
+    assert '![detection and segmentation per kernel, seeds and means](out/task_study.png)' in text
+    ts.write_outputs(ROWS[:6], str(tmp_path / 'out'), str(docs))  # again: the section is replaced, not added
+    again = docs.read_text()
+    assert again.count(ts.BEGIN) == 1 and again.count('## Detection and segmentation') == 1
+    assert 'linear' not in again.split(ts.BEGIN)[1]
+    rows = ts.read_rows(str(tmp_path / 'out' / 'runs.csv'))
+    assert [r['seed'] for r in rows] == [0, 1, 2, 0, 1, 2] and rows[0]['bbox_mAP'] == 0.5
+    assert (tmp_path / 'out' / 'task_study.png').stat().st_size > 10000
+
+
+FAKE_TOOL = """import sys
+with open({log!r}, 'a') as f:
+    f.write(' '.join(sys.argv[:2]) + '\\n')
+print('error: the fake tool ran', file=sys.stderr)
+sys.exit(1)
+"""
+
+
+def _finished(root, key, **fields):
+    os.makedirs(osp.join(root, key), exist_ok=True)
+    with open(osp.join(root, key, 'result.json'), 'w') as f:
+        json.dump(dict(status='ok', error='', key=key, **fields), f)
+
+
+def test_a_resumed_study_repeats_nothing_and_runs_only_what_did_not_finish(tmp_path):
+    tools, runs, log = tmp_path / 'tools', str(tmp_path / 'runs'), str(tmp_path / 'calls.log')
+    tools.mkdir()
+    for name in ('train.py', 'test.py'):
+        (tools / name).write_text(FAKE_TOOL.format(log=log))
+    for key in ('scratch/pvt/softmax/seed0', 'scratch/pvt/linear/seed0', 'transfer/pvt/linear/kernel+qkv/75/seed0',
+                'transfer_ft/pvt/linear/kernel+qkv/75/seed0'):
+        _finished(runs, key, checkpoint=key + '.pth', top1_final=70.0)
+    for kernel, start, miou in (('softmax', 'scratch', 60.0), ('linear', 'scratch', 55.0),
+                                ('linear', 'transfer', 58.0)):
+        key = f'seg/pvt/{kernel}/{start}/seed0'
+        _finished(runs, key, checkpoint=key + '.pth')
+        _finished(runs, key + '/test', metrics=dict(mIoU=miou, aAcc=90.0, mAcc=70.0))
+
+    def study():
+        runner = Runner(runs, str(tools), jobs=1, echo=lambda m: None)
+        return ts.Study(runner, ROOT, [0], ['pvt'], ['seg'], ['softmax', 'linear'], echo=lambda m: None)
+
+    rows = study().run()
+    assert not osp.exists(log), open(log).read()  # nothing ran: every run is read
+    assert [(r['kernel'], r['start'], r['mIoU'], r['cls_top1']) for r in rows] == [
+        ('softmax', 'scratch', 60.0, 70.0), ('linear', 'scratch', 55.0, 70.0), ('linear', 'transfer', 58.0, 70.0)]
+    os.remove(osp.join(runs, 'seg/pvt/linear/transfer/seed0/test', 'result.json'))
+    rows = study().run()
+    calls = open(log).read().splitlines()
+    assert len(calls) == 1 and calls[0].endswith('test.py ' + osp.join(runs, 'seg/pvt/linear/transfer/seed0/test',
+                                                                       'seg_pvt_linear_transfer_seed0_test.py'))
+    (failed,) = [r for r in rows if r['status'] != 'ok']
+    assert (failed['kernel'], failed['start'], failed['status']) == ('linear', 'transfer', 'failed')
+    assert 'the fake tool ran' in failed['error']
+
+
+def test_a_kernel_the_layout_refuses_is_a_row_with_its_fit_error():
+    assert ts.fit_error(osp.join(ROOT, ts.LAYOUTS['pvt'].classifier), 'linear') == ''
+    err = ts.fit_error(osp.join(ROOT, ts.LAYOUTS['xcit'].classifier), 'inline')
+    assert err.startswith("SoftFreeXCiT: attention kernel 'inline' cannot be used in layer 0 (cross-covariance "
+                          'attention)') and '\n' not in err
+
+
+@pytest.mark.parametrize('args,message', [
+    (['--layouts', 'pvt', 'swin'], "unknown backbone layout 'swin'; known: pvt, xcit"),
+    (['--tasks', 'cls'], "unknown task 'cls'; known: det, seg"),
+    (['--layouts', 'xcit', '--kernels', 'inline'], "unknown kernel 'inline' for xcit; known: softmax, poly:degree=3, "
+                                                   'linear'),
+    (['--seeds', '1', '1'], '--seeds [1, 1]: distinct ints >= 0'),
+    (['--det-from', 'no/such.csv'], "--det-from no/such.csv: no such file (the warm-start grid's detectors.csv, "
+                                     "or '')"),
+])
+def test_bad_input_is_one_line_naming_the_known_forms(args, message, tmp_path):
+    proc = subprocess.run([sys.executable, osp.join(ROOT, 'tools', 'analysis', 'task_study.py'), *args,
+                           '--work-dir', str(tmp_path / 'w'), '--out', str(tmp_path / 'o'), '--docs', ''],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stdout == ''
+    assert proc.stderr.strip() == f'error: {message}', proc.stderr
+    assert not (tmp_path / 'w').exists()

@@ -1,0 +1,78 @@
+#!/usr/bin/env python
+"""The detection and segmentation study (docs/study.md, "Detection and segmentation"): is softmax needed in the main
+job? Per backbone layout, kernel, start and seed: the classifier, then the demo Mask R-CNN (COCO bbox / segm mAP)
+and the demo Semantic FPN (mIoU) from it; paired differences to softmax per seed.
+
+    python tools/analysis/task_study.py [--work-dir work_dirs/task_study] [--out docs/results/task_study]
+        [--docs docs/study.md] [--layouts pvt xcit] [--tasks det seg] [--kernels K ...] [--seeds 0 1 2]
+        [--det-from docs/results/warm_start/detectors.csv] [--jobs 2] [--threads 1] [--report-only]
+
+Layouts: pvt (configs/demo/study_pvt_v2_b0_digits.py, PVTv2-b0 without spatial reduction: token attention; its
+detector configs/demo/maskrcnn_pvt_v2_b0_digits.py, segmentor configs/demo/semfpn_pvt_v2_b0_digits.py) and xcit
+(configs/demo/study_xcit_t12_digits.py, XCiT-T12: channel attention; make demo's detector and segmentor). Starts:
+every kernel's own classifier from scratch (the kernel study's recipe: 300 iterations), and for x^3 and linear the
+warm start's default (attention transfer from the softmax classifier of the same seed, then the fine-tune: 75
+iterations in all, 25 %); on xcit also the swap (the softmax classifier, the kernel swapped in, fine-tuned 75). A
+``recipe`` column names each row's. Every detector and segmentor sees the demo scenes at their own size (1x),
+as make demo's do. XCiT's detector rows are read from --det-from (the warm-start grid's; '' runs them again).
+Every run is tools/train.py / tools/test.py on a child config under --work-dir; a run that finished is never run
+again: the same command resumes a stopped study, --report-only runs nothing and writes the outputs from the runs
+finished so far. A kernel a layout does not take is a row with the fit error's line; a run that fails is a row
+with its error; the grid goes on. Writes into --out: runs.csv (one row per layout, task, kernel, start, seed),
+summary.csv, table.md, task_study.png, and the section of --docs between its markers ('' leaves the page alone).
+Bad input: one line, exit status 2.
+"""
+import os.path as osp
+import sys
+
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+from _cli import ROOT, Parser, fail, run  # noqa: E402
+
+
+def main(argv=None):
+    p = Parser(__doc__)
+    p.add_argument('--work-dir', default='work_dirs/task_study', help='the runs (and their results, for resuming)')
+    p.add_argument('--out', default='docs/results/task_study', help='folder of the CSVs, table and plot')
+    p.add_argument('--docs', default='docs/study.md', help="the page whose section is rewritten ('': none)")
+    p.add_argument('--layouts', nargs='+', default=None, help='backbone layouts (default: all)')
+    p.add_argument('--tasks', nargs='+', default=None, help='det, seg (default: both)')
+    p.add_argument('--kernels', nargs='+', default=None, help="kernels, the study's spelling (default: the "
+                                                               "layout's; softmax always runs)")
+    p.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2])
+    p.add_argument('--det-from', default=osp.join('docs', 'results', 'warm_start', 'detectors.csv'),
+                   help="the warm-start grid's detectors.csv: XCiT's detector rows ('' runs them)")
+    p.add_argument('--jobs', type=int, default=2, help='processes at a time')
+    p.add_argument('--threads', type=int, default=1, help='torch threads per process')
+    p.add_argument('--report-only', action='store_true', help='run nothing; report the finished runs')
+    args = p.parse_args(argv)
+    if len(set(args.seeds)) != len(args.seeds) or any(s < 0 for s in args.seeds):
+        fail(f'--seeds {args.seeds}: distinct ints >= 0')
+    if args.jobs < 1 or args.threads < 1:
+        fail(f'--jobs {args.jobs} / --threads {args.threads}: each >= 1')
+    det_from = args.det_from and (args.det_from if osp.isabs(args.det_from) else osp.join(ROOT, args.det_from))
+    if det_from and not osp.isfile(det_from):
+        fail(f"--det-from {args.det_from}: no such file (the warm-start grid's detectors.csv, or '')")
+    from softfree_mm.analysis import task_study as ts
+    from softfree_mm.analysis.warm_start import Runner
+    from softfree_mm.engine.errors import UsageError
+    layouts = args.layouts or list(ts.LAYOUTS)
+    try:
+        ts.check_names(layouts, args.kernels, args.tasks or ts.TASKS)
+    except UsageError as e:
+        fail(str(e))
+    runner = Runner(osp.abspath(args.work_dir), osp.join(ROOT, 'tools'), args.jobs, args.threads,
+                    echo=lambda m: print(m, flush=True))
+    if args.report_only:
+        runner.train = runner.test = lambda key, *a, **k: runner.done(key) or dict(status='not run', key=key)
+    study = ts.Study(runner, ROOT, args.seeds, layouts, args.tasks or ts.TASKS, args.kernels, det_from or None,
+                     echo=lambda m: print(m, flush=True))
+    rows = study.run()
+    docs = args.docs and (args.docs if osp.isabs(args.docs) else osp.join(ROOT, args.docs))
+    summary = ts.write_outputs(rows, osp.abspath(args.out), docs or None, root=osp.abspath(args.work_dir))
+    for line in ts.within_and_extremes(summary):
+        print(line, flush=True)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(run(main))
