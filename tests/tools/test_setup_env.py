@@ -68,6 +68,13 @@ def test_default_setup_installs_mmcv_lite_and_never_calls_a_compiler(tmp_path):
         assert log.exists() and log.read_text().strip(), proc.stderr[-3000:]
 
 
+def _plan_env(tmp_path, says='CPython 3.12.1'):
+    """The plan's variables unset, an interpreter of a supported version that allows every plan (the plan
+    printed does not depend on the suite's own Python), no environment yet."""
+    env = {k: v for k, v in os.environ.items() if k not in ('MMCV_CUDA', 'MMCV_COMPILED')}
+    return dict(env, PYTHON=_fake_python(tmp_path / 'py', says), SOFTFREE_VENV=str(tmp_path / 'venv'))
+
+
 PLANS = {
     'lite': 'mmcv-lite 2.1.0, its ops served from torchvision (softfree_mm/mmcv_ext; no compiler)',
     'cpu': 'mmcv 2.1.0 built from source with CPU ops (a C++ compiler; about 25 minutes on 2 cores)',
@@ -80,8 +87,8 @@ PLANS = {
     ({'MMCV_CUDA': '1'}, 'cuda'), ({'MMCV_CUDA': '1', 'MMCV_COMPILED': '1'}, 'cuda'),
     ({'MMCV_CUDA': '0', 'MMCV_COMPILED': '1'}, 'cpu'),
 ])
-def test_the_mmcv_plan_follows_the_variables(variables, plan):
-    env = {k: v for k, v in os.environ.items() if k not in ('MMCV_CUDA', 'MMCV_COMPILED')}
+def test_the_mmcv_plan_follows_the_variables(variables, plan, tmp_path):
+    env = _plan_env(tmp_path)
     proc = _setup(ROOT, None, dict(env, **variables), '--print-mmcv-plan', timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == PLANS[plan]
@@ -92,8 +99,8 @@ def test_the_mmcv_plan_follows_the_variables(variables, plan):
     ({'MMCV_CUDA': 'yes'}, "MMCV_CUDA must be 0 or 1, got 'yes'"),
     ({'MMCV_CUDA': '1', 'MMCV_COMPILED': '0'}, "MMCV_CUDA=1 compiles mmcv's ops: it cannot go with MMCV_COMPILED=0"),
 ])
-def test_bad_mmcv_variables_are_one_line_errors(variables, message):
-    env = {k: v for k, v in os.environ.items() if k not in ('MMCV_CUDA', 'MMCV_COMPILED')}
+def test_bad_mmcv_variables_are_one_line_errors(variables, message, tmp_path):
+    env = _plan_env(tmp_path)
     proc = _setup(ROOT, None, dict(env, **variables), '--print-mmcv-plan', timeout=60)
     assert proc.returncode == 2 and proc.stdout == ''
     assert proc.stderr.strip() == f'[setup_env] error: {message}'
