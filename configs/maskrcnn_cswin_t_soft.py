@@ -3,13 +3,14 @@
 # Everything else (recipe, GPUs x images per GPU, schedule) is maskrcnn_cswin_t_softmax.py.
 # Reported: no number in the anchors for this backbone; SOFT's own backbone, SOFT-Small-Norm, reached 1x box/mask AP 43.8/40.1.
 # Backbone start: no release exists for this kernel: the warm start from the softmax release
-# (docs/warm_start.md): configs/transfer_cswin_t_soft.py, then configs/finetune_cswin_t_soft.py, whose
-# work_dirs/finetune_cswin_t_soft/epoch_20.pth this loads; a missing file stops training with both ways on:
-# make it, or start from softmax_release with the kernel swapped.
+# (docs/warm_start.md): configs/transfer_cswin_t_soft.py, then configs/finetune_cswin_t_soft.py, whose work dir
+# (work_dirs/finetune_cswin_t_soft: its last checkpoint) this loads; `python tools/warm_start.py configs/maskrcnn_cswin_t_soft.py`
+# runs what is missing, then this config. A missing start stops training with both ways on: make it, or start from
+# softmax_release with the kernel swapped.
 _base_ = './maskrcnn_cswin_t_softmax.py'
 model = dict(
     backbone=dict(
-        init_cfg=dict(checkpoint='work_dirs/finetune_cswin_t_soft/epoch_20.pth'),
+        init_cfg=dict(checkpoint='work_dirs/finetune_cswin_t_soft'),
         attn_cfg=[dict(type='soft', landmark_ratio=8, conv_size=9), dict(type='soft', landmark_ratio=4, conv_size=5),
                   dict(type='soft', landmark_ratio=2, conv_size=3), 'softmax'],
         global_window=True,

@@ -2,11 +2,12 @@
 # Everything else (recipe, GPUs x images per GPU, schedule) is maskrcnn_swin_t_softmax.py.
 # Reported: no number in the anchors for this combination; compare with the softmax baseline.
 # Backbone start: no release exists for this kernel: the warm start from the softmax release
-# (docs/warm_start.md): configs/transfer_swin_t_poly1.py, then configs/finetune_swin_t_poly1.py, whose
-# work_dirs/finetune_swin_t_poly1/epoch_20.pth this loads; a missing file stops training with both ways on:
-# make it, or start from softmax_release with the kernel swapped.
+# (docs/warm_start.md): configs/transfer_swin_t_poly1.py, then configs/finetune_swin_t_poly1.py, whose work dir
+# (work_dirs/finetune_swin_t_poly1: its last checkpoint) this loads; `python tools/warm_start.py configs/maskrcnn_swin_t_poly1.py`
+# runs what is missing, then this config. A missing start stops training with both ways on: make it, or start from
+# softmax_release with the kernel swapped.
 _base_ = './maskrcnn_swin_t_softmax.py'
 model = dict(
     backbone=dict(
-        init_cfg=dict(checkpoint='work_dirs/finetune_swin_t_poly1/epoch_20.pth'),
+        init_cfg=dict(checkpoint='work_dirs/finetune_swin_t_poly1'),
         attn_cfg=dict(_delete_=True, type='poly', degree=1)))

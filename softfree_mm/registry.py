@@ -3,8 +3,8 @@
 Every class of ``softfree_mm.models.__all__`` and the ``SoftFreeSwap`` builder go into the MODELS registries of
 mmdet, mmseg and mmpretrain (those installed) and of this package's scope, so ``dict(type='SoftFreeSwin', ...)``
 works under any of their default scopes; the hooks go into HOOKS the same way (the tools' reliability hooks into
-mmengine's root), ``Scratch`` (train from the module's own initialisation, on purpose) into the root
-WEIGHT_INITIALIZERS, which every scope falls back to. A backbone family of one's own goes the same way through
+mmengine's root), ``Scratch`` (train from the module's own initialisation, on purpose) and ``ReleaseHead`` (a
+release's classifier into a head) into the root WEIGHT_INITIALIZERS, which every scope falls back to. A backbone family of one's own goes the same way through
 :func:`register_backbone`.
 """
 import importlib
@@ -16,7 +16,7 @@ from mmengine.registry import WEIGHT_INITIALIZERS, Registry
 from . import models
 from .engine import hooks
 from .models.backbones.base import register_family
-from .models.utils.pretrained import ScratchInit
+from .models.utils.pretrained import ReleaseHeadInit, ScratchInit
 from .swap.config import SoftFreeSwap
 
 # Our own scope; its parent is mmengine's root so scope-qualified names ('softfree_mm.SoftFreeSwin') resolve.
@@ -57,8 +57,9 @@ def register_all():
         for name in HOOK_CLASSES:
             if name not in reg.module_dict:  # module_dict, not get(): see above
                 reg.register_module(module=getattr(hooks, name))
-    if WEIGHT_INITIALIZERS.get('Scratch') is None:
-        WEIGHT_INITIALIZERS.register_module('Scratch', module=ScratchInit)
+    for name, cls in (('Scratch', ScratchInit), ('ReleaseHead', ReleaseHeadInit)):
+        if WEIGHT_INITIALIZERS.get(name) is None:
+            WEIGHT_INITIALIZERS.register_module(name, module=cls)
 
 
 register_all()

@@ -182,12 +182,16 @@ def test_train_and_test_pipelines_pack_demo_images_into_model_inputs(path, demo_
         _point_at_demo(cfg, demo_root)
     else:
         for key in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+            if cfg.get(key) is None:  # stage 1 of the warm start: images only, no validation
+                continue
             ds = cfg[key].dataset
             ds.data_root = ds.data_root.replace('data/demo', demo_root)
     with DATASETS.switch_scope_and_registry(cfg.default_scope) as registry:
         import importlib
         importlib.import_module(f'{cfg.default_scope}.datasets')
         for key in ('train_dataloader', 'test_dataloader'):
+            if cfg.get(key) is None:
+                continue
             ds = registry.build(cfg[key].dataset)
             assert len(ds) > 0, f'{key}: no samples found in the demo data'
             sample = ds[0]
@@ -281,8 +285,8 @@ def _official_start(name):
 @pytest.mark.parametrize('path', DET_SEG, ids=_rel)
 def test_det_seg_backbone_starts_from_a_release_or_the_checkpoint_of_its_warm_start(path):
     """No det/seg config trains its backbone from scratch unannounced: a release URL (fetched on load, never here),
-    or the file ``tools/train.py configs/finetune_<backbone>_<attention>.py`` (the warm start's stage 2) writes at
-    its last epoch."""
+    or the work dir of the warm start's stage 2 (``configs/finetune_<backbone>_<attention>.py``: its last
+    checkpoint, so no config hard-codes an iteration count), which that config's own start leads back to."""
     name = osp.basename(path)
     init = Config.fromfile(path).model.backbone.init_cfg
     assert isinstance(init, dict) and init.type == 'Pretrained' and set(init) == {'type', 'checkpoint'}, init
@@ -291,8 +295,9 @@ def test_det_seg_backbone_starts_from_a_release_or_the_checkpoint_of_its_warm_st
     else:
         m = NAME.match(name)
         ft_name = f"finetune_{m['backbone']}_{m['attn']}"
-        epochs = Config.fromfile(osp.join(ROOT, 'configs', ft_name + '.py')).train_cfg.max_epochs
-        assert init.checkpoint == f'work_dirs/{ft_name}/epoch_{epochs}.pth'
+        assert init.checkpoint == f'work_dirs/{ft_name}', init.checkpoint
+        ft = Config.fromfile(osp.join(ROOT, 'configs', ft_name + '.py')).model.backbone.init_cfg
+        assert ft.checkpoint == f"work_dirs/transfer_{m['backbone']}_{m['attn']}" and ft.prefix == 'backbone.'
 
 
 @pytest.mark.parametrize('name', ['maskrcnn_swin_t_softmax.py', 'upernet_xcit_s12_poly3.py', 'semfpn_cswin_t_inline.py',
@@ -320,11 +325,19 @@ def test_classification_configs_train_from_scratch_and_take_a_pretrained_overrid
 def test_demo_configs_train_their_backbones_from_scratch_on_purpose_or_from_the_demo_classifier():
     for path in DEMO:
         cfg = Config.fromfile(path)
-        if osp.basename(path) in ('maskrcnn_xcit_s12_poly3_demo.py', 'maskrcnn_xcit_t12_poly3_demo.py'):
-            # `make demo`: the detector starts from the demo classifier's checkpoint, the ordinary way
-            init = cfg.model.backbone.init_cfg.to_dict()
-            assert init == dict(type='Pretrained', checkpoint='work_dirs/demo/pretrain/epoch_2.pth',
-                                prefix='backbone.'), init
+        name = osp.basename(path)
+        init = cfg.model.backbone.get('init_cfg') or {}
+        if name in ('maskrcnn_xcit_s12_poly3_demo.py', 'maskrcnn_xcit_t12_poly3_demo.py',
+                    'semfpn_xcit_t12_poly3_demo.py'):
+            # `make demo`: the detector and the segmentor start from the demo classifier's checkpoint
+            assert init.to_dict() == dict(type='Pretrained', checkpoint='work_dirs/demo/pretrain/epoch_2.pth',
+                                          prefix='backbone.'), init
+        elif name in ('maskrcnn_pvt_v2_b0_digits.py', 'semfpn_pvt_v2_b0_digits.py'):
+            # the detection and segmentation study: from the study's classifier, which the study passes
+            assert init.type == 'Pretrained' and init.prefix == 'backbone.', init
+        elif name == 'maskrcnn_xcit_t12_poly3_warm_demo.py':  # the warm start's stage 2 at demo scale
+            assert init.to_dict() == dict(type='Pretrained', checkpoint='work_dirs/finetune_xcit_t12_poly3_demo',
+                                          prefix='backbone.'), init
         elif cfg.default_scope != 'mmpretrain':
             assert cfg.model.backbone.init_cfg.to_dict() == dict(type='Scratch'), path
 
@@ -336,9 +349,10 @@ def test_missing_warm_start_checkpoint_is_one_line_naming_both_stages_the_releas
     with pytest.raises(UsageError) as e:
         check_pretrained(cfg)
     msg = str(e.value)
-    assert '\n' not in msg and "'work_dirs/finetune_swin_t_poly3/epoch_20.pth' does not exist" in msg
-    assert ('`python tools/train.py configs/transfer_swin_t_poly3.py`, then `python tools/train.py '
-            'configs/finetune_swin_t_poly3.py` (both stages cost 27 to 32 epochs of the supervised recipe') in msg
+    assert '\n' not in msg and "'work_dirs/finetune_swin_t_poly3' does not exist" in msg
+    assert ('`python tools/warm_start.py configs/maskrcnn_swin_t_poly3.py` runs what is missing (stage 1 '
+            'configs/transfer_swin_t_poly3.py, then stage 2 configs/finetune_swin_t_poly3.py, both stages cost 27 to '
+            '32 epochs of the supervised recipe') in msg, msg
     release = Config.fromfile(osp.join(ROOT, 'configs', 'maskrcnn_swin_t_softmax.py'))
     assert ('--cfg-options model.backbone.init_cfg.checkpoint=' + release.model.backbone.init_cfg.checkpoint) in msg
     assert 'model.backbone.init_cfg.type=Scratch' in msg
@@ -347,8 +361,10 @@ def test_missing_warm_start_checkpoint_is_one_line_naming_both_stages_the_releas
     check_pretrained(release)  # URLs are fetched when the model initialises, not checked here
     # the fine-tune's own start is stage 1's checkpoint
     ft = Config.fromfile(osp.join(ROOT, 'configs', 'finetune_swin_t_poly3.py'))
-    with pytest.raises(UsageError, match=r"work_dirs/transfer_swin_t_poly3/iter_12510\.pth' does not exist; make it "
-                                         r"with `python tools/train\.py configs/transfer_swin_t_poly3\.py`"):
+    with pytest.raises(UsageError, match=r"work_dirs/transfer_swin_t_poly3' does not exist; make it with the warm start "
+                                         r"\(docs/warm_start\.md\): `python tools/warm_start\.py "
+                                         r"configs/finetune_swin_t_poly3\.py` runs what is missing \(stage 1 "
+                                         r"configs/transfer_swin_t_poly3\.py\)"):
         check_pretrained(ft)
 
 
@@ -370,7 +386,7 @@ def test_the_warm_start_stages_of_each_det_and_seg_config_build_its_kernel_from_
         assert start == cfg.softmax_release and start.startswith('https://')
         return
     name = f'{m["backbone"]}_{m["attn"]}'
-    assert start == f'work_dirs/finetune_{name}/epoch_20.pth'
+    assert start == f'work_dirs/finetune_{name}'
     stage1 = Config.fromfile(osp.join(ROOT, 'configs', f'transfer_{name}.py'))
     stage2 = Config.fromfile(osp.join(ROOT, 'configs', f'finetune_{name}.py'))
     cls = Config.fromfile(osp.join(ROOT, 'configs', f'cls_{name}.py'))
@@ -380,6 +396,8 @@ def test_the_warm_start_stages_of_each_det_and_seg_config_build_its_kernel_from_
         assert stage1.model.backbone.get(key) == cls.model.backbone.get(key) == cfg.model.backbone.get(key) or \
             key == 'arch' or stage1.model.backbone.get(key) == cls.model.backbone.get(key), key
     assert stage2.model.backbone.init_cfg.to_dict() == dict(
-        type='Pretrained', checkpoint=f'work_dirs/transfer_{name}/iter_{stage1.train_cfg.max_iters}.pth',
-        prefix='backbone.')
-    assert stage2.train_cfg.max_epochs == stage2.finetune_epochs and start.endswith(f'epoch_{stage2.finetune_epochs}.pth')
+        type='Pretrained', checkpoint=f'work_dirs/transfer_{name}', prefix='backbone.')
+    # stage 2's head: the release's classifier, the release stage 1's teacher reads
+    assert stage2.model.head.init_cfg.to_dict() == dict(type='ReleaseHead',
+                                                        checkpoint=stage1.model.teacher.init_cfg.checkpoint)
+    assert stage1.warm_start == stage2.warm_start == dict(recipe='transfer', scale='imagenet')

@@ -16,7 +16,7 @@
 #   4. one Mask R-CNN training step at 800x1216, batch 2: our Swin-T / PVTv2-b2 with softmax, poly3 and inline
 #      against mmdet's own SwinTransformer / PyramidVisionTransformerV2 in the same detector;
 #   5. the warm start's stage 1 against a supervised step of the same classifier (XCiT-S12 and Swin-T, poly3, batch 64
-#      at 224: tools/analysis/warm_start.py --cost), the GPU seconds per step that project its GPU-hours;
+#      at 224: tools/analysis/warm_start_grid.py --cost), the GPU seconds per step that project its GPU-hours;
 #   6. the fused Triton kernels compiled on the GPU against the explicit path (tests/attention/test_attention_fused.py);
 #   7. the CUDA-only tests (tests/test_cuda.py);
 #   8. the summary in work_dirs/gpu_check/summary.txt (each step's log beside it, the tables in *.csv).
@@ -268,7 +268,7 @@ print(f"{torch.cuda.device_count()} x {p.name} (sm_{p.major}{p.minor}, {p.total_
     wanted detector && step detector 200 "$PY" tools/benchmark.py detector --device cuda --batch 2 --size 800x1216 \
         --repeats 3 --csv "$OUT/detector.csv" --detectors swin_t:mmdet swin_t:softmax pvt_v2_b2:mmdet \
         pvt_v2_b2:softmax pvt_v2_b2:poly3 swin_t:poly3 pvt_v2_b2:inline swin_t:inline
-    wanted warm-start && step warm-start 90 "$PY" tools/analysis/warm_start.py --cost configs/transfer_xcit_s12_poly3.py \
+    wanted warm-start && step warm-start 90 "$PY" tools/analysis/warm_start_grid.py --cost configs/transfer_xcit_s12_poly3.py \
         configs/transfer_swin_t_poly3.py --device cuda --batch 64 --steps 5 --csv "$OUT/warm_start_cost.csv"
     wanted fused && step fused 150 "$PY" -m pytest tests/attention/test_attention_fused.py -q -p no:cacheprovider -x
     wanted tests && step tests 150 "$PY" -m pytest tests/test_cuda.py -q -p no:cacheprovider -rs

@@ -7,7 +7,10 @@
 # reduce_zero_label 11 classes, background and the ten digits; a plain BaseSegDataset, ADE20K's 150 names do not
 # apply), image scale (the images' own size, crops of 128, no flips: digits are not mirror-symmetric; the digits are
 # at the classifier's 1x scale), a neck and head 64 channels wide instead of 256 (the demo's cores), the schedule
-# (iterations, warm-up + poly, AdamW lr 6e-4 as the demo detector), images per batch.
+# (1500 iterations, warm-up + poly, AdamW lr 1e-3), images per batch. Measured on the demo's machine from its
+# classifier: mIoU stays at the background-only 8.3 for 300-600 iterations whatever the lr (6e-4 to 2e-3), a Dice
+# term or OHEM, then climbs: 12.2 at 900, 18.5 at 1200, 25.2 at 1500 (lr 1e-3; 2e-3 over 1000 gives 12.1, a frozen
+# backbone 10.2 at 1000). A step costs about 0.2 s here, so this half takes about 5 minutes.
 # 1 process (CPU) x 4 images per batch.
 _base_ = '../semfpn_xcit_s12_poly3.py'
 
@@ -19,7 +22,7 @@ metainfo = dict(classes=('background', *(f'digit_{d}' for d in range(10))),
 pretrained = 'work_dirs/demo/pretrain/epoch_2.pth'
 crop_size = (128, 128)
 width = 64
-num_iters = 300
+num_iters = 1500
 model = dict(
     data_preprocessor=dict(size=crop_size),
     backbone=dict(arch='t12', init_cfg=dict(type='Pretrained', checkpoint=pretrained, prefix='backbone.')),
@@ -49,7 +52,7 @@ param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=30),
     dict(type='PolyLR', eta_min=0.0, power=1.0, by_epoch=False, begin=30, end=num_iters)
 ]
-optim_wrapper = dict(optimizer=dict(lr=6e-4))
+optim_wrapper = dict(optimizer=dict(lr=1e-3))
 auto_scale_lr = dict(base_batch_size=4)
 default_hooks = dict(logger=dict(interval=10), checkpoint=dict(interval=num_iters, max_keep_ckpts=1))
 

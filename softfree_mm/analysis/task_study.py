@@ -50,13 +50,18 @@ LAYOUTS = OrderedDict(
                 ['softmax', 'poly:degree=3', 'linear'], starts=('scratch', 'swap', 'transfer')),
 )
 # the starts' recipes, named in every row: the kernel study's from-scratch classifier, and the warm start's default
-# at the budget the warm-start grid calls 25 % (75 iterations, stage 1 a third of them) and its swap at the same budget
-RECIPES = {'scratch': 'scratch-300', 'swap': 'swap+ft-75', 'transfer': 'transfer+ft-75 (kernel+qkv)'}
+# recipe (softfree_mm/engine/warm_start.py) at the budget the warm-start grid calls 25 % (75 iterations) and its swap
+# (the softmax classifier with the kernel swapped in, fine-tuned by the recipe's stage 2) at the same budget
+RECIPES = {'scratch': 'scratch-300', 'swap': 'swap+ft-75 (transfer)', 'transfer': 'transfer-75'}
 
 
-def check_names(layouts: Sequence[str], kernels: Optional[Sequence[str]] = None, tasks: Sequence[str] = TASKS):
+def check_names(layouts: Sequence[str], kernels: Optional[Sequence[str]] = None, tasks: Sequence[str] = TASKS,
+                starts: Optional[Sequence[str]] = None):
     """One line naming what is unknown and the known forms (a UsageError)."""
     from ..engine.errors import UsageError
+    bad = [s for s in (starts or ()) if s not in RECIPES]
+    if bad:
+        raise UsageError(f'unknown start {", ".join(map(repr, bad))}; known: {", ".join(RECIPES)}')
     bad = [x for x in layouts if x not in LAYOUTS]
     if bad:
         raise UsageError(f'unknown backbone layout {", ".join(map(repr, bad))}; known: {", ".join(LAYOUTS)}')
@@ -92,8 +97,9 @@ class Study:
 
     def __init__(self, runner: Runner, root: str, seeds: Sequence[int], layouts: Sequence[str] = tuple(LAYOUTS),
                  tasks: Sequence[str] = TASKS, kernels: Optional[Sequence[str]] = None,
-                 det_from: Optional[str] = None, echo=print):
-        check_names(layouts, kernels, tasks)
+                 det_from: Optional[str] = None, starts: Optional[Sequence[str]] = None, echo=print):
+        check_names(layouts, kernels, tasks, starts)
+        self.starts = list(starts) if starts else None
         self.r, self.root, self.seeds, self.tasks, self.echo = runner, root, list(seeds), list(tasks), echo
         self.layouts = OrderedDict((x, LAYOUTS[x]) for x in layouts)
         self.kernels = {x: [k for k in lay.kernels if kernels is None or k in kernels or k == REFERENCE]
@@ -120,9 +126,9 @@ class Study:
                 run = dict(status='failed', error=f'no softmax classifier: {softmax.get("error")}')
             elif start == 'swap':
                 run = p.finetune(f'swap_ft/{layout}/{safe_name(kernel)}/75/seed{seed}', layout, kernel, seed, 75,
-                                 softmax['checkpoint'])
+                                 softmax['checkpoint'], softmax['checkpoint'])
             else:
-                groups = ('kernel', 'qkv')
+                groups = p.recipe.groups
                 stage1 = p.transfer(layout, kernel, seed, 75, groups, softmax)
                 run = p.transfer_finetune(layout, kernel, seed, 75, groups, stage1, softmax)
         cache[key] = run
@@ -151,6 +157,7 @@ class Study:
                 if err:
                     unfit[(x, k)] = err
                 starts = ['scratch'] if k == REFERENCE else [s for s in lay.starts if s == 'scratch' or k in lay.warm]
+                starts = [s for s in starts if self.starts is None or s in self.starts or k == REFERENCE]
                 out += [(x, k, s) for s in starts]
         return out, unfit
 

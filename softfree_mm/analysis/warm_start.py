@@ -8,6 +8,7 @@ transfer's counted in them; then the demo's Mask R-CNN from each start. Every ru
 ``tools/test.py`` on a child config in a process of its own; a finished run (its result.json) is not run again.
 """
 import ast
+import dataclasses
 import json
 import os
 import os.path as osp
@@ -20,6 +21,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from ..engine.warm_start import DEFAULT, RECIPES, SCALES, Recipe, finetune_settings, stage_settings
 from .study import read_scalars
 from .sweep import newest_scalars, safe_name, train_one
 from .warm_start_report import SCRATCH_ITERS, transfer_curves
@@ -39,34 +41,42 @@ def kernel_config(base: str, kernel: dict) -> str:
     return f"_base_ = {base!r}\nmodel = dict(backbone=dict(attn_cfg={dict(_delete_=True, **kernel)!r}))\n"
 
 
-def finetune_config(base: str, kernel, iters: int, start: str, lr: float) -> str:
-    """The study's classifier with ``kernel``, every weight from ``start`` (load_from; what it lacks keeps its own
-    initialisation), ``iters`` iterations: 10 % warm-up, cosine to 1e-5, validated at the end."""
-    warm = max(1, iters // 10)
+def _settings_text(settings: dict, skip=('head', 'train')) -> str:
+    return ''.join(f'{k} = {v!r}\n' for k, v in settings.items() if k not in skip)
+
+
+def finetune_config(base: str, kernel, iters: int, backbone_start: str, release: str,
+                    recipe: Optional[Recipe] = None) -> str:
+    """The recipe's stage 2 at the digits scale on the study's classifier with ``kernel``, ``iters`` iterations: the
+    backbone from ``backbone_start`` (a classifier's or a stage 1's checkpoint, 'backbone.' keys), the head the
+    release's classifier (``recipe.head == 'new'``: its own initialisation)."""
+    recipe = recipe or RECIPES[DEFAULT]
+    s = finetune_settings(recipe, SCALES['digits'], iters)
+    head = ('' if recipe.head == 'new' else
+            f"    head=dict(init_cfg=dict(_delete_=True, type='ReleaseHead', checkpoint={release!r})),\n")
     return f"""_base_ = {base!r}
-model = dict(backbone=dict(attn_cfg={dict(_delete_=True, **kernel)!r}))
+model = dict(
+    backbone=dict(attn_cfg={dict(_delete_=True, **kernel)!r},
+                  init_cfg=dict(_delete_=True, type='Pretrained', checkpoint={backbone_start!r}, prefix='backbone.')),
+{head})
 custom_hooks = []
-load_from = {start!r}
-optim_wrapper = dict(optimizer=dict(lr={lr}))
-train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters={iters}, val_interval={iters})
-param_scheduler = [
-    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end={warm}),
-    dict(type='CosineAnnealingLR', eta_min=1e-5, by_epoch=False, begin=0, end={iters})]
-default_hooks = dict(logger=dict(interval=5), checkpoint=dict(by_epoch=False, interval={iters}, max_keep_ckpts=1))
-"""
+{_settings_text(s)}"""
 
 
-def transfer_config(base: str, kernel, iters: int, teacher_ckpt: str, groups: Sequence[str], lr: float,
+def transfer_config(base: str, kernel, budget: int, teacher_ckpt: str, recipe: Optional[Recipe] = None,
                     prefix: Optional[str] = 'backbone.') -> str:
-    """Stage 1 on the study's classifier: the teacher its softmax backbone with the softmax run's weights (a
-    classifier's checkpoint: ``prefix`` 'backbone.'; a release: None)."""
+    """The recipe's stage 1 at the digits scale on the study's classifier, for a warm start of ``budget`` iterations:
+    the teacher its softmax backbone with the softmax run's weights (a classifier's checkpoint: ``prefix``
+    'backbone.'; a release: None)."""
+    recipe = recipe or RECIPES[DEFAULT]
+    s = stage_settings(recipe, SCALES['digits'], budget)['stage1']
     init = dict(type='Pretrained', checkpoint=teacher_ckpt, **({'prefix': prefix} if prefix else {}))
-    teacher = dict(backbone_of(base), attn_cfg=dict(type='softmax'), init_cfg=init)
-    warm = max(1, iters // 10)
+    student = {k: v for k, v in backbone_of(base).items() if k != 'drop_path_rate'}  # the teacher runs in eval mode
+    teacher = dict(student, attn_cfg=dict(type='softmax'), init_cfg=init)
     return f"""_base_ = {base!r}
 model = dict(type='AttentionTransfer', backbone=dict(attn_cfg={dict(_delete_=True, **kernel)!r}),
              teacher={teacher!r},
-             train={list(groups)!r})
+             train={s['train']!r})
 custom_hooks = []
 val_dataloader = None
 val_evaluator = None
@@ -74,24 +84,7 @@ val_cfg = None
 test_dataloader = None
 test_evaluator = None
 test_cfg = None
-optim_wrapper = dict(optimizer=dict(lr={lr}, weight_decay=0.0))
-train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters={iters})
-param_scheduler = [
-    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end={warm}),
-    dict(type='CosineAnnealingLR', eta_min=1e-5, by_epoch=False, begin=0, end={iters})]
-default_hooks = dict(logger=dict(interval=1), checkpoint=dict(by_epoch=False, interval={iters}, max_keep_ckpts=1))
-"""
-
-
-def merged_start(stage1: str, classifier: str, out: str) -> str:
-    """A whole-classifier start for the fine-tune after a transfer: the student backbone of ``stage1``, the rest
-    (the head) of the softmax ``classifier``."""
-    a = torch.load(stage1, map_location='cpu', weights_only=False)['state_dict']
-    b = torch.load(classifier, map_location='cpu', weights_only=False)['state_dict']
-    sd = {k: v for k, v in b.items() if not k.startswith('backbone.')}
-    sd.update({k: v for k, v in a.items() if k.startswith('backbone.')})
-    torch.save({'state_dict': sd, 'meta': {'made_from': [stage1, classifier]}}, out)
-    return out
+{_settings_text(s)}"""
 
 
 # ---------------------------------------------------------------------------------------------- running
@@ -244,15 +237,15 @@ class Plan:
     fine-tunes from the swap and stage-1 transfers; fine-tunes from the transfers; detectors."""
 
     def __init__(self, runner: Runner, root: str, seeds: Sequence[int], budgets: Sequence[int] = (30, 75),
-                 transfer_share: float = 1 / 3, ft_lr: float = 1e-4, transfer_lr: float = 3e-3,
+                 recipe: str = DEFAULT,
                  ablation_kernel: str = 'poly:degree=3', det_kernels: Sequence[str] = ('poly:degree=3', 'linear'),
                  backbones: Optional[Dict[str, tuple]] = None, scratch_from: Optional[str] = None,
                  ablation_seeds: Optional[Sequence[int]] = None, echo=print):
         self.r, self.root, self.seeds = runner, root, list(seeds)
         self.study = study_rows(scratch_from) if scratch_from else {}
         self.ablation_seeds = list(ablation_seeds) if ablation_seeds is not None else self.seeds
-        self.budgets, self.share = list(budgets), transfer_share
-        self.ft_lr, self.transfer_lr = ft_lr, transfer_lr
+        self.budgets = list(budgets)
+        self.recipe = RECIPES[recipe]
         self.ablation_kernel, self.det_kernels = ablation_kernel, list(det_kernels)
         self.backbones = backbones or BACKBONES
         self.echo = echo
@@ -262,7 +255,7 @@ class Plan:
         return osp.join(self.root, self.backbones[bb][0])
 
     def transfer_iters(self, budget: int) -> int:
-        return max(1, round(budget * self.share))
+        return self.recipe.stage_iters(budget)[0]
 
     def needs_checkpoint(self, bb: str, kernel: str) -> bool:
         """The from-scratch runs whose weights the grid uses: the teachers and the detectors' scratch starts."""
@@ -286,27 +279,22 @@ class Plan:
         return self.r.test(key, kernel_config(self.base(bb), kernel_cfg(kernel)), softmax['checkpoint'],
                            [f'randomness.seed={seed}'])
 
-    def finetune(self, key: str, bb: str, kernel: str, seed: int, iters: int, start: str) -> dict:
-        return self.r.train(key, finetune_config(self.base(bb), kernel_cfg(kernel), iters, start, self.ft_lr),
-                            [f'randomness.seed={seed}'])
+    def finetune(self, key: str, bb: str, kernel: str, seed: int, iters: int, start: str, release: str) -> dict:
+        return self.r.train(key, finetune_config(self.base(bb), kernel_cfg(kernel), iters, start, release,
+                                                 self.recipe), [f'randomness.seed={seed}'])
 
     def transfer(self, bb: str, kernel: str, seed: int, budget: int, groups, softmax: dict) -> dict:
         key = f'transfer/{bb}/{safe_name(kernel)}/{"+".join(groups)}/{budget}/seed{seed}'
-        return self.r.train(key, transfer_config(self.base(bb), kernel_cfg(kernel), self.transfer_iters(budget),
-                                                 softmax['checkpoint'], groups, self.transfer_lr),
-                            [f'randomness.seed={seed}'])
+        recipe = dataclasses.replace(self.recipe, groups=tuple(groups))
+        return self.r.train(key, transfer_config(self.base(bb), kernel_cfg(kernel), budget, softmax['checkpoint'],
+                                                 recipe), [f'randomness.seed={seed}'])
 
     def transfer_finetune(self, bb, kernel, seed, budget, groups, stage1: dict, softmax: dict) -> dict:
         key = f'transfer_ft/{bb}/{safe_name(kernel)}/{"+".join(groups)}/{budget}/seed{seed}'
         if stage1.get('status') != 'ok':
             return dict(status='failed', error=f'stage 1 failed: {stage1.get("error")}', key=key)
-        got = self.r.done(key)
-        if got is not None:
-            return got
-        start = osp.join(self.r.root, 'starts', safe_name(key) + '.pth')
-        os.makedirs(osp.dirname(start), exist_ok=True)
-        merged_start(stage1['checkpoint'], softmax['checkpoint'], start)
-        return self.finetune(key, bb, kernel, seed, budget - self.transfer_iters(budget), start)
+        return self.finetune(key, bb, kernel, seed, budget - self.transfer_iters(budget), stage1['checkpoint'],
+                             softmax['checkpoint'])
 
     def detector(self, kernel: str, start_kind: str, seed: int, classifier: dict) -> dict:
         key = f'det/{safe_name(kernel)}/{start_kind}/seed{seed}'
@@ -343,7 +331,7 @@ def run_grid(plan: Plan) -> dict:
     ft_tasks = [(bb, k, s, b) for bb, k, s in grid for b in plan.budgets]
     swap_ft = dict(zip(ft_tasks, r.map(lambda t: plan.finetune(
         f'swap_ft/{t[0]}/{safe_name(t[1])}/{t[3]}/seed{t[2]}', t[0], t[1], t[2], t[3],
-        softmax[(t[0], t[2])]['checkpoint']), ft_tasks)))
+        softmax[(t[0], t[2])]['checkpoint'], softmax[(t[0], t[2])]['checkpoint']), ft_tasks)))
     # which parameter groups stage 1 trains: compared at the larger budget (the smaller leaves stage 1 too few steps)
     abl = [(bb, plan.ablation_kernel, s, large, g) for bb in bbs for s in plan.ablation_seeds for g in GROUP_CHOICES
            if softmax[(bb, s)].get('status') == 'ok']

@@ -1,5 +1,5 @@
 """What the warm start's stage 1 costs against supervised training of the same classifier, per step
-(``tools/analysis/warm_start.py --cost``; ``make gpu-check`` times it on a GPU)."""
+(``tools/analysis/warm_start_grid.py --cost``; ``make gpu-check`` times it on a GPU)."""
 import os.path as osp
 import time
 

@@ -214,7 +214,7 @@ def write_outputs(result: dict, out: str, plan) -> None:
             for r in rows:
                 w.writerow({k: cell(r.get(k)) for k in fields})
     groups = dict(chosen=list(result['groups']), scores={'+'.join(g): v for g, v in result['scores'].items()},
-                  budgets=plan.budgets, transfer_share=plan.share, ft_lr=plan.ft_lr, transfer_lr=plan.transfer_lr)
+                  budgets=plan.budgets, recipe=plan.recipe.name)
     with open(osp.join(out, 'groups.json'), 'w') as f:
         json.dump(groups, f, indent=1)
     summary = summarise(result['rows'])

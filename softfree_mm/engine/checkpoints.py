@@ -10,8 +10,6 @@ import torch
 
 from .errors import BadInput
 
-_CKPT_RE = re.compile(r'^(?:iter|epoch)_(\d+)\.pth$')
-
 
 def _readable(path: str) -> bool:
     try:
@@ -24,22 +22,8 @@ def _readable(path: str) -> bool:
 def latest_checkpoint(work_dir: str, check: bool = True) -> Optional[str]:
     """The checkpoint to resume from: the one ``last_checkpoint`` names when it exists (and loads, with
     ``check``), else the newest ``iter_*.pth`` / ``epoch_*.pth`` that does."""
-    named = None
-    marker = osp.join(work_dir, 'last_checkpoint')
-    if osp.isfile(marker):
-        with open(marker) as f:
-            named = f.read().strip() or None
-    if named and osp.isfile(named) and (not check or _readable(named)):
-        return named
-    found = []
-    for path in glob.glob(osp.join(work_dir, '*.pth')):
-        m = _CKPT_RE.match(osp.basename(path))
-        if m:
-            found.append((int(m.group(1)), osp.getmtime(path), path))
-    for _, _, path in sorted(found, reverse=True):
-        if not check or _readable(path):
-            return path
-    return None
+    from softfree_mm.models.converters import checkpoints_in
+    return next((p for p in checkpoints_in(work_dir) if not check or _readable(p)), None)
 
 
 def remove_stale_temporaries(work_dir: str) -> List[str]:

@@ -97,12 +97,14 @@ def check_pretrained(cfg: Config) -> None:
     starts from a checkpoint made by another config (the warm start's, a ``cls_*`` one) says how to make it, the
     start from the config's ``softmax_release`` with the kernel swapped where it has one, or how to train from
     scratch on purpose (``model.backbone.init_cfg.type=Scratch``). URLs are fetched when the model is initialised."""
-    from softfree_mm.models.converters import missing_checkpoint_message
+    from softfree_mm.models.converters import checkpoints_in, missing_checkpoint_message
     for path, node in _walk(cfg.get('model', {}), 'model'):
-        if isinstance(node, dict) and node.get('type') == 'Pretrained':
+        if isinstance(node, dict) and node.get('type') in ('Pretrained', 'ReleaseHead'):
             ckpt = node.get('checkpoint')
-            if isinstance(ckpt, str) and '://' not in ckpt and not os.path.isfile(ckpt):
-                raise UsageError(missing_checkpoint_message(ckpt, path, cfg.get('softmax_release')))
+            if not isinstance(ckpt, str) or '://' in ckpt or os.path.isfile(ckpt):
+                continue
+            if not (os.path.isdir(ckpt) and checkpoints_in(ckpt)):  # a stage's work dir: its last checkpoint
+                raise UsageError(missing_checkpoint_message(ckpt, path, cfg.get('softmax_release'), cfg.filename))
 
 
 def check_model_types(cfg: Config) -> None:

@@ -133,6 +133,10 @@ def _start_file(checkpoint) -> Tuple[Optional[str], str]:
         return None, f'{checkpoint} is not downloaded yet (the run fetches it once, into {os.path.dirname(cached)})'
     if '://' in checkpoint:
         return None, f'{checkpoint} is a remote file (checked when the run loads it)'
+    if os.path.isdir(checkpoint):  # a warm-start stage's work dir: its last checkpoint
+        from softfree_mm.models.converters import checkpoints_in
+        found = checkpoints_in(checkpoint)
+        return (found[0], '') if found else (None, f'{checkpoint} holds no checkpoint yet, and the run needs it')
     if not os.path.isfile(checkpoint):
         return None, f'{checkpoint} is not there yet, and the run needs it'
     return checkpoint, ''
@@ -202,7 +206,7 @@ def check_start(cfg: Config, model) -> List[str]:
             lines.append(f'{where}: not checked: {why}')
             continue
         lines.append(f'{where}: the run stops before training: '
-                     + missing_checkpoint_message(init['checkpoint'], '', release).lstrip(': '))
+                     + missing_checkpoint_message(init['checkpoint'], '', release, cfg.filename).lstrip(': '))
         if release and release != init['checkpoint']:
             rpath, rwhy = _start_file(release)
             if rpath is None:

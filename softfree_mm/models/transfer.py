@@ -6,13 +6,21 @@ reduction), starting from the teacher's weights, and only the kernel's own param
 Each step runs the teacher on the images and records every block's input and output (:class:`AttentionBlock`:
 x -> x + attention -> x + MLP); the student then runs with each block given its twin's recorded input in place of its
 own, so the blocks learn independently and no block's error reaches the next, and nothing of size N x N is kept. The loss of block l is
-``mean((student_l(x_l) - teacher_l(x_l))^2) / mean((teacher_l(x_l) - x_l)^2)``: the error relative to what the
-teacher's block adds to its residual stream, so that no layer dominates by its scale. Images only: labels are not
-read. The checkpoint holds the student as ``backbone.*`` (the teacher is the release file, not saved), which the
+``mean((student_l(x_l) - teacher_l(x_l))^2) / mean((teacher_l(x_l) - passthrough_l(x_l))^2)``: the error relative to
+what the teacher's block adds to its stream (``passthrough`` is what the block returns when its branches add nothing:
+``x_l`` for a pre-norm block, the norms of ``x_l`` for a post-norm one such as SOFT's), so that no layer dominates by
+its scale. Blocks that compute what the teacher's do (the teacher's kernel in the teacher's layout, e.g. the softmax
+last stage of the SOFT and InLine set-ups) are left out of the loss and of what trains. Images only: labels are not
+read.
+
+The block contract it relies on is checked when it is built, on a small image through the teacher: every block runs
+in the teacher's forward, is called with its tokens as the first positional argument and returns one tensor shaped as
+them; a block that breaks it is one error naming the block and the family. The checkpoint holds the student as ``backbone.*`` (the teacher is the release file, not saved), which the
 detection and segmentation configs load with ``prefix='backbone.'`` and the fine-tuning classifier with the same.
 """
+import copy
 import re
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Set
 
 import torch
 from mmengine.logging import print_log
@@ -64,11 +72,13 @@ class AttentionTransfer(BaseModel):
             (every block parameter); what the teacher has no value for trains in any case.
         neck, head, train_cfg: the classification config's (a transfer config inherits it for the student's backbone
             and the data); not built or used: stage 1 reads no labels.
+        probe_size: side of the image the block contract is checked on at build (and blocks identical to the
+            teacher's found).
     """
 
     def __init__(self, backbone: dict, teacher: dict, train: Sequence[str] = ('kernel', 'qkv'),
                  neck: Optional[dict] = None, head: Optional[dict] = None, train_cfg: Optional[dict] = None,
-                 data_preprocessor: Optional[dict] = None, init_cfg=None, eps: float = 1e-8):
+                 data_preprocessor: Optional[dict] = None, init_cfg=None, eps: float = 1e-8, probe_size: int = 64):
         if isinstance(data_preprocessor, dict) and 'type' not in data_preprocessor:
             # a classification config's preprocessor settings (mmpretrain's ImageClassifier adds the same type)
             data_preprocessor = dict(data_preprocessor, type='mmpretrain.ClsDataPreprocessor')
@@ -89,6 +99,9 @@ class AttentionTransfer(BaseModel):
         self._check_twins()
         self.teacher.requires_grad_(False)
         self.teacher.eval()
+        self.same = self._check_blocks(probe_size)
+        if getattr(self.backbone, 'with_cp', False):
+            self.backbone.checkpoint_in_eval = True  # the student stays in eval mode (train()), with_cp still holds
         self._freeze_student()
         self._register_state_dict_hook(_drop_teacher)
         self._register_load_state_dict_pre_hook(self._teacher_from_itself, with_module=False)
@@ -113,6 +126,67 @@ class AttentionTransfer(BaseModel):
             raise ValueError(f'AttentionTransfer: the student {type(s).__name__} has another architecture than the '
                              f'teacher (student against teacher): ' + '; '.join(rows))
 
+    def _check_blocks(self, size: int) -> Set[int]:
+        """The block contract, on a ``size`` x ``size`` image through the teacher (one error naming the block and the
+        family): every block runs, takes its tokens as its first positional argument, returns one tensor shaped as
+        them. Returns the indices of the student blocks that compute what the teacher's twin does (the same state
+        dict, and with the twin's weights the same output, bit for bit, on the twin's input)."""
+        family = type(self.teacher).__name__
+        teacher, student = blocks_of(self.teacher), blocks_of(self.backbone)
+        calls = {}
+
+        def record(i):
+            def hook(module, args, kwargs, output):
+                calls.setdefault(i, (args, kwargs, output))
+            return hook
+
+        handles = [b.register_forward_hook(record(i), with_kwargs=True) for i, (_, b) in enumerate(teacher)]
+        image = torch.randn(1, getattr(self.teacher, 'in_channels', 3), size, size,
+                            generator=torch.Generator().manual_seed(0))  # the global random streams stay as they are
+        failure = None
+        try:
+            with torch.no_grad():
+                self.teacher(image)
+        except Exception as e:  # noqa: BLE001  (a block breaking the contract breaks the blocks after it)
+            failure = e
+        finally:
+            for h in handles:
+                h.remove()
+        same = set()
+        for i, (path, block) in enumerate(teacher):
+            if i not in calls and failure is not None:
+                raise ValueError(f'AttentionTransfer: the teacher {family} does not run on a {size}x{size} image '
+                                 f'(probe_size): {type(failure).__name__}: {failure}') from failure
+            if i not in calls:
+                raise ValueError(f"AttentionTransfer: block {path} of {family} never runs in the teacher's forward: "
+                                 "transfer matches every block on the teacher's own output; build teacher and student "
+                                 'so that every block runs (the classification layout: out_indices / out_type up to '
+                                 'the last block)')
+            args, kwargs, out = calls[i]
+            if not args or not torch.is_tensor(args[0]):
+                raise ValueError(f'AttentionTransfer: block {path} of {family} is not called with its tokens as its '
+                                 f'first positional argument ({len(args)} positional, keywords {sorted(kwargs)}): '
+                                 "transfer hands each student block its twin's input there")
+            if not torch.is_tensor(out) or out.shape != args[0].shape:
+                got = (f'a tensor of shape {tuple(out.shape)}' if torch.is_tensor(out) else
+                       f'a {type(out).__name__}' + (f' of {len(out)}' if isinstance(out, (tuple, list)) else ''))
+                raise ValueError(f'AttentionTransfer: block {path} of {family} returns {got}, not one tensor shaped as '
+                                 f'its input {tuple(args[0].shape)}: transfer compares each block\'s output with its '
+                                 "twin's")
+            twin = dict(student)[path]
+            mine, theirs = twin.state_dict(), block.state_dict()
+            if {k: v.shape for k, v in mine.items()} != {k: v.shape for k, v in theirs.items()}:
+                continue
+            probe = copy.deepcopy(twin).eval()
+            probe.load_state_dict(theirs)
+            try:
+                with torch.no_grad():
+                    if torch.equal(probe(*args, **kwargs), out):
+                        same.add(i)
+            except Exception:  # noqa: BLE001  (a layout that cannot take the twin's call computes something else)
+                pass
+        return same
+
     def _freeze_student(self):
         """Train the chosen groups and every student parameter the teacher has no value for (what the kernel or
         layout change adds: InLine's residual, SOFT's landmark convolutions, a CSWin global branch's LePE)."""
@@ -120,8 +194,15 @@ class AttentionTransfer(BaseModel):
         self.new = [k for k in own if k not in src or src[k].shape != own[k].shape]
         self.backbone.requires_grad_(False)
         params = dict(self.backbone.named_parameters())
-        self.trained = [k for k in self.new if k in params]
-        for path, block in blocks_of(self.backbone):
+        blocks = blocks_of(self.backbone)
+        if len(self.same) == len(blocks):
+            raise ValueError('AttentionTransfer: nothing to transfer: every block of the student computes what the '
+                             "teacher's does (the teacher's kernel in the teacher's layout)")
+        frozen = tuple(f'{blocks[i][0]}.' for i in sorted(self.same))  # the teacher's blocks: nothing to learn
+        self.trained = [k for k in self.new if k in params and not k.startswith(frozen)]
+        for i, (path, block) in enumerate(blocks):
+            if i in self.same:
+                continue
             groups = parameter_groups(block)
             for g in self.train_groups:
                 self.trained += [f'{path}.{name}' for name in groups[g]]
@@ -163,15 +244,18 @@ class AttentionTransfer(BaseModel):
             state_dict.setdefault(f'{prefix}teacher.{k}', v.detach())
 
     # ------------------------------------------------------------------ the loss
-    def transfer_losses(self, images: torch.Tensor) -> Dict[str, torch.Tensor]:
-        """``loss_transfer`` (the mean over blocks) and ``block_<i>`` (each block's, detached) for a batch.
+    def transfer_losses(self, images: torch.Tensor, every_block: bool = False) -> Dict[str, torch.Tensor]:
+        """``loss_transfer`` (the mean over the blocks that train) and ``block_<i>`` (each one's, detached) for a batch;
+        ``every_block``: also the blocks identical to the teacher's (computed, reported, not in the mean).
 
         The teacher's blocks record their input and output; then the student runs, each of its blocks given its
         twin's recorded input in place of its own (the layout arguments, such as Swin's window geometry, stay the
-        student's own: its stages compute them from the same grid)."""
+        student's own: its stages compute them from the same grid); a block identical to its twin is not run (its
+        output is the twin's), unless ``every_block``."""
         teacher = [b for _, b in blocks_of(self.teacher)]
         student = [b for _, b in blocks_of(self.backbone)]
         inputs, targets, outputs = {}, {}, {}
+        skip = set() if every_block else self.same
 
         def record(i):
             def hook(module, args, kwargs, output):
@@ -195,21 +279,28 @@ class AttentionTransfer(BaseModel):
         finally:
             for h in handles:
                 h.remove()
-        handles = [h for i, b in enumerate(student)
+        handles = [h for i, b in enumerate(student) if i not in skip
                    for h in (b.register_forward_pre_hook(substitute(i), with_kwargs=True),
                              b.register_forward_hook(keep(i), with_kwargs=True))]
+        for i in skip:  # the teacher's own computation: its output stands in, nothing is run
+            student[i].forward = (lambda i: lambda *a, **k: targets[i])(i)
         try:
             self.backbone(images)
         finally:
             for h in handles:
                 h.remove()
-        per_block = []
-        for i in range(len(student)):
-            x, target = inputs[i].float(), targets[i].float()
+            for i in skip:
+                del student[i].forward
+        per_block = {}
+        for i in sorted(outputs):
+            target = targets[i].float()
+            with torch.no_grad():
+                base = teacher[i].passthrough(inputs[i]).float()
             err = (outputs[i].float() - target).pow(2).mean()
-            per_block.append(err / (target - x).pow(2).mean().clamp_min(self.eps))
-        losses = {'loss_transfer': torch.stack(per_block).mean()}
-        losses.update({f'block_{i:02d}': v.detach() for i, v in enumerate(per_block)})
+            per_block[i] = err / (target - base).pow(2).mean().clamp_min(self.eps)
+        trained = [v for i, v in per_block.items() if i not in self.same]
+        losses = {'loss_transfer': torch.stack(trained).mean()}
+        losses.update({f'block_{i:02d}': v.detach() for i, v in per_block.items()})
         return losses
 
     def forward(self, inputs: torch.Tensor, data_samples=None, mode: str = 'tensor'):

@@ -38,7 +38,8 @@ def test_shortened_main_job_pretrains_fine_tunes_evaluates_draws_and_summarises(
     work = str(tmp_path / 'demo')
     env = {k: v for k, v in os.environ.items() if k != 'PYTHONWARNINGS'}  # what a user's shell has
     csv_path = str(tmp_path / 'demo.csv')
-    cmd = [sys.executable, 'tools/run_demo.py', '--work-dir', work, '--pictures', '2', '--csv', csv_path,
+    cmd = [sys.executable, 'tools/run_demo.py', '--work-dir', work, '--task', 'all', '--pictures', '2',
+           '--csv', csv_path,
            '--cls-options', 'train_dataloader.dataset.indices=32', 'val_dataloader.dataset.indices=20',
            'train_cfg.max_epochs=1',
            '--det-options', 'train_cfg.max_iters=2', 'default_hooks.logger.interval=1',
@@ -145,7 +146,7 @@ def test_shortened_main_job_pretrains_fine_tunes_evaluates_draws_and_summarises(
 
 def test_a_failing_step_prints_the_end_of_its_log_and_stops_with_its_status(tmp_path):
     work = str(tmp_path / 'demo')
-    proc = subprocess.run([sys.executable, 'tools/run_demo.py', '--work-dir', work, '--cls-config',
+    proc = subprocess.run([sys.executable, 'tools/run_demo.py', '--work-dir', work, '--task', 'all', '--cls-config',
                            'configs/demo/no_such_config.py'], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     log = osp.join(work, 'logs', 'pretrain.log')

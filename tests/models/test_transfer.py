@@ -16,11 +16,14 @@ from softfree_mm.models.transfer import AttentionTransfer, blocks_of, parameter_
 from tests.helpers.models import build_in
 from tests.helpers.presets import TINY
 
-FAMILIES = ('SoftFreeXCiT', 'SoftFreePVT', 'SoftFreePVTv2', 'SoftFreeSwin', 'SoftFreeCSWin')
+FAMILIES = ('SoftFreeXCiT', 'SoftFreePVT', 'SoftFreePVTv2', 'SoftFreeSwin', 'SoftFreeCSWin', 'SoftFreeSOFT')
 # a kernel with parameters of its own in each layout that takes it (XCA's channel attention takes none)
 OWN = {'SoftFreePVTv2': dict(attn_cfg='inline', sr_ratios=(1, 1, 1, 1)),
        'SoftFreeSwin': dict(attn_cfg='soft', global_window=True),
-       'SoftFreeCSWin': dict(attn_cfg='inline', global_window=True)}
+       'SoftFreeCSWin': dict(attn_cfg='inline', global_window=True),
+       'SoftFreeSOFT': dict(attn_cfg=['soft', 'soft', 'soft', 'softmax'])}
+# linear in the first stage (XCiT: the first of its four tiny layers), the teacher's softmax everywhere else
+MIXED = ['linear', 'softmax', 'softmax', 'softmax']
 
 
 @pytest.fixture(scope='module')
@@ -49,15 +52,41 @@ def _images(seed=0):
     return torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(seed))
 
 
+def _kernel_name(block):
+    from softfree_mm.attention import AttentionKernel
+    return next(type(m).__name__ for m in block.modules() if isinstance(m, AttentionKernel))
+
+
 @pytest.mark.parametrize('fam', FAMILIES)
-def test_the_loss_is_zero_with_the_teachers_own_kernel_and_not_with_another(fam, releases):
-    same = _transfer(fam, releases[fam], dict(attn_cfg='softmax'))
-    losses = same(_images(), mode='loss')
-    blocks = [k for k in losses if k.startswith('block_')]
-    assert len(blocks) == len(blocks_of(same.backbone)) > 0
-    assert all(float(losses[k]) == 0.0 for k in blocks) and float(losses['loss_transfer']) == 0.0
-    other = _transfer(fam, releases[fam], dict(attn_cfg='linear'))
-    assert float(other(_images(), mode='loss')['loss_transfer']) > 1e-6
+def test_blocks_with_the_teachers_kernel_have_zero_loss_and_are_left_out_of_the_loss_and_the_optimiser(fam, releases):
+    """The SOFT family (post-norm blocks) as the others: a block with the teacher's kernel in the teacher's layout has
+    exactly zero loss (computed on request), is left out of the mean and not run by default, gets no gradient and no
+    optimiser state; the other blocks' loss is not zero. A student that is the teacher throughout is refused."""
+    from mmengine.optim import build_optim_wrapper
+    with pytest.raises(ValueError, match="nothing to transfer: every block of the student computes what the "
+                                         "teacher's does"):
+        _transfer(fam, releases[fam], dict(attn_cfg='softmax'))
+    model = _transfer(fam, releases[fam], dict(attn_cfg=MIXED))
+    blocks = blocks_of(model.backbone)
+    softmax = {i for i, (_, b) in enumerate(blocks) if _kernel_name(b) == 'SoftmaxAttention'}
+    assert model.same == softmax and 0 < len(softmax) < len(blocks)
+    every = model.transfer_losses(_images(), every_block=True)
+    for i in range(len(blocks)):
+        value = float(every[f'block_{i:02d}'])
+        assert (value == 0.0) if i in softmax else (value > 1e-6), (i, value)
+    losses = model(_images(), mode='loss')
+    assert sorted(k for k in losses if k.startswith('block_')) == [f'block_{i:02d}' for i in range(len(blocks))
+                                                                   if i not in softmax]
+    torch.testing.assert_close(losses['loss_transfer'], every['loss_transfer'])
+    frozen = tuple(f'{blocks[i][0]}.' for i in softmax)
+    assert not [n for n in model.trained if n.startswith(frozen)]
+    wrapper = build_optim_wrapper(model, dict(optimizer=dict(type='AdamW', lr=1e-3)))  # every parameter in a group
+    model(_images(), mode='loss')['loss_transfer'].backward()
+    wrapper.step()
+    params = dict(model.backbone.named_parameters())
+    stepped = {n for n, p in params.items() if p in wrapper.optimizer.state}
+    assert stepped and not [n for n in stepped if n.startswith(frozen)]
+    assert all(params[n].grad is None for n in params if n.startswith(frozen))
 
 
 @pytest.mark.parametrize('fam', FAMILIES)
@@ -77,12 +106,19 @@ def test_each_blocks_loss_is_the_teacher_fed_error_over_the_teachers_update(fam,
             h.remove()
     with torch.no_grad():
         for i, ((tb, targs, tkw), (sb, sargs, skw)) in enumerate(zip(seen_t, seen_s)):
+            if i in model.same:  # the teacher's own block: not in the loss
+                assert f'block_{i:02d}' not in losses
+                continue
             target = tb(*targs, **tkw)
             out = sb(targs[0], *sargs[1:], **skw)
-            expected = (out - target).pow(2).mean() / (target - targs[0]).pow(2).mean()
+            x = targs[0]
+            # what the block adds to its stream: over x (pre-norm), over its norms of x (SOFT's post-norm blocks)
+            base = tb.norm2(tb.norm1(x)) if type(tb).__name__ == 'SoftBlock' else x
+            expected = (out - target).pow(2).mean() / (target - base).pow(2).mean()
             torch.testing.assert_close(losses[f'block_{i:02d}'], expected, rtol=1e-5, atol=1e-7)
     assert float(losses['loss_transfer']) == pytest.approx(
-        float(torch.stack([losses[f'block_{i:02d}'] for i in range(len(seen_t))]).mean()), rel=1e-6)
+        float(torch.stack([losses[f'block_{i:02d}'] for i in range(len(seen_t)) if i not in model.same]).mean()),
+        rel=1e-6)
 
 
 @pytest.mark.parametrize('fam', FAMILIES)
@@ -198,3 +234,59 @@ def test_bad_groups_are_refused():
     with pytest.raises(ValueError, match=r"train must name groups of \['kernel', 'qkv', 'proj', 'blocks'\], got "
                                          r"\['mlp'\]"):
         AttentionTransfer(backbone=dict(base, attn_cfg='poly'), teacher=dict(base, attn_cfg='softmax'), train='mlp')
+
+
+def test_a_block_that_never_runs_in_the_teachers_forward_is_one_error_naming_it_and_the_family(releases):
+    """XCiT's feature-map mode stops after out_indices[-1]: the blocks after it never run."""
+    base = dict(type='SoftFreeXCiT', **dict(TINY['SoftFreeXCiT'], out_indices=(0, 1)))
+    with pytest.raises(ValueError, match=r"^AttentionTransfer: block blocks\.2 of SoftFreeXCiT never runs in the "
+                                         r"teacher's forward"):
+        AttentionTransfer(backbone=dict(base, attn_cfg='poly'), teacher=dict(base, attn_cfg='softmax'))
+
+
+def test_a_block_that_returns_a_tuple_is_one_error_naming_it_and_the_family():
+    """A family whose blocks return (tokens, extra) breaks the contract: refused at build, naming the block."""
+    from mmengine.registry import MODELS as ROOT_MODELS
+
+    from softfree_mm.models.backbones.pvt import SoftFreePVTv2
+
+    class TupleBlocksPVTv2(SoftFreePVTv2):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            for _, block in blocks_of(self):
+                block.forward = (lambda f: lambda *a, **k: (f(*a, **k), None))(block.forward)
+
+    registry = ROOT_MODELS._search_child('softfree_mm')
+    registry.register_module(module=TupleBlocksPVTv2, force=True)
+    try:
+        base = dict(type='TupleBlocksPVTv2', **TINY['SoftFreePVTv2'])
+        with pytest.raises(ValueError, match=r'^AttentionTransfer: block stages\.0\.blocks\.0 of TupleBlocksPVTv2 '
+                                             r'returns a tuple of 2, not one tensor shaped as its input'):
+            AttentionTransfer(backbone=dict(base, attn_cfg='poly'), teacher=dict(base, attn_cfg='softmax'))
+    finally:
+        registry._module_dict.pop('TupleBlocksPVTv2', None)
+
+
+@pytest.mark.parametrize('with_cp', [False, True])
+def test_with_cp_checkpoints_the_student_blocks_in_stage_1_with_the_same_loss_and_gradients(with_cp, releases):
+    """The student stays in eval mode; with_cp still recomputes each block in the backward pass (its forward runs
+    twice), with the loss and gradients of the run without it."""
+    fam = 'SoftFreeSwin'
+    model = _transfer(fam, releases[fam], dict(attn_cfg='poly', with_cp=with_cp))
+    calls = []
+    handles = [b.register_forward_hook(lambda *a, i=i: calls.append(i)) for i, (_, b) in enumerate(
+        blocks_of(model.backbone))]
+    loss = model(_images(), mode='loss')['loss_transfer']
+    before = len(calls)
+    loss.backward()
+    for h in handles:
+        h.remove()
+    assert len(calls) - before == (before if with_cp else 0)
+    grads = {n: p.grad.clone() for n, p in model.backbone.named_parameters() if p.grad is not None}
+    other = _transfer(fam, releases[fam], dict(attn_cfg='poly', with_cp=not with_cp))
+    other_loss = other(_images(), mode='loss')['loss_transfer']
+    other_loss.backward()
+    torch.testing.assert_close(loss, other_loss)
+    for n, p in other.backbone.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(p.grad, grads[n], rtol=1e-5, atol=1e-7)

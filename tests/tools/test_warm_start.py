@@ -46,7 +46,9 @@ def _release(tmp_path, depth=4, width=32):
     model = build_in('softfree_mm', dict(type='SoftFreeXCiT', arch='t12', embed_dims=width, depth=depth, num_heads=4,
                               cls_attn_layers=1, out_type='cls_token', attn_cfg='softmax'))
     path = str(tmp_path / f'release_d{depth}_w{width}.pth')
-    torch.save({'model': model.state_dict()}, path)
+    head = torch.nn.Linear(width, 10)  # its classifier, in the official layout ('head.*')
+    torch.save({'model': {**model.state_dict(), 'head.weight': head.weight.detach(), 'head.bias': head.bias.detach()}},
+               path)
     return path
 
 
@@ -60,8 +62,8 @@ def _train(config, work_dir, *options, tmp_path):
 
 def _stage1(tmp_path, base, release, kernel=None, iters=4):
     path = tmp_path / f'stage1_{iters}.py'
-    path.write_text(ws.transfer_config(base, kernel or dict(type='poly', degree=3), iters, release,
-                                       ['kernel', 'qkv'], 3e-3, prefix=None))
+    # a warm start of 3 x iters: the recipe gives stage 1 a third
+    path.write_text(ws.transfer_config(base, kernel or dict(type='poly', degree=3), 3 * iters, release, prefix=None))
     return str(path)
 
 
@@ -80,7 +82,7 @@ def test_stage1_trains_what_it_declares_resumes_exactly_and_both_stages_start_th
     base = _tiny_base(tmp_path, demo_root)
     release = _release(tmp_path)
     config = _stage1(tmp_path, base, release)
-    full = _train(config, tmp_path / 'full', 'randomness.seed=0', tmp_path=tmp_path)
+    full = _train(config, tmp_path / 'full', 'randomness.seed=0', 'default_hooks.logger.interval=1', tmp_path=tmp_path)
     assert full.returncode == 0, full.stderr[-3000:]
     ckpt, state = _state(tmp_path / 'full')
     assert ckpt.endswith('iter_4.pth')
@@ -102,9 +104,9 @@ def test_stage1_trains_what_it_declares_resumes_exactly_and_both_stages_start_th
     _, again = _state(tmp_path / 'resumed')
     assert again.keys() == state.keys() and all(torch.equal(again[k], state[k]) for k in state)
 
-    # stage 2: the classifier from stage 1's student (the head of a classifier: here the release has none)
+    # stage 2: the classifier from stage 1's student, its head the release's classifier
     ft_cfg = tmp_path / 'stage2.py'
-    ft_cfg.write_text(ws.finetune_config(base, dict(type='poly', degree=3), 2, ckpt, 1e-4))
+    ft_cfg.write_text(ws.finetune_config(base, dict(type='poly', degree=3), 2, ckpt, release))
     ft = _train(str(ft_cfg), tmp_path / 'stage2', 'randomness.seed=0', tmp_path=tmp_path)
     assert ft.returncode == 0, ft.stderr[-3000:]
     ft_ckpt, ft_state = _state(tmp_path / 'stage2')
@@ -145,7 +147,7 @@ def test_bad_inputs_are_one_line_and_exit_2_before_any_iteration(case, message, 
 
 
 def test_cost_times_stage_1_against_the_classifiers_step_and_refuses_other_configs(tmp_path):
-    """tools/analysis/warm_start.py --cost on a tiny XCiT pair (a transfer config and the classifier it names)."""
+    """tools/analysis/warm_start_grid.py --cost on a tiny XCiT pair (a transfer config and the classifier it names)."""
     import csv
     (tmp_path / 'cls_tiny_poly3.py').write_text(
         f"_base_ = {osp.join(ROOT, 'configs', 'cls_xcit_s12_poly3.py')!r}\n"
@@ -155,7 +157,7 @@ def test_cost_times_stage_1_against_the_classifiers_step_and_refuses_other_confi
         f"_base_ = {osp.join(ROOT, 'configs', 'transfer_xcit_s12_poly3.py')!r}\n"
         "model = dict(backbone=dict(embed_dims=32, depth=2, num_heads=4, cls_attn_layers=1),\n"
         "             teacher=dict(embed_dims=32, depth=2, num_heads=4, cls_attn_layers=1))\n")
-    tool = osp.join(ROOT, 'tools', 'analysis', 'warm_start.py')
+    tool = osp.join(ROOT, 'tools', 'analysis', 'warm_start_grid.py')
     out = tmp_path / 'cost.csv'
     proc = subprocess.run([sys.executable, tool, '--cost', str(tmp_path / 'transfer_tiny_poly3.py'), '--batch', '2',
                            '--steps', '1', '--csv', str(out)], capture_output=True, text=True, timeout=600)
@@ -175,7 +177,7 @@ def test_child_configs_put_the_kernel_in_place_of_the_bases_own(tmp_path):
     det = osp.join(ROOT, 'configs', 'demo', 'maskrcnn_xcit_t12_poly3_demo.py')
     for kernel in (dict(type='softmax'), dict(type='linear', feature_map='elu+1')):
         for name, text in (('k', ws.kernel_config(det, kernel)),
-                           ('ft', ws.finetune_config(det, kernel, 4, 'start.pth', 1e-4))):
+                           ('ft', ws.finetune_config(det, kernel, 4, 'start.pth', 'release.pth'))):
             path = tmp_path / f'{name}_{kernel["type"]}.py'
             path.write_text(text)
             assert Config.fromfile(str(path)).model.backbone.attn_cfg.to_dict() == kernel
@@ -227,7 +229,7 @@ def test_grid_options_out_of_range_are_one_line_and_exit_2(args, message, tmp_pa
     other = tmp_path / 'other.csv'
     other.write_text('config,kernel,seed,status\nstudy_xcit_t12_digits,relu,0,ok\n')
     args = [str(other) if a == 'OTHER' else a for a in args]
-    tool = osp.join(ROOT, 'tools', 'analysis', 'warm_start.py')
+    tool = osp.join(ROOT, 'tools', 'analysis', 'warm_start_grid.py')
     proc = subprocess.run([sys.executable, tool, '--work-dir', str(tmp_path / 'w'), '--out', str(tmp_path / 'o'),
                            *args], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and message in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]
@@ -260,9 +262,9 @@ def test_dry_run_of_the_main_job_with_only_the_softmax_release_says_which_start_
 
     stops, other = dry_run()
     assert stops.startswith("[dry-run] model.backbone.init_cfg: the run stops before training: pretrained checkpoint "
-                            "'work_dirs/finetune_xcit_s12_poly3/epoch_20.pth' does not exist; make it with the warm "
-                            'start (docs/warm_start.md): `python tools/train.py configs/transfer_xcit_s12_poly3.py`, '
-                            'then `python tools/train.py configs/finetune_xcit_s12_poly3.py`'), stops
+                            "'work_dirs/finetune_xcit_s12_poly3' does not exist; make it with the warm start "
+                            f'(docs/warm_start.md): `python tools/warm_start.py {cfg}` runs what is missing (stage 1 '
+                            'configs/transfer_xcit_s12_poly3.py, then stage 2 configs/finetune_xcit_s12_poly3.py'), stops
     fit = (f'{release} fits SoftFreeXCiT (12 blocks, width 384, 8 heads, MLP ratio 4, patch size 16): 350 of its 361 '
            'weights placed (11 left to their initialisation, 39 in the file not placed)')
     assert other == ('[dry-run] model.backbone.init_cfg: the other start, softmax_release with this kernel swapped '

@@ -5,7 +5,8 @@ and the demo Semantic FPN (mIoU) from it; paired differences to softmax per seed
 
     python tools/analysis/task_study.py [--work-dir work_dirs/task_study] [--out docs/results/task_study]
         [--docs docs/study.md] [--layouts pvt xcit] [--tasks det seg] [--kernels K ...] [--seeds 0 1 2]
-        [--det-from docs/results/warm_start/detectors.csv] [--jobs 2] [--threads 1] [--report-only]
+        [--starts scratch swap transfer] [--det-from docs/results/warm_start/detectors.csv] [--jobs 2]
+        [--threads 1] [--report-only]
 
 Layouts: pvt (configs/demo/study_pvt_v2_b0_digits.py, PVTv2-b0 without spatial reduction: token attention; its
 detector configs/demo/maskrcnn_pvt_v2_b0_digits.py, segmentor configs/demo/semfpn_pvt_v2_b0_digits.py) and xcit
@@ -39,6 +40,7 @@ def main(argv=None):
     p.add_argument('--kernels', nargs='+', default=None, help="kernels, the study's spelling (default: the "
                                                                "layout's; softmax always runs)")
     p.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2])
+    p.add_argument('--starts', nargs='+', default=None, help='the starts to run (default: each layout\'s)')
     p.add_argument('--det-from', default=osp.join('docs', 'results', 'warm_start', 'detectors.csv'),
                    help="the warm-start grid's detectors.csv: XCiT's detector rows ('' runs them)")
     p.add_argument('--jobs', type=int, default=2, help='processes at a time')
@@ -57,7 +59,7 @@ def main(argv=None):
     from softfree_mm.engine.errors import UsageError
     layouts = args.layouts or list(ts.LAYOUTS)
     try:
-        ts.check_names(layouts, args.kernels, args.tasks or ts.TASKS)
+        ts.check_names(layouts, args.kernels, args.tasks or ts.TASKS, args.starts)
     except UsageError as e:
         fail(str(e))
     runner = Runner(osp.abspath(args.work_dir), osp.join(ROOT, 'tools'), args.jobs, args.threads,
@@ -65,7 +67,7 @@ def main(argv=None):
     if args.report_only:
         runner.train = runner.test = lambda key, *a, **k: runner.done(key) or dict(status='not run', key=key)
     study = ts.Study(runner, ROOT, args.seeds, layouts, args.tasks or ts.TASKS, args.kernels, det_from or None,
-                     echo=lambda m: print(m, flush=True))
+                     args.starts, echo=lambda m: print(m, flush=True))
     rows = study.run()
     docs = args.docs and (args.docs if osp.isabs(args.docs) else osp.join(ROOT, args.docs))
     summary = ts.write_outputs(rows, osp.abspath(args.out), docs or None, root=osp.abspath(args.work_dir))

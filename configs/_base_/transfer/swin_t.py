@@ -1,8 +1,8 @@
 # Stage 1 of the warm start for Swin-T (attention transfer): the teacher is Swin-T with softmax and the official
 # release swin_tiny_patch4_window7_224.pth (81.2 top-1), frozen; the student is the backbone of
 # configs/cls_swin_t_softmax.py (a configs/transfer_swin_t_*.py sets its kernel as the matching cls_swin_t_*.py does)
-# starting from the teacher's weights. Recipe: configs/_base_/transfer/stage1_adamw.py. Images only: no validation.
-_base_ = ['../../cls_swin_t_softmax.py', './stage1_adamw.py']
+# starting from the teacher's weights. Recipe: configs/_base_/transfer/recipe_transfer.py. Images only: no validation.
+_base_ = ['../../cls_swin_t_softmax.py', './recipe_transfer.py', './swin_t_release.py']
 teacher = dict(
     type='SoftFreeSwin',
     arch='tiny',
@@ -10,17 +10,16 @@ teacher = dict(
     attn_cfg=dict(type='softmax'),
     init_cfg=dict(
         type='Pretrained',
-        checkpoint='https://github.com/SwinTransformer/storage/releases/download/v1.0.0/'
-        'swin_tiny_patch4_window7_224.pth'))
+        checkpoint={{_base_.cls_release}}))
 model = dict(
     type='AttentionTransfer',
     teacher=teacher,
-    train=['kernel', 'qkv'],
-    backbone=dict(drop_path_rate=0.0))
+    train={{_base_.stage1_train}})
 train_cfg = {{_base_.stage1_train_cfg}}
 optim_wrapper = {{_base_.stage1_optim_wrapper}}
 param_scheduler = {{_base_.stage1_param_scheduler}}
 default_hooks = {{_base_.stage1_default_hooks}}
+log_processor = {{_base_.stage1_log_processor}}
 val_dataloader = None
 val_evaluator = None
 val_cfg = None

@@ -1,9 +1,9 @@
 # Stage 1 of the warm start for XCiT-S12/16 (attention transfer): the teacher is XCiT-S12/16 with softmax and the
 # official release xcit_small_12_p16_224.pth (82.0 top-1), frozen; the student is the backbone of
 # configs/cls_xcit_s12_softmax.py (a configs/transfer_xcit_s12_*.py sets its kernel as the matching cls_xcit_s12_*.py
-# does) starting from the teacher's weights. Recipe: configs/_base_/transfer/stage1_adamw.py. Images only: no
+# does) starting from the teacher's weights. Recipe: configs/_base_/transfer/recipe_transfer.py. Images only: no
 # validation.
-_base_ = ['../../cls_xcit_s12_softmax.py', './stage1_adamw.py']
+_base_ = ['../../cls_xcit_s12_softmax.py', './recipe_transfer.py', './xcit_s12_release.py']
 teacher = dict(
     type='SoftFreeXCiT',
     arch='s12',
@@ -13,17 +13,16 @@ teacher = dict(
     attn_cfg=dict(type='softmax'),
     init_cfg=dict(
         type='Pretrained',
-        checkpoint='https://dl.fbaipublicfiles.com/xcit/'
-        'xcit_small_12_p16_224.pth'))
+        checkpoint={{_base_.cls_release}}))
 model = dict(
     type='AttentionTransfer',
     teacher=teacher,
-    train=['kernel', 'qkv'],
-    backbone=dict(drop_path_rate=0.0))
+    train={{_base_.stage1_train}})
 train_cfg = {{_base_.stage1_train_cfg}}
 optim_wrapper = {{_base_.stage1_optim_wrapper}}
 param_scheduler = {{_base_.stage1_param_scheduler}}
 default_hooks = {{_base_.stage1_default_hooks}}
+log_processor = {{_base_.stage1_log_processor}}
 val_dataloader = None
 val_evaluator = None
 val_cfg = None

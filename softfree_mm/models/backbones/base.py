@@ -19,15 +19,27 @@ from ..utils.pretrained import init_from_cfg, resolve_pretrained
 
 def checkpointed(owner: nn.Module, fn: Callable, *args):
     """``fn(*args)``, under activation checkpointing when ``owner.with_cp`` and ``owner`` is training and the first
-    input needs a gradient (in eval nothing would ever be recomputed)."""
-    if owner.with_cp and owner.training and args[0].requires_grad:
+    input needs a gradient (in eval nothing would ever be recomputed); also in eval mode when the owner's
+    ``checkpoint_in_eval`` says so and gradients are on (attention transfer trains a student kept in eval mode, each
+    block fed a recorded input that needs no gradient)."""
+    if owner.with_cp and torch.is_grad_enabled() and (
+            (owner.training and args[0].requires_grad) or getattr(owner, 'checkpoint_in_eval', False)):
         return cp.checkpoint(fn, *args, use_reentrant=False)
     return fn(*args)
 
 
 class AttentionBlock(nn.Module):
     """A residual attention block of a backbone (x -> x + attention -> ... -> x + MLP, same shape in and out): the
-    unit attention transfer matches one by one (softfree_mm/models/transfer.py). A family's blocks subclass it."""
+    unit attention transfer matches one by one (softfree_mm/models/transfer.py). A family's blocks subclass it.
+
+    The contract transfer relies on (checked when it is built): the block is called with its tokens as the first
+    positional argument and returns one tensor shaped as them."""
+
+    def passthrough(self, x: torch.Tensor) -> torch.Tensor:
+        """What the block returns when its attention and MLP add nothing: ``x`` for a pre-norm block (x + f(norm(x)));
+        a post-norm block overrides it (its norms still act). Transfer's loss divides each block's error by the mean
+        square of output minus this: what the block adds to its stream."""
+        return x
 
 
 def register_family(cls):

@@ -97,6 +97,10 @@ class SoftBlock(AttentionBlock):
         x = self.norm1(x + self.drop1(self.attn(x, tuple(hw))))
         return self.norm2(x + self.drop2(self.mlp(x)))
 
+    def passthrough(self, x):
+        # post-norm: with nothing added the block still normalises twice
+        return self.norm2(self.norm1(x))
+
 
 class GlobalAttentionLayer(KernelAttention):
     """Stage 4: q, kv, kernel over the class token and the grid (no spatial reduction), output projection."""

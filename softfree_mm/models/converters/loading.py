@@ -82,24 +82,68 @@ WARM_START_COST = ('both stages cost 27 to 32 epochs of the supervised recipe, 9
                    'scratch')
 
 
-def missing_checkpoint_message(checkpoint: str, owner: str = 'backbone', release: Optional[str] = None) -> str:
+_CKPT = re.compile(r'^(?:iter|epoch)_(\d+)\.pth$')
+
+
+def checkpoints_in(work_dir: str):
+    """The checkpoints of a run's work dir, the one to take first first: the one its ``last_checkpoint`` names
+    (written by mmengine, relative to where the run was started or absolute; the file of that name in the folder when
+    the folder has moved), then the ``iter_*`` / ``epoch_*`` files, newest count first."""
+    found = []
+    marker = os.path.join(work_dir, 'last_checkpoint')
+    if os.path.isfile(marker):
+        with open(marker) as f:
+            named = f.read().strip()
+        for path in (named, os.path.join(work_dir, os.path.basename(named))) if named else ():
+            if os.path.isfile(path):
+                found.append(path)
+                break
+    counted = []
+    for name in os.listdir(work_dir) if os.path.isdir(work_dir) else ():
+        m = _CKPT.match(name)
+        if m:
+            path = os.path.join(work_dir, name)
+            counted.append((int(m.group(1)), os.path.getmtime(path), path))
+    found += [p for _, _, p in sorted(counted, reverse=True) if not any(os.path.samefile(p, q) for q in found)]
+    return found
+
+
+def resolve_checkpoint(checkpoint: str, owner: str = 'backbone') -> str:
+    """A checkpoint file, or the work dir of the run that writes it (a warm-start stage's folder: its last
+    checkpoint, so that no config hard-codes an iteration count); a folder without one is one line naming it."""
+    if not os.path.isdir(checkpoint):
+        return checkpoint
+    found = checkpoints_in(checkpoint)
+    if not found:
+        raise FileNotFoundError(missing_checkpoint_message(checkpoint, owner))
+    return found[0]
+
+
+def missing_checkpoint_message(checkpoint: str, owner: str = 'backbone', release: Optional[str] = None,
+                               config: Optional[str] = None) -> str:
     """One line for a pretrained checkpoint path that does not exist: how to make it, or how to opt out. A path in a
     ``work_dirs/<config name>/`` folder names the config that writes it: a ``finetune_*`` one (the warm start's
     stage 2) both stages and, given the config's ``softmax_release``, the start from that release with the kernel
     swapped; a ``transfer_*`` one stage 1; a ``cls_*`` one the ImageNet pretraining."""
-    name = next((part for part in reversed(os.path.normpath(checkpoint).split(os.sep)[:-1])
+    parts = os.path.normpath(checkpoint).split(os.sep)
+    name = next((part for part in reversed(parts if os.path.splitext(parts[-1])[1] != '.pth' else parts[:-1])
                  if part.startswith(('finetune_', 'transfer_', 'cls_'))), None)
     kind, _, rest = (name or '').partition('_')
-    if kind == 'finetune':
+    what = 'holds no checkpoint yet' if os.path.isdir(checkpoint) else 'does not exist'
+    if kind in ('finetune', 'transfer'):
         swap = (f'; or start from the softmax release with the kernel swapped: --cfg-options '
                 f'model.backbone.init_cfg.checkpoint={release}' if release else '')
-        return (f'{owner}: pretrained checkpoint {checkpoint!r} does not exist; make it with the warm start '
-                f'(docs/warm_start.md): `python tools/train.py configs/transfer_{rest}.py`, then `python tools/train.py '
-                f'configs/finetune_{rest}.py` ({WARM_START_COST}){swap}; or point model.backbone.init_cfg.checkpoint at your own file, or '
+        target = config or f'configs/{name}.py'
+        if os.path.isabs(target) and not os.path.relpath(target).startswith('..'):
+            target = os.path.relpath(target)  # as the user would type it, from here
+        stages = (f'stage 1 configs/transfer_{rest}.py, then stage 2 configs/finetune_{rest}.py, {WARM_START_COST}'
+                  if kind == 'finetune' else f'stage 1 configs/transfer_{rest}.py')
+        return (f'{owner}: pretrained checkpoint {checkpoint!r} {what}; make it with the warm start '
+                f'(docs/warm_start.md): `python tools/warm_start.py {target}` runs what is missing ({stages}) '
+                f'and then the config itself{swap}; or point model.backbone.init_cfg.checkpoint at your own file, or '
                 'train the backbone from scratch on purpose with model.backbone.init_cfg.type=Scratch')
-    make = {'transfer': f'make it with `python tools/train.py configs/{name}.py` (the warm start\'s stage 1), ',
-            'cls': f'make it with `python tools/train.py configs/{name}.py` (ImageNet), '}.get(kind, '')
-    return (f'{owner}: pretrained checkpoint {checkpoint!r} does not exist; {make}point '
+    make = {'cls': f'make it with `python tools/train.py configs/{name}.py` (ImageNet), '}.get(kind, '')
+    return (f'{owner}: pretrained checkpoint {checkpoint!r} {what}; {make}point '
             'model.backbone.init_cfg.checkpoint at your own file, or train the backbone from scratch on purpose with '
             'model.backbone.init_cfg.type=Scratch')
 
@@ -115,6 +159,7 @@ def read_pretrained(module: torch.nn.Module, checkpoint: str, convert_fn: Option
     if urlparse(checkpoint).scheme in ('http', 'https'):
         raw = read_checkpoint(fetch_release(checkpoint), map_location)
     elif '://' not in checkpoint:
+        checkpoint = resolve_checkpoint(checkpoint, name)
         if not os.path.isfile(checkpoint):
             raise FileNotFoundError(missing_checkpoint_message(checkpoint, name))
         raw = read_checkpoint(checkpoint, map_location)

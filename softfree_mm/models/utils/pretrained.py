@@ -1,5 +1,5 @@
 """``Pretrained`` loading of a backbone through its family's converter, mmdet's / mmseg's deprecated
-``pretrained=PATH`` alias, and ``init_cfg=dict(type='Scratch')``."""
+``pretrained=PATH`` alias, ``init_cfg=dict(type='Scratch')`` and ``init_cfg=dict(type='ReleaseHead', ...)``."""
 import warnings
 from typing import Optional
 
@@ -17,6 +17,57 @@ class ScratchInit:
         pass
 
     def __call__(self, module):
+        return module
+
+
+# where a release file holds its linear classifier: mmpretrain's LinearClsHead, the official / timm models' head,
+# torchvision's ResNets
+HEAD_KEYS = (('head.fc.weight', 'head.fc.bias'), ('head.weight', 'head.bias'), ('fc.weight', 'fc.bias'))
+
+
+class ReleaseHeadInit:
+    """``init_cfg=dict(type='ReleaseHead', checkpoint=PATH_OR_URL)`` on a classifier head holding one
+    ``nn.Linear`` (mmpretrain's LinearClsHead): the linear classifier of a release file (``head.fc.*`` in
+    mmpretrain's layout, ``head.*`` in the official and timm ones). The warm start's stage 2 starts its head from the
+    softmax release's, whose classes it keeps (what the small-scale evidence measured). A work dir stands for its
+    last checkpoint; a file without such a head, or one of another shape, is one line naming both."""
+
+    def __init__(self, checkpoint: str, map_location: str = 'cpu'):
+        if not isinstance(checkpoint, str) or not checkpoint:
+            raise ValueError(f"ReleaseHead: checkpoint must be a release's path or URL, got {checkpoint!r}")
+        self.checkpoint, self.map_location = checkpoint, map_location
+
+    def __call__(self, module):
+        import os
+        from urllib.parse import urlparse
+
+        import torch
+
+        from ..converters import fetch_release, read_checkpoint, resolve_checkpoint, unwrap_state_dict
+        linears = [m for m in module.modules() if isinstance(m, torch.nn.Linear)]
+        if len(linears) != 1:
+            raise ValueError(f'ReleaseHead: {type(module).__name__} holds {len(linears)} linear layers; it loads one '
+                             'linear classifier (a LinearClsHead)')
+        fc = linears[0]
+        path = fetch_release(self.checkpoint) if urlparse(self.checkpoint).scheme in ('http', 'https') else \
+            resolve_checkpoint(self.checkpoint, 'ReleaseHead')
+        if not os.path.isfile(path):
+            from ..converters import missing_checkpoint_message
+            raise FileNotFoundError(missing_checkpoint_message(path, 'ReleaseHead'))
+        sd = unwrap_state_dict(read_checkpoint(path, self.map_location), backbone_only=False)
+        keys = next((pair for pair in HEAD_KEYS if pair[0] in sd), None)
+        if keys is None:
+            raise ValueError(f'ReleaseHead: {self.checkpoint} holds no linear classifier (looked for '
+                             f'{", ".join(k[0] for k in HEAD_KEYS)})')
+        weight, bias = sd[keys[0]], sd.get(keys[1])
+        if tuple(weight.shape) != tuple(fc.weight.shape) or (bias is None) != (fc.bias is None):
+            raise ValueError(f'ReleaseHead: {self.checkpoint} holds a classifier of {tuple(weight.shape[::-1])} '
+                             f'(in, out) features, {type(module).__name__} one of ({fc.in_features}, '
+                             f'{fc.out_features}): the release and the classifier must have the same classes and width')
+        with torch.no_grad():
+            fc.weight.copy_(weight)
+            if bias is not None:
+                fc.bias.copy_(bias)
         return module
 
 

@@ -4,10 +4,10 @@ the kernel or by attention transfer (softfree_mm.models.AttentionTransfer) and a
 kernels trained from scratch, on the kernel study's two backbones and digits task; then the demo's Mask R-CNN from
 each start.
 
-    python tools/analysis/warm_start.py [--work-dir work_dirs/warm_start] [--out docs/results/warm_start]
+    python tools/analysis/warm_start_grid.py [--work-dir work_dirs/warm_start] [--out docs/results/warm_start]
         [--seeds 0 1 2] [--budgets 30 75] [--scratch-from docs/results/study/runs.csv] [--ablation-seeds 0 1 2]
         [--jobs 2] [--threads 1] [--report-only]
-    python tools/analysis/warm_start.py --cost CONFIG [CONFIG ...] [--device cpu|cuda] [--batch 8] [--steps 3]
+    python tools/analysis/warm_start_grid.py --cost CONFIG [CONFIG ...] [--device cpu|cuda] [--batch 8] [--steps 3]
         [--csv PATH]
 
 The from-scratch top-1 of a kernel is the kernel study's run of the same seed (--scratch-from, its runs.csv; '' trains

@@ -1,0 +1,242 @@
+"""The warm start users run (softfree_mm/engine/warm_start.py, tools/warm_start.py): one recipe at both scales, the
+chain from a release to the main job, and its bad inputs.
+
+Guards: the committed recipe base configs are the definition's; a config of the small-scale grid and the shipped config
+of the same backbone x kernel differ exactly in the named list (SCALE_DIFFERENCES), for both stages; ``--dry-run``
+lists the chain of a Mask R-CNN, an UperNet and a PVTv2-b2 InLine config (also with another --work-root and another
+length); a stage's work dir holding another pair's checkpoint, a config with a release, a config of no det / seg /
+cls task, bad options: one line, exit status 2; the chain runs end to end at demo scale (a softmax demo classifier as
+the release, stage 1, stage 2, the detector) and, killed in stage 2, resumes there without running stage 1 again;
+ReleaseHead loads a release's classifier in both layouts and refuses one of another shape.
+"""
+import fnmatch
+import os
+import os.path as osp
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from softfree_mm.engine import warm_start as ws
+
+from tests.helpers import ROOT
+
+TOOL = osp.join(ROOT, 'tools', 'warm_start.py')
+STUDY = osp.join(ROOT, 'configs', 'demo', 'study_xcit_t12_digits.py')
+
+
+def _flat(d, pre=''):
+    out = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            if k != '_delete_':
+                out.update(_flat(v, f'{pre}{k}.'))
+    elif isinstance(d, (list, tuple)) and d and all(isinstance(x, dict) for x in d):
+        for i, v in enumerate(d):
+            out.update(_flat(v, f'{pre}{i}.'))
+    else:
+        out[pre[:-1]] = d
+    return out
+
+
+def _run_keys(cfg):
+    return {k: v for k, v in _flat(cfg.to_dict()).items() if k.split('.')[0] in ws.RUN_KEYS}
+
+
+def test_the_committed_recipe_configs_are_the_definitions():
+    for name, recipe in ws.RECIPES.items():
+        for scale in ws.SCALES:
+            with open(ws.recipe_config_path(ROOT, name, scale)) as f:
+                assert f.read() == ws.recipe_config_text(recipe, ws.SCALES[scale]), (name, scale)
+
+
+@pytest.mark.parametrize('stage', ['stage1', 'stage2'])
+def test_a_grid_config_and_the_shipped_config_of_a_pair_differ_exactly_in_the_named_list(stage, tmp_path):
+    from mmengine.config import Config
+
+    from softfree_mm.analysis import warm_start as grid
+    poly3 = dict(type='poly', degree=3)
+    total = ws.SCALES['digits'].iters
+    if stage == 'stage1':
+        text, shipped = grid.transfer_config(STUDY, poly3, total, 'release.pth'), 'transfer_xcit_s12_poly3.py'
+    else:
+        n2 = ws.RECIPES[ws.DEFAULT].stage_iters(total)[1]
+        text = grid.finetune_config(STUDY, poly3, n2, 'stage1_dir', 'release.pth')
+        shipped = 'finetune_xcit_s12_poly3.py'
+    (tmp_path / 'grid.py').write_text(text)
+    a = _run_keys(Config.fromfile(str(tmp_path / 'grid.py')))
+    b = _run_keys(Config.fromfile(osp.join(ROOT, 'configs', shipped)))
+    patterns = [p for group in ws.SCALE_DIFFERENCES.values() for p in group]
+    differ = sorted(k for k in set(a) | set(b) if a.get(k, '<none>') != b.get(k, '<none>'))
+    outside = [f'{k}: {a.get(k, "<none>")!r} | {b.get(k, "<none>")!r}' for k in differ
+               if not any(fnmatch.fnmatch(k, p) or k == p for p in patterns)]
+    assert not outside, outside
+    # the recipe is there, and the same, at both scales
+    same = [k for k in a if k in b and a[k] == b[k]]
+    recipe = {'stage1': ['model.type', 'model.train', 'optim_wrapper.optimizer.type',
+                         'optim_wrapper.optimizer.weight_decay', 'optim_wrapper.clip_grad.max_norm',
+                         'param_scheduler.0.type', 'param_scheduler.0.start_factor', 'param_scheduler.1.type',
+                         'train_cfg.type', 'model.teacher.attn_cfg.type', 'model.backbone.attn_cfg.degree'],
+              'stage2': ['model.head.init_cfg.type', 'model.backbone.init_cfg.type', 'model.backbone.init_cfg.prefix',
+                         'optim_wrapper.optimizer.type', 'param_scheduler.0.type', 'param_scheduler.0.start_factor',
+                         'param_scheduler.1.type', 'train_cfg.type', 'model.backbone.attn_cfg.degree']}[stage]
+    assert set(recipe) <= set(same), sorted(set(recipe) - set(same))
+    # the lr rule: the same multiples of each scale's from-scratch lr (both 1e-3 here)
+    assert a['optim_wrapper.optimizer.lr'] == b['optim_wrapper.optimizer.lr']
+    # the schedule's shape: warm-up over the same share of the stage
+    n_a, n_b = a['train_cfg.max_iters'], b['train_cfg.max_iters']
+    assert abs(a['param_scheduler.0.end'] / n_a - b['param_scheduler.0.end'] / n_b) < 0.05
+
+
+def _dry_run(config, *args, cwd=ROOT):
+    proc = subprocess.run([sys.executable, TOOL, config, '--dry-run', *args], capture_output=True, text=True,
+                          timeout=300, cwd=cwd)
+    return proc
+
+
+@pytest.mark.parametrize('config,pair', [
+    ('configs/maskrcnn_xcit_s12_poly3.py', 'xcit_s12_poly3'),
+    ('configs/upernet_swin_t_linear.py', 'swin_t_linear'),
+    ('configs/semfpn_pvt_v2_b2_inline.py', 'pvt_v2_b2_inline'),
+])
+def test_dry_run_lists_the_chain_with_its_work_dirs_reads_and_writes(config, pair, tmp_path):
+    proc = _dry_run(config)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    name = osp.splitext(osp.basename(config))[0]
+    for line in (f'[warm-start] 1/3 stage 1 (transfer): configs/transfer_{pair}.py',
+                 f'work dir work_dirs/transfer_{pair}; reads https://',
+                 f'[warm-start] 2/3 stage 2 (fine-tune): configs/finetune_{pair}.py',
+                 f'work dir work_dirs/finetune_{pair}; reads work_dirs/transfer_{pair} (missing); writes its last '
+                 'checkpoint there after 25020 iters; not started',
+                 f'[warm-start] 3/3 the main job: {config}', f'work dir work_dirs/{name}; reads work_dirs/finetune_{pair}',
+                 'after 12510 iters; not started'):
+        assert line in out, (line, out)
+    # another work root and another length: every run's folder there, the recipe's split of the new length
+    root = str(tmp_path / 'elsewhere')
+    proc = _dry_run(config, '--work-root', root, '--iters', '300')
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert f'work dir {root}/transfer_{pair}; reads https://' in out and 'after 100 iters; not started' in out
+    assert f'work dir {root}/finetune_{pair}; reads {root}/transfer_{pair} (missing); writes its last checkpoint ' \
+           'there after 200 iters' in out
+    assert f'work dir {root}/{name}; reads {root}/finetune_{pair} (missing)' in out
+    proc = _dry_run(config, '--stage1-options', 'train_cfg.max_iters=7')
+    assert 'stage 1 (transfer)' in proc.stdout and 'after 7 iters' in proc.stdout
+
+
+@pytest.mark.parametrize('args,message', [
+    (['configs/maskrcnn_xcit_s12_softmax.py'], 'configs/maskrcnn_xcit_s12_softmax.py: nothing to warm-start: its '
+                                               'backbone starts from https://'),
+    (['configs/transfer_xcit_s12_poly3.py'], 'configs/transfer_xcit_s12_poly3.py: a AttentionTransfer config; the warm '
+                                             'start runs before a detection, segmentation or classification config'),
+    (['configs/no_such.py'], 'configs/no_such.py: no such config file'),
+    (['configs/maskrcnn_xcit_s12_poly3.py', '--launcher', 'slurm'], '--launcher slurm needs --partition'),
+    (['configs/maskrcnn_xcit_s12_poly3.py', '--gpus', '0'], '--gpus must be a positive number, got 0'),
+    (['configs/maskrcnn_xcit_s12_poly3.py', '--iters', '1'], '--iters must be at least 2'),
+    (['configs/maskrcnn_xcit_s12_poly3.py', '--cfg-options', 'oops'], "options are KEY=VALUE, got 'oops'"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    proc = subprocess.run([sys.executable, TOOL, *args, '--dry-run'], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)
+    assert proc.returncode == 2, proc.stdout[-1000:] + proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.strip().splitlines() if 'error' in ln]
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+
+
+def test_a_work_dir_holding_another_pairs_checkpoint_is_one_line(tmp_path):
+    """The stage-2 work dir holds a checkpoint whose config trained another kernel: refused before any run."""
+    from mmengine.config import Config
+    other = Config.fromfile(osp.join(ROOT, 'configs', 'finetune_xcit_s12_linear.py'))
+    folder = tmp_path / 'finetune_xcit_s12_poly3'
+    folder.mkdir()
+    torch.save({'meta': {'cfg': other.pretty_text, 'iter': 3}, 'state_dict': {}}, folder / 'iter_3.pth')
+    (folder / 'last_checkpoint').write_text(str(folder / 'iter_3.pth'))
+    proc = _dry_run('configs/maskrcnn_xcit_s12_poly3.py', '--work-root', str(tmp_path))
+    assert proc.returncode == 2 and proc.stdout == ''
+    assert proc.stderr.strip() == (
+        f"error: {folder} holds a checkpoint of SoftFreeXCiT s12 with type=linear, feature_map=elu+1, not of this "
+        "run's SoftFreeXCiT s12 with type=poly, degree=3 (iter_3.pth): give the chain another --work-root, or move "
+        'that folder away'), proc.stderr
+
+
+def test_train_py_alone_names_the_warm_start_command_first(tmp_path):
+    proc = subprocess.run([sys.executable, osp.join(ROOT, 'tools', 'train.py'), 'configs/maskrcnn_swin_t_poly3.py',
+                           '--work-dir', str(tmp_path / 'w')], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 2
+    (line,) = [ln for ln in proc.stderr.strip().splitlines() if ln.startswith('error:')]
+    assert "pretrained checkpoint 'work_dirs/finetune_swin_t_poly3' does not exist; make it with the warm start " \
+           '(docs/warm_start.md): `python tools/warm_start.py configs/maskrcnn_swin_t_poly3.py` runs what is ' \
+           'missing' in line, line
+
+
+def _softmax_classifier(work_dir, cwd):
+    """The release of the demo chain: the demo's XCiT-T12 classifier with softmax, a few iterations."""
+    proc = subprocess.run([sys.executable, osp.join(ROOT, 'tools', 'train.py'),
+                           osp.join(ROOT, 'configs', 'demo', 'cls_xcit_t12_poly3_demo.py'), '--work-dir', work_dir,
+                           '--cfg-options', 'model.backbone.attn_cfg=softmax', 'train_cfg.max_epochs=1',
+                           'train_dataloader.dataset.indices=64', 'val_dataloader.dataset.indices=16'],
+                          capture_output=True, text=True, timeout=600, cwd=cwd)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_the_demo_chain_runs_end_to_end_and_resumes_in_stage_2_after_a_kill(tmp_path):
+    """A softmax demo classifier is the release; tools/warm_start.py on the warm-start demo detector runs stage 1,
+    stage 2 and the detector. Killed (SIGKILL, the whole process group) once stage 2 has written its first
+    checkpoint, the same command resumes stage 2 (its log says so) and does not run stage 1 again."""
+    root = tmp_path / 'w'
+    _softmax_classifier(str(root / 'softmax_cls'), str(tmp_path))
+    config = osp.join(ROOT, 'configs', 'demo', 'maskrcnn_xcit_t12_poly3_warm_demo.py')
+    cmd = [sys.executable, TOOL, config, '--work-root', str(root), '--release', str(root / 'softmax_cls'),
+           '--iters', '12', '--stage1-options', 'train_dataloader.dataset.indices=64',
+           '--stage2-options', 'train_dataloader.dataset.indices=64', 'val_dataloader.dataset.indices=16',
+           'default_hooks.checkpoint.interval=1',
+           '--cfg-options', 'train_cfg.max_iters=2', 'val_dataloader.dataset.indices=4', 'test_dataloader.dataset.indices=4']
+    stage1, stage2 = root / 'transfer_xcit_t12_poly3_demo', root / 'finetune_xcit_t12_poly3_demo'
+    out = open(tmp_path / 'first.log', 'w')  # a file, not a pipe nobody reads while it runs
+    proc = subprocess.Popen(cmd, cwd=str(tmp_path), stdout=out, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    deadline = time.time() + 900
+    while not (stage2 / 'iter_2.pth').exists():
+        assert proc.poll() is None, (tmp_path / 'first.log').read_text()[-3000:]
+        assert time.time() < deadline
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(60)
+    out.close()
+    first = sorted(os.listdir(stage1))
+    assert 'iter_4.pth' in first and not (stage2 / 'iter_8.pth').exists()
+    done = subprocess.run(cmd, cwd=str(tmp_path), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert sorted(os.listdir(stage1)) == first  # stage 1 not run again: no new run folder, no new checkpoint
+    assert 'stage 1 (transfer)' in done.stdout and f'done: {stage1}' in done.stdout
+    assert 'stopped at iter' in done.stdout and 'resumes from' in done.stdout
+    logs = sorted(p for p in stage2.iterdir() if p.is_dir())
+    assert len(logs) == 2 and re.search(r'resumed epoch: 0, iter: [2-7]\b', open(next(logs[-1].glob('*.log'))).read())
+    assert (stage2 / 'iter_8.pth').exists() and (root / 'maskrcnn_xcit_t12_poly3_warm_demo' / 'iter_2.pth').exists()
+    assert 'every run of the chain is done' in done.stdout
+
+
+@pytest.mark.parametrize('layout', ['official', 'mmpretrain'])
+def test_release_head_loads_the_releases_classifier_and_refuses_another_shape(layout, tmp_path):
+    from mmengine.registry import WEIGHT_INITIALIZERS
+    import softfree_mm  # noqa: F401  (registers ReleaseHead)
+    from mmpretrain.models.heads import LinearClsHead
+    w, b = torch.randn(10, 32), torch.randn(10)
+    keys = ('head.weight', 'head.bias') if layout == 'official' else ('head.fc.weight', 'head.fc.bias')
+    sd = {'backbone.x': torch.zeros(1), keys[0]: w, keys[1]: b}
+    path = tmp_path / 'release.pth'
+    torch.save({'model': sd} if layout == 'official' else {'state_dict': sd, 'meta': {}}, path)
+    head = LinearClsHead(num_classes=10, in_channels=32)
+    WEIGHT_INITIALIZERS.build(dict(type='ReleaseHead', checkpoint=str(path)))(head)
+    assert torch.equal(head.fc.weight, w) and torch.equal(head.fc.bias, b)
+    with pytest.raises(ValueError, match=r'holds a classifier of \(32, 10\) \(in, out\) features, LinearClsHead one '
+                                         r'of \(32, 5\)'):
+        WEIGHT_INITIALIZERS.build(dict(type='ReleaseHead', checkpoint=str(path)))(LinearClsHead(5, 32))
+    torch.save({'model': {'backbone.x': torch.zeros(1)}}, tmp_path / 'no_head.pth')
+    with pytest.raises(ValueError, match='holds no linear classifier'):
+        WEIGHT_INITIALIZERS.build(dict(type='ReleaseHead', checkpoint=str(tmp_path / 'no_head.pth')))(head)
