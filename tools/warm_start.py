@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """From a softmax release to the main job in one command: the warm start's stages a config needs, then the config.
 
-    python tools/warm_start.py CONFIG [--work-root work_dirs] [--release PATH_OR_URL] [--iters N]
+    python tools/warm_start.py CONFIG [--work-root work_dirs] [--recipe NAME] [--release PATH_OR_URL] [--iters N]
         [--stage1-options KEY=VALUE ...] [--stage2-options KEY=VALUE ...] [--cfg-options KEY=VALUE ...]
         [--launcher none|pytorch|slurm] [--gpus N] [--nnodes N] [--partition P] [--job-name NAME]
         [--dry-run] [--train-args "ARGS"]
@@ -16,7 +16,10 @@ run again; one that stopped is resumed (tools/train.py --resume); then CONFIG ru
 Each run is its own process, started the way a user starts one: tools/train.py (--launcher none, the default),
 tools/dist_train.sh with --gpus per node (--launcher pytorch; several nodes: run the command on each with NNODES,
 NODE_RANK, MASTER_ADDR set, as dist_train.sh reads them) or tools/slurm_train.sh on --partition with --gpus per node
-x --nnodes (--launcher slurm). --iters N runs the recipe at another length: N iterations in both stages, split and
+x --nnodes (--launcher slurm). --recipe NAME runs another recipe of softfree_mm/engine/warm_start.py (transfer,
+the default, transfer-half, transfer-final, transfer-attn, transfer-newhead: docs/warm_start.md) at the stage
+configs' scale; a stage config may also take configs/_base_/transfer/recipe_<name>.py as its base. --iters N runs the
+recipe at another length: N iterations in both stages, split and
 scheduled as the recipe says (the stage configs' recipe base names it). --release replaces the release the chain starts from (stage 1's teacher, stage 2's
 head); --stage1-options, --stage2-options and --cfg-options (CONFIG's) go to one run each; --train-args to every
 tools/train.py call (e.g. "--amp --device cpu"). --dry-run prints the chain: each run's config, work dir, the
@@ -45,6 +48,7 @@ def parse_args(argv=None):
     p.add_argument('--work-root', default='work_dirs', help='each run works in WORK_ROOT/<its config name>')
     p.add_argument('--release', help="the release the chain starts from (default: the stage configs')")
     p.add_argument('--iters', type=int, help="both stages' iterations in all (default: the recipe's at its scale)")
+    p.add_argument('--recipe', help="the warm-start recipe (default: the stage configs')")
     p.add_argument('--stage1-options', nargs='+', default=[], metavar='KEY=VALUE')
     p.add_argument('--stage2-options', nargs='+', default=[], metavar='KEY=VALUE')
     p.add_argument('--cfg-options', nargs='+', default=[], metavar='KEY=VALUE', help="CONFIG's")
@@ -156,16 +160,22 @@ def main(argv=None):
     runs = ws.chain(args.config, args.work_root, ROOT, options)
     if args.release:
         runs[0].reads = args.release
-    if args.iters:
+    if args.recipe is not None and args.recipe not in ws.RECIPES:
+        raise UsageError(f'--recipe {args.recipe!r} is no recipe; known: {", ".join(ws.RECIPES)}')
+    if args.iters or args.recipe:
         from mmengine.config import Config
         declared = Config.fromfile(runs[0].config).get('warm_start') or {}
         if declared.get('recipe') not in ws.RECIPES or declared.get('scale') not in ws.SCALES:
-            raise UsageError(f'--iters: {runs[0].config} takes no recipe base (configs/_base_/transfer/recipe_*.py), '
-                             'so the length cannot be split; set train_cfg.max_iters with --stage1-options and '
+            what = '--iters' if args.iters else '--recipe'
+            raise UsageError(f'{what}: {runs[0].config} takes no recipe base (configs/_base_/transfer/recipe_*.py), '
+                             "so its scale is not known; set the stages' keys with --stage1-options and "
                              '--stage2-options')
-        lengths = ws.length_options(ws.RECIPES[declared['recipe']], ws.SCALES[declared['scale']], args.iters)
-        runs[0].options[:0] = lengths['stage1']
-        runs[1].options[:0] = lengths['stage2']
+        recipe = ws.RECIPES[args.recipe or declared['recipe']]
+        scale = ws.SCALES[declared['scale']]
+        extra = (ws.recipe_options(recipe, scale, args.iters) if args.recipe else
+                 ws.length_options(recipe, scale, args.iters))
+        runs[0].options[:0] = extra['stage1']
+        runs[1].options[:0] = extra['stage2']
     cfgs = [_config(r) for r in runs]
     states = [_state(r, c) for r, c in zip(runs, cfgs)]
     for r, c, (state, ckpt, _) in zip(runs, cfgs, states):  # a work dir holding another pair's run
@@ -177,6 +187,10 @@ def main(argv=None):
                              f'{ws.describe_pair(ours)} ({osp.basename(ckpt)}): give the chain another --work-root, '
                              'or move that folder away')
     n = len(runs)
+    declared = cfgs[0].get('warm_start') or {}
+    if declared:
+        print(f"[warm-start] recipe {args.recipe or declared.get('recipe')} at the {declared.get('scale')} scale "
+              '(softfree_mm/engine/warm_start.py)', flush=True)
     for i, (r, c, (state, ckpt, where)) in enumerate(zip(runs, cfgs, states), 1):
         unit, end = _target(c)
         what = 'stage 1 (transfer)' if i == 1 else 'stage 2 (fine-tune)' if i == 2 else 'the main job'

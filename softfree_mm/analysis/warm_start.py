@@ -87,6 +87,15 @@ test_cfg = None
 {_settings_text(s)}"""
 
 
+def stage1_tag(recipe: Recipe) -> str:
+    """What a recipe's stage 1 adds to a run's key beside its groups: nothing for the default's loss and split (the
+    runs of the default keep their keys), else its loss and split; recipes whose stage 1 is the same share it."""
+    default = RECIPES[DEFAULT]
+    if (recipe.loss, recipe.stage1_share) == (default.loss, default.stage1_share):
+        return ''
+    return f'/{recipe.loss}-{recipe.stage1_share:.2f}'
+
+
 # ---------------------------------------------------------------------------------------------- running
 class Runner:
     """Runs the study's commands in a work root, one folder each, ``jobs`` processes at a time with ``threads``
@@ -194,6 +203,9 @@ BACKBONES = {  # the kernel study's two backbones, their kernels (a layout's own
     'pvt': ('configs/demo/study_pvt_v2_b0_digits.py', ['poly:degree=3', 'poly:degree=1', 'relu', 'linear', 'inline']),
 }
 GROUP_CHOICES = (('kernel', ), ('kernel', 'qkv'), ('kernel', 'qkv', 'proj'), ('blocks', ))
+# the kernels the recipes grid runs every recipe on: token attention's five, channel attention's two
+RECIPE_KERNELS = {'pvt': ['poly:degree=3', 'poly:degree=1', 'linear', 'relu', 'inline'],
+                  'xcit': ['poly:degree=3', 'linear']}
 DETECTOR = 'configs/demo/maskrcnn_xcit_t12_poly3_demo.py'
 
 
@@ -237,7 +249,8 @@ class Plan:
     fine-tunes from the swap and stage-1 transfers; fine-tunes from the transfers; detectors."""
 
     def __init__(self, runner: Runner, root: str, seeds: Sequence[int], budgets: Sequence[int] = (30, 75),
-                 recipe: str = DEFAULT,
+                 recipe: str = DEFAULT, recipes: Sequence[str] = (),
+                 recipe_kernels: Optional[Dict[str, Sequence[str]]] = None,
                  ablation_kernel: str = 'poly:degree=3', det_kernels: Sequence[str] = ('poly:degree=3', 'linear'),
                  backbones: Optional[Dict[str, tuple]] = None, scratch_from: Optional[str] = None,
                  ablation_seeds: Optional[Sequence[int]] = None, echo=print):
@@ -246,6 +259,9 @@ class Plan:
         self.ablation_seeds = list(ablation_seeds) if ablation_seeds is not None else self.seeds
         self.budgets = list(budgets)
         self.recipe = RECIPES[recipe]
+        # the other recipes measured against it, on the kernels of RECIPE_KERNELS (or recipe_kernels)
+        self.recipes = [RECIPES[r] for r in recipes if r != recipe]
+        self.recipe_kernels = dict(RECIPE_KERNELS if recipe_kernels is None else recipe_kernels)
         self.ablation_kernel, self.det_kernels = ablation_kernel, list(det_kernels)
         self.backbones = backbones or BACKBONES
         self.echo = echo
@@ -283,18 +299,23 @@ class Plan:
         return self.r.train(key, finetune_config(self.base(bb), kernel_cfg(kernel), iters, start, release,
                                                  self.recipe), [f'randomness.seed={seed}'])
 
-    def transfer(self, bb: str, kernel: str, seed: int, budget: int, groups, softmax: dict) -> dict:
-        key = f'transfer/{bb}/{safe_name(kernel)}/{"+".join(groups)}/{budget}/seed{seed}'
-        recipe = dataclasses.replace(self.recipe, groups=tuple(groups))
+    def transfer(self, bb: str, kernel: str, seed: int, budget: int, groups, softmax: dict,
+                 recipe: Optional[Recipe] = None) -> dict:
+        recipe = dataclasses.replace(recipe or self.recipe, groups=tuple(groups))
+        key = f'transfer/{bb}/{safe_name(kernel)}/{"+".join(groups)}{stage1_tag(recipe)}/{budget}/seed{seed}'
         return self.r.train(key, transfer_config(self.base(bb), kernel_cfg(kernel), budget, softmax['checkpoint'],
                                                  recipe), [f'randomness.seed={seed}'])
 
-    def transfer_finetune(self, bb, kernel, seed, budget, groups, stage1: dict, softmax: dict) -> dict:
-        key = f'transfer_ft/{bb}/{safe_name(kernel)}/{"+".join(groups)}/{budget}/seed{seed}'
+    def transfer_finetune(self, bb, kernel, seed, budget, groups, stage1: dict, softmax: dict,
+                          recipe: Optional[Recipe] = None) -> dict:
+        recipe = recipe or self.recipe
+        tag = stage1_tag(recipe) + ('' if recipe.head == 'release' else f'/head-{recipe.head}')
+        key = f'transfer_ft/{bb}/{safe_name(kernel)}/{"+".join(groups)}{tag}/{budget}/seed{seed}'
         if stage1.get('status') != 'ok':
             return dict(status='failed', error=f'stage 1 failed: {stage1.get("error")}', key=key)
-        return self.finetune(key, bb, kernel, seed, budget - self.transfer_iters(budget), stage1['checkpoint'],
-                             softmax['checkpoint'])
+        return self.r.train(key, finetune_config(self.base(bb), kernel_cfg(kernel),
+                                                 budget - recipe.stage_iters(budget)[0], stage1['checkpoint'],
+                                                 softmax['checkpoint'], recipe), [f'randomness.seed={seed}'])
 
     def detector(self, kernel: str, start_kind: str, seed: int, classifier: dict) -> dict:
         key = f'det/{safe_name(kernel)}/{start_kind}/seed{seed}'
@@ -349,6 +370,15 @@ def run_grid(plan: Plan) -> dict:
     todo = [t for t in main if t not in stage1]
     stage1.update(zip(todo, r.map(lambda t: plan.transfer(*t, softmax[(t[0], t[2])]), todo)))
     stage2.update(zip(todo, r.map(lambda t: plan.transfer_finetune(*t, stage1[t], softmax[(t[0], t[2])]), todo)))
+    # the other recipes, each on its kernels at every budget, stage 1 shared where two recipes' are the same
+    variants = {}
+    for rec in plan.recipes:
+        vt = [(bb, k, s, b, chosen) for bb, k, s in grid for b in plan.budgets
+              if k in plan.recipe_kernels.get(bb, ())]
+        one = dict(zip(vt, r.map(lambda t: plan.transfer(*t, softmax[(t[0], t[2])], recipe=rec), vt)))
+        two = dict(zip(vt, r.map(lambda t: plan.transfer_finetune(*t, one[t], softmax[(t[0], t[2])], recipe=rec),
+                                 vt)))
+        variants[rec.name] = (one, two)
     det = [('softmax', 'softmax', s, softmax[('xcit', s)]) for s in seeds if 'xcit' in plan.backbones]
     for k in plan.det_kernels:
         for s in seeds:
@@ -364,13 +394,15 @@ def run_grid(plan: Plan) -> dict:
         rows.append(_row(run, backbone=bb, kernel=k, seed=s, start='swap', iters=0, transfer_iters=0, groups=''))
     for (bb, k, s, b), run in swap_ft.items():
         rows.append(_row(run, backbone=bb, kernel=k, seed=s, start='swap', iters=b, transfer_iters=0, groups=''))
-    for (bb, k, s, b, g), run in stage2.items():
-        rows.append(_row(run, backbone=bb, kernel=k, seed=s, start='transfer', iters=b,
-                         transfer_iters=plan.transfer_iters(b), groups='+'.join(g),
-                         transfer_loss=stage1[(bb, k, s, b, g)].get('loss_final'),
-                         transfer_s_per_iter=stage1[(bb, k, s, b, g)].get('s_per_iter'),
-                         transfer_wall_s=stage1[(bb, k, s, b, g)].get('wall_s'),
-                         finetune_s_per_iter=run.get('s_per_iter')))
+    for name, (one, two) in [(plan.recipe.name, (stage1, stage2)), *variants.items()]:
+        rec = RECIPES[name]
+        for (bb, k, s, b, g), run in two.items():
+            rows.append(_row(run, backbone=bb, kernel=k, seed=s, start='transfer', recipe=name, iters=b,
+                             transfer_iters=rec.stage_iters(b)[0], groups='+'.join(g),
+                             transfer_loss=one[(bb, k, s, b, g)].get('loss_final'),
+                             transfer_s_per_iter=one[(bb, k, s, b, g)].get('s_per_iter'),
+                             transfer_wall_s=one[(bb, k, s, b, g)].get('wall_s'),
+                             finetune_s_per_iter=run.get('s_per_iter')))
     det_rows = []
     for (k, start, s, cls), run in zip(det, dets):
         m = run.get('metrics', {})

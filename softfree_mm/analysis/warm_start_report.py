@@ -42,21 +42,88 @@ def summarise(rows: List[dict]) -> List[dict]:
     scratch = {(r['backbone'], r['kernel'], r['seed']): r['top1'] for r in rows if r['start'] == 'scratch'}
     groups: Dict[tuple, list] = {}
     for r in rows:
-        groups.setdefault((r['backbone'], r['kernel'], r['start'], r['iters'], r['groups']), []).append(r)
+        groups.setdefault((r['backbone'], r['kernel'], r['start'], r['iters'], r['groups'], r.get('recipe') or ''),
+                          []).append(r)
     out = []
-    for (bb, k, start, iters, g), rs in groups.items():
+    for (bb, k, start, iters, g, recipe), rs in groups.items():
         m, s, n = _mean_std([r['top1'] for r in rs])
         diffs = [r['top1'] - scratch[(bb, k, r['seed'])] for r in rs
                  if r['top1'] is not None and scratch.get((bb, k, r['seed'])) is not None]
         dm, ds, dn = _mean_std(diffs)
-        out.append(dict(backbone=bb, kernel=k, start=start, iters=iters, groups=g, n=n, top1_mean=m, top1_std=s,
+        out.append(dict(backbone=bb, kernel=k, start=start, iters=iters, groups=g, recipe=recipe, n=n, top1_mean=m,
+                        top1_std=s,
                         vs_scratch_mean=dm if start != 'scratch' else None,
                         vs_scratch_std=ds if start != 'scratch' else None, paired_seeds=dn,
                         transfer_iters=rs[0].get('transfer_iters', 0),
                         source='+'.join(sorted({r.get('source', 'grid') for r in rs})),
                         failed=sum(r['status'] != 'ok' for r in rs)))
     order = {'scratch': 0, 'swap': 1, 'transfer': 2}
-    return sorted(out, key=lambda r: (r['backbone'], r['kernel'], order[r['start']], r['iters'], r['groups']))
+    return sorted(out, key=lambda r: (r['backbone'], r['kernel'], order[r['start']], r['iters'], r['groups'],
+                                      r['recipe']))
+
+
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+       11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086,
+       24: 2.064, 29: 2.045, 39: 2.023, 59: 2.001}
+
+
+def t95(dof: int) -> float:
+    """The two-sided 95 % t quantile (the nearest tabulated degrees of freedom at or below; 1.96 beyond)."""
+    if dof < 1:
+        return float('nan')
+    return T95[max(d for d in T95 if d <= dof)] if dof <= 59 else 1.96
+
+
+def paired(values: Dict[tuple, float], against: Dict[tuple, float]):
+    """(mean, half-width of the 95 % t-interval, n) of values[key] - against[key] over the keys both hold."""
+    d = [values[k] - against[k] for k in values if k in against and values[k] is not None and
+         against[k] is not None]
+    m, s, n = _mean_std(d)
+    return m, (t95(n - 1) * s / n ** 0.5 if n > 1 else None), n
+
+
+def choose_default(rows: List[dict], default: str, budget: int, target: float = 1.0) -> Dict[str, dict]:
+    """Per backbone, the warm-start recipe the rule of docs/warm_start.md picks at ``budget`` iterations (stated
+    before the grid ran): another recipe replaces ``default`` when, paired by (kernel, seed) against it, its mean
+    difference is positive and its 95 % interval excludes zero; or when it meets the ``target`` (within ``target``
+    points of scratch, paired mean) for kernels where the default does not, and loses nowhere (per kernel, its mean
+    difference to the default is above minus that kernel's interval). Otherwise the default stays."""
+    top = {}
+    for r in rows:
+        if r['start'] == 'transfer' and r['iters'] == budget and r.get('top1') is not None:
+            top.setdefault((r['backbone'], r.get('recipe') or default), {})[(r['kernel'], r['seed'])] = r['top1']
+    scratch = {(r['backbone'], r['kernel'], r['seed']): r['top1'] for r in rows if r['start'] == 'scratch'}
+    out = {}
+    for bb in dict.fromkeys(r['backbone'] for r in rows):
+        base = top.get((bb, default), {})
+        kernels = sorted({k for k, _ in base})
+        vs_scratch = {}
+        for (b, rec), vals in top.items():
+            if b == bb:
+                for k in kernels:
+                    vs_scratch[(rec, k)] = paired({s: v for (kk, s), v in vals.items() if kk == k},
+                                                  {s: scratch.get((bb, k, s)) for (kk, s) in vals if kk == k})[0]
+        misses = [k for k in kernels if vs_scratch.get((default, k)) is not None and
+                  vs_scratch[(default, k)] < -target]
+        verdicts = {}
+        for (b, rec), vals in top.items():
+            if b != bb or rec == default:
+                continue
+            m, half, n = paired(vals, base)
+            better = m is not None and half is not None and m > 0 and m - half > 0
+            meets = [k for k in misses if vs_scratch.get((rec, k)) is not None and vs_scratch[(rec, k)] >= -target]
+            worst = []
+            for k in kernels:
+                km, kh, _ = paired({kk: v for kk, v in vals.items() if kk[0] == k},
+                                   {kk: v for kk, v in base.items() if kk[0] == k})
+                if km is not None and kh is not None and km < -kh:
+                    worst.append(k)
+            verdicts[rec] = dict(mean=m, half=half, n=n, better=better, meets=meets, loses=worst,
+                                 replaces=better or (bool(meets) and not worst))
+        winners = sorted((v['mean'], rec) for rec, v in verdicts.items() if v['replaces'])
+        out[bb] = dict(default=default, chosen=winners[-1][1] if winners else default, misses=misses,
+                       verdicts=verdicts)
+    return out
 
 
 def _cell(r: Optional[dict]) -> str:
@@ -78,8 +145,10 @@ def markdown(summary: List[dict], detectors: List[dict], groups: dict) -> str:
              'the kernel study\'s.', '']
     titles = {'xcit': 'XCiT-T12 (channel attention)', 'pvt': 'PVTv2-b0 without spatial reduction (token attention)'}
     chosen = '+'.join(groups.get('chosen', []))
+    default = groups.get('recipe', '')
     for bb in dict.fromkeys(r['backbone'] for r in summary):
-        mine = [r for r in summary if r['backbone'] == bb and (r['start'] != 'transfer' or r['groups'] == chosen)]
+        mine = [r for r in summary if r['backbone'] == bb and (r['start'] != 'transfer' or (
+            r['groups'] == chosen and r['recipe'] in ('', default)))]
         soft = next((r for r in mine if r['kernel'] == 'softmax'), None)
         cols = list(dict.fromkeys((r['start'], r['iters'], r['transfer_iters']) for r in mine
                                   if r['kernel'] != 'softmax'))
@@ -96,6 +165,34 @@ def markdown(summary: List[dict], detectors: List[dict], groups: dict) -> str:
             lines.append(f'| {k}{" *" if src == "study" else ""} | ' + ' | '.join(_cell(by.get(c)) for c in cols)
                          + ' |')
         lines.append('')
+    others = [r for r in summary if r['start'] == 'transfer' and r['recipe'] not in ('', default)]
+    if others:
+        lines += ['### The recipes', '', f'Transfer + fine-tune top-1 % per recipe (the default: `{default}`), mean ± '
+                  'sample std over the seeds, in brackets the paired difference to scratch.', '']
+        for bb in dict.fromkeys(r['backbone'] for r in others):
+            recs = [default, *dict.fromkeys(r['recipe'] for r in others if r['backbone'] == bb)]
+            budgets = sorted({r['iters'] for r in others if r['backbone'] == bb})
+            cols = [(rec, b) for rec in recs for b in budgets]
+            lines += [f'#### {titles.get(bb, bb)}', '', '| kernel | ' + ' | '.join(f'{rec}, {b}' for rec, b in cols)
+                      + ' |', '|---' * (len(cols) + 1) + '|']
+            for k in dict.fromkeys(r['kernel'] for r in others if r['backbone'] == bb):
+                by = {(r['recipe'] or default, r['iters']): r for r in summary if r['backbone'] == bb and
+                      r['kernel'] == k and r['start'] == 'transfer' and r['groups'] == chosen}
+                lines.append(f'| {k} | ' + ' | '.join(_cell(by.get(c)) for c in cols) + ' |')
+            lines.append('')
+        verdict = groups.get('default_choice') or {}
+        for bb, v in verdict.items():
+            parts = []
+            for rec, x in v['verdicts'].items():
+                if x['mean'] is None:
+                    continue
+                ci = '' if x['half'] is None else f' ± {x["half"]:.1f}'
+                parts.append(f'{rec} {x["mean"]:+.1f}{ci} (n = {x["n"]})' + (', meets the target where the default '
+                             f'misses: {", ".join(x["meets"])}' if x['meets'] else '') +
+                             (f', loses on {", ".join(x["loses"])}' if x['loses'] else ''))
+            lines.append(f'{titles.get(bb, bb)}: paired against `{v["default"]}` at the larger budget: '
+                         + ('; '.join(parts) or 'no pairs yet') + f'. Default by the rule: `{v["chosen"]}`.')
+            lines.append('')
     if groups.get('scores'):
         lines += ['### What stage 1 trains', '', '| groups | top-1 % after the fine-tune (both backbones, all seeds) |',
                   '|---|---|']
@@ -214,7 +311,9 @@ def write_outputs(result: dict, out: str, plan) -> None:
             for r in rows:
                 w.writerow({k: cell(r.get(k)) for k in fields})
     groups = dict(chosen=list(result['groups']), scores={'+'.join(g): v for g, v in result['scores'].items()},
-                  budgets=plan.budgets, recipe=plan.recipe.name)
+                  budgets=plan.budgets, recipe=plan.recipe.name, recipes=[r.name for r in plan.recipes])
+    if plan.recipes:
+        groups['default_choice'] = choose_default(result['rows'], plan.recipe.name, plan.budgets[-1])
     with open(osp.join(out, 'groups.json'), 'w') as f:
         json.dump(groups, f, indent=1)
     summary = summarise(result['rows'])

@@ -30,6 +30,7 @@ class Recipe:
     name: str
     description: str
     groups: Tuple[str, ...] = ('kernel', 'qkv')  # what stage 1 trains (AttentionTransfer's ``train``)
+    loss: str = 'blocks'  # AttentionTransfer's ``loss``: 'blocks', 'blocks+final', 'blocks+attn'
     stage1_share: float = 1 / 3  # of the warm start's iterations
     stage1_lr: float = 3.0
     stage2_lr: float = 0.1
@@ -52,6 +53,17 @@ class Recipe:
 RECIPES: Dict[str, Recipe] = {
     'transfer': Recipe('transfer', 'attention transfer of q, k, v and the kernel\'s own parameters, block by block '
                                    '(a third of the budget), then a fine-tune with the release\'s head'),
+    # the variants the recipes grid measures against it (docs/warm_start.md): each one change
+    'transfer-half': Recipe('transfer-half', 'the default with half of the budget in stage 1 instead of a third',
+                            stage1_share=0.5),
+    'transfer-final': Recipe('transfer-final', 'the default with final-feature distillation added to stage 1: the '
+                                               'student\'s own end-to-end output against the teacher\'s',
+                             loss='blocks+final'),
+    'transfer-attn': Recipe('transfer-attn', 'the default with attention-weight matching added to stage 1 (64 '
+                                             'sampled query rows per head; kernels with a score map only)',
+                            loss='blocks+attn'),
+    'transfer-newhead': Recipe('transfer-newhead', 'the default with a new head in stage 2 instead of the '
+                                                   'release\'s', head='new'),
 }
 DEFAULT = 'transfer'
 
@@ -133,6 +145,7 @@ def stage_settings(recipe: Recipe, scale: Scale, total: Optional[int] = None) ->
     hooks = lambda n: _hooks(scale, n)  # noqa: E731
     stage1 = dict(
         train=list(recipe.groups),
+        loss=recipe.loss,
         train_cfg=dict(_delete_=True, type='IterBasedTrainLoop', max_iters=n1),
         optim_wrapper=dict(_delete_=True, type='OptimWrapper', optimizer=dict(recipe.stage1_optimizer, lr=lr1),
                            clip_grad=dict(max_norm=recipe.stage1_clip)),
@@ -140,6 +153,22 @@ def stage_settings(recipe: Recipe, scale: Scale, total: Optional[int] = None) ->
         default_hooks=hooks(n1),
         log_processor=dict(by_epoch=False))
     return dict(stage1=stage1, stage2=finetune_settings(recipe, scale, n2))
+
+
+def recipe_options(recipe: Recipe, scale: Scale, total: Optional[int] = None) -> Dict[str, List[str]]:
+    """--cfg-options that make a stage config of another recipe (at ``scale``, ``total`` iterations) run ``recipe``:
+    what stage 1 trains and its loss, the split, the learning rates and schedules, stage 2's head."""
+    out = length_options(recipe, scale, total or scale.iters)
+    s = stage_settings(recipe, scale, total)
+    lr1 = s['stage1']['optim_wrapper']['optimizer']['lr']
+    out['stage1'] += [f"model.train={list(recipe.groups)!r}".replace(' ', ''), f'model.loss={recipe.loss}',
+                      f'optim_wrapper.optimizer.lr={lr1}',
+                      f"param_scheduler.1.eta_min={s['stage1']['param_scheduler'][1]['eta_min']}"]
+    out['stage2'] += [f"optim_wrapper.optimizer.lr={s['stage2']['optim_wrapper']['optimizer']['lr']}",
+                      f"param_scheduler.1.eta_min={s['stage2']['param_scheduler'][1]['eta_min']}"]
+    if recipe.head == 'new':
+        out['stage2'].append('model.head.init_cfg=None')
+    return out
 
 
 def length_options(recipe: Recipe, scale: Scale, total: int) -> Dict[str, List[str]]:

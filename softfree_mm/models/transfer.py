@@ -32,6 +32,10 @@ from .attention import KernelAttention
 from .backbones.base import AttentionBlock
 
 GROUPS = ('kernel', 'qkv', 'proj', 'blocks')
+# stage 1's losses: every one matches blocks; '+final' adds the student's own end-to-end output against the teacher's
+# (final-feature distillation: per-block errors accumulate over the layers), '+attn' the attention weights of sampled
+# query rows against the teacher's (Hedgehog's target, for kernels that declare a score map)
+LOSSES = ('blocks', 'blocks+final', 'blocks+attn')
 _INPUTS = re.compile(r'(^|\.)(qkv|q|k|v|kv)\.[^.]+$')
 _PROJ = re.compile(r'(^|\.)proj\.[^.]+$')
 
@@ -74,11 +78,16 @@ class AttentionTransfer(BaseModel):
             and the data); not built or used: stage 1 reads no labels.
         probe_size: side of the image the block contract is checked on at build (and blocks identical to the
             teacher's found).
+        loss: ``blocks`` (each block's output, the default), ``blocks+final`` (and, weighted by ``extra_weight``, the
+            student's end-to-end output against the teacher's), ``blocks+attn`` (and the attention weights of
+            ``attn_rows`` sampled query rows per head against the teacher's: only for kernels that declare a score
+            map; at most rows x tokens weights per head are formed, never N x N).
     """
 
     def __init__(self, backbone: dict, teacher: dict, train: Sequence[str] = ('kernel', 'qkv'),
                  neck: Optional[dict] = None, head: Optional[dict] = None, train_cfg: Optional[dict] = None,
-                 data_preprocessor: Optional[dict] = None, init_cfg=None, eps: float = 1e-8, probe_size: int = 64):
+                 data_preprocessor: Optional[dict] = None, init_cfg=None, eps: float = 1e-8, probe_size: int = 64,
+                 loss: str = 'blocks', extra_weight: float = 1.0, attn_rows: int = 64):
         if isinstance(data_preprocessor, dict) and 'type' not in data_preprocessor:
             # a classification config's preprocessor settings (mmpretrain's ImageClassifier adds the same type)
             data_preprocessor = dict(data_preprocessor, type='mmpretrain.ClsDataPreprocessor')
@@ -89,6 +98,12 @@ class AttentionTransfer(BaseModel):
             raise ValueError(f'AttentionTransfer: train must name groups of {list(GROUPS)}, got {list(train)!r}')
         self.train_groups = tuple(dict.fromkeys(('kernel', *train)))
         self.eps = eps
+        if loss not in LOSSES:
+            raise ValueError(f'AttentionTransfer: loss must be one of {list(LOSSES)}, got {loss!r}')
+        if not (isinstance(attn_rows, int) and attn_rows >= 1) or not extra_weight >= 0:
+            raise ValueError(f'AttentionTransfer: attn_rows must be a positive int and extra_weight >= 0, got '
+                             f'{attn_rows!r}, {extra_weight!r}')
+        self.loss_kind, self.extra_weight, self.attn_rows = loss, float(extra_weight), attn_rows
         from mmengine.registry import MODELS, DefaultScope
 
         # mmengine's root registry in the package's scope finds our backbones, whatever scope builds this (as
@@ -100,6 +115,8 @@ class AttentionTransfer(BaseModel):
         self.teacher.requires_grad_(False)
         self.teacher.eval()
         self.same = self._check_blocks(probe_size)
+        if loss == 'blocks+attn':
+            self._check_score_maps()
         if getattr(self.backbone, 'with_cp', False):
             self.backbone.checkpoint_in_eval = True  # the student stays in eval mode (train()), with_cp still holds
         self._freeze_student()
@@ -187,6 +204,20 @@ class AttentionTransfer(BaseModel):
                 pass
         return same
 
+    def _check_score_maps(self):
+        """Attention-weight matching needs both kernels' weights as a function of per-pair scores: a student kernel
+        that declares none is refused by name."""
+        for i, (path, block) in enumerate(blocks_of(self.backbone)):
+            if i in self.same:
+                continue
+            for name, k in block.named_modules():
+                if isinstance(k, AttentionKernel) and (k.no_score_map or
+                                                       type(k)._score_map is AttentionKernel._score_map):
+                    why = k.no_score_map or 'it declares no score map'
+                    raise ValueError(f"AttentionTransfer: loss='blocks+attn' matches attention weights, but the "
+                                     f"kernel '{k.name}' of {path} has none of a per-pair score map ({why}); use "
+                                     "loss='blocks' or 'blocks+final'")
+
     def _freeze_student(self):
         """Train the chosen groups and every student parameter the teacher has no value for (what the kernel or
         layout change adds: InLine's residual, SOFT's landmark convolutions, a CSWin global branch's LePE)."""
@@ -273,15 +304,21 @@ class AttentionTransfer(BaseModel):
             return hook
 
         handles = [b.register_forward_hook(record(i), with_kwargs=True) for i, b in enumerate(teacher)]
+        attn = self.loss_kind == 'blocks+attn'
+        calls_t, calls_s = {}, {}
+        if attn:
+            handles += self._kernel_hooks(self.teacher, calls_t, skip)
         try:
             with torch.no_grad():
-                self.teacher(images)
+                final_t = self.teacher(images)
         finally:
             for h in handles:
                 h.remove()
         handles = [h for i, b in enumerate(student) if i not in skip
                    for h in (b.register_forward_pre_hook(substitute(i), with_kwargs=True),
                              b.register_forward_hook(keep(i), with_kwargs=True))]
+        if attn:
+            handles += self._kernel_hooks(self.backbone, calls_s, skip)
         for i in skip:  # the teacher's own computation: its output stands in, nothing is run
             student[i].forward = (lambda i: lambda *a, **k: targets[i])(i)
         try:
@@ -301,7 +338,52 @@ class AttentionTransfer(BaseModel):
         trained = [v for i, v in per_block.items() if i not in self.same]
         losses = {'loss_transfer': torch.stack(trained).mean()}
         losses.update({f'block_{i:02d}': v.detach() for i, v in per_block.items()})
+        if self.loss_kind == 'blocks+final':
+            losses['loss_final'] = self.extra_weight * _relative_error(self.backbone(images), final_t, self.eps)
+        elif attn:
+            errs = {key: self._attention_error(calls_s[key], calls_t[key]) for key in calls_s if key in calls_t}
+            trained = [v for (i, _), v in errs.items() if i not in self.same]
+            losses['loss_attn'] = self.extra_weight * torch.stack(trained).mean()
+            for i in sorted({i for i, _ in errs}):
+                losses[f'attn_{i:02d}'] = torch.stack([v for (j, _), v in errs.items() if j == i]).mean().detach()
         return losses
+
+    def _kernel_hooks(self, net, calls: dict, skip) -> list:
+        """Forward hooks on the kernels of ``net``'s blocks (but ``skip``'s) that keep each call's q, k and the layout
+        arguments, keyed by (block, kernel path)."""
+        handles = []
+        for i, (path, block) in enumerate(blocks_of(net)):
+            if i in skip:
+                continue
+            for name, k in block.named_modules():
+                if isinstance(k, AttentionKernel):
+                    def hook(module, args, kwargs, output, key=(i, name)):
+                        params = dict(zip(('q', 'k', 'v', 'hw', 'scale', 'bias', 'mask'), args), **kwargs)
+                        calls[key] = (module, params)
+                    handles.append(k.register_forward_hook(hook, with_kwargs=True))
+        return handles
+
+    def _attention_error(self, student, teacher) -> torch.Tensor:
+        """Relative squared error of the student's attention weights against the teacher's on ``attn_rows``
+        query rows per call, the same rows for both (drawn with a generator of its own: the global random
+        streams stay as they are)."""
+        (ks, ps), (kt, pt) = student, teacher
+        n = pt['q'].shape[2]
+        gen = torch.Generator(device='cpu').manual_seed(n)
+        rows = torch.randperm(n, generator=gen)[:self.attn_rows].to(pt['q'].device)
+
+        def weights(kernel, p, grad):
+            cut = {k: p.get(k) for k in ('hw', 'scale')}
+            for key in ('bias', 'mask'):  # per-query rows of a bias or mask follow the queries
+                val = p.get(key)
+                cut[key] = val.index_select(-2, rows) if torch.is_tensor(val) and val.dim() >= 2 and \
+                    val.shape[-2] == n else val
+            with torch.set_grad_enabled(grad):
+                return kernel.score_map(p['q'].index_select(2, rows), p['k'], **cut).matrix().float()
+
+        a_t = weights(kt, pt, False)
+        a_s = weights(ks, ps, True)
+        return (a_s - a_t).pow(2).mean() / a_t.pow(2).mean().clamp_min(self.eps)
 
     def forward(self, inputs: torch.Tensor, data_samples=None, mode: str = 'tensor'):
         if mode == 'loss':
@@ -310,6 +392,14 @@ class AttentionTransfer(BaseModel):
             return self.backbone(inputs)
         raise ValueError(f"AttentionTransfer: mode must be 'loss' or 'tensor' (stage 1 has no predictions), got "
                          f'{mode!r}')
+
+
+def _relative_error(out, target, eps) -> torch.Tensor:
+    """Mean over the outputs (a backbone returns a tuple of maps) of mean((out - target)^2) / mean(target^2)."""
+    outs = out if isinstance(out, (tuple, list)) else (out, )
+    targets = target if isinstance(target, (tuple, list)) else (target, )
+    return torch.stack([(o.float() - t.float()).pow(2).mean() / t.float().pow(2).mean().clamp_min(eps)
+                        for o, t in zip(outs, targets)]).mean()
 
 
 def _drop_teacher(module, state_dict, prefix, local_metadata):

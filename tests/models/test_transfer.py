@@ -290,3 +290,63 @@ def test_with_cp_checkpoints_the_student_blocks_in_stage_1_with_the_same_loss_an
     for n, p in other.backbone.named_parameters():
         if p.grad is not None:
             torch.testing.assert_close(p.grad, grads[n], rtol=1e-5, atol=1e-7)
+
+
+def _swap_kernels_for_the_teachers(model):
+    """The student made the teacher: the teacher's kernels in place of its own, the teacher's weights."""
+    import copy
+    from softfree_mm.attention import AttentionKernel
+    for (_, sb), (_, tb) in zip(blocks_of(model.backbone), blocks_of(model.teacher)):
+        for (name, k), (_, tk) in zip([(n, m) for n, m in sb.named_modules() if isinstance(m, AttentionKernel)],
+                                      [(n, m) for n, m in tb.named_modules() if isinstance(m, AttentionKernel)]):
+            parent = sb.get_submodule(name.rpartition('.')[0]) if '.' in name else sb
+            setattr(parent, name.rpartition('.')[2], copy.deepcopy(tk))
+    model.backbone.load_state_dict(model.teacher.state_dict())
+
+
+@pytest.mark.parametrize('fam', ['SoftFreeSwin', 'SoftFreePVTv2', 'SoftFreeXCiT'])
+@pytest.mark.parametrize('loss,key', [('blocks+final', 'loss_final'), ('blocks+attn', 'loss_attn')])
+def test_each_distillation_loss_is_zero_with_the_teachers_kernel_and_falls_on_a_tiny_model(fam, loss, key, releases):
+    """The recipes' extra losses: zero once the student computes what the teacher does, above zero with relu(s)/N in
+    the first stage (layer), and falling under a few steps of their own gradient; the attention term of a block with
+    the teacher's kernel is zero (its weights computed on request)."""
+    student = dict(attn_cfg=['relu', 'softmax', 'softmax', 'softmax'])
+    base = dict(type=fam, **TINY[fam])
+    model = build_in('softfree_mm', dict(type='AttentionTransfer', backbone=dict(base, **student), loss=loss,
+                                         teacher=dict(base, attn_cfg='softmax', init_cfg=dict(
+                                             type='Pretrained', checkpoint=releases[fam]))))
+    model.init_weights()
+    model.train()
+    x = _images(7)
+    if loss == 'blocks+attn':
+        every = model.transfer_losses(x, every_block=True)
+        assert all(float(every[f'attn_{i:02d}']) == 0.0 for i in model.same)
+        assert all(float(every[f'attn_{i:02d}']) > 0 for i in range(len(blocks_of(model.backbone)))
+                   if i not in model.same)
+    first = float(model(x, mode='loss')[key])
+    assert first > 1e-7
+    before = {k: v.clone() for k, v in model.backbone.state_dict().items()}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)  # all: only what trains gets gradients
+    for _ in range(30):
+        opt.zero_grad()
+        losses = model(x, mode='loss')
+        (losses['loss_transfer'] * 0 + losses[key]).backward()
+        opt.step()
+    assert float(model(x, mode='loss')[key]) < 0.6 * first
+    changed = {k for k, v in model.backbone.state_dict().items() if not torch.equal(v, before[k])}
+    assert changed and changed <= set(model.trained), sorted(changed - set(model.trained))  # the recipe's groups only
+    _swap_kernels_for_the_teachers(model)
+    assert float(model(x, mode='loss')[key]) == 0.0
+
+
+def test_attention_weight_matching_is_refused_by_name_for_a_kernel_without_a_score_map(releases):
+    base = dict(type='SoftFreePVTv2', **TINY['SoftFreePVTv2'])
+    with pytest.raises(ValueError, match=r"loss='blocks\+attn' matches attention weights, but the kernel 'efficient' "
+                                         r"of stages\.0\.blocks\.0 has none of a per-pair score map \(A = softmax "
+                                         r"over channels"):
+        AttentionTransfer(backbone=dict(base, attn_cfg='efficient'), loss='blocks+attn',
+                          teacher=dict(base, attn_cfg='softmax'))
+    with pytest.raises(ValueError, match=r"loss must be one of \['blocks', 'blocks\+final', 'blocks\+attn'\], got "
+                                         r"'hedgehog'"):
+        AttentionTransfer(backbone=dict(base, attn_cfg='poly'), teacher=dict(base, attn_cfg='softmax'),
+                          loss='hedgehog')

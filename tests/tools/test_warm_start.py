@@ -313,3 +313,34 @@ def test_outputs_count_the_grids_own_time_and_name_configs_under_the_work_dir(tm
     write_outputs(result, str(tmp_path / 'out'), plan)
     (failed,) = [r for r in csv.DictReader(open(tmp_path / 'out' / 'classifiers.csv')) if r['status'] == 'failed']
     assert failed['error'] == 'stage 1 failed: transfer/x/seed0/cfg.py: ValueError: nothing would train'
+
+
+def test_the_default_recipe_rule_by_hand():
+    """choose_default: pairs by (kernel, seed) against the default at the budget; a recipe whose paired mean is
+    positive with its 95 % interval above zero replaces it; one that only meets the 1-point target where the default
+    misses replaces it only if it loses on no kernel beyond that kernel's interval."""
+    from softfree_mm.analysis.warm_start_report import choose_default, t95
+
+    def rows(recipe, tops, start='transfer'):
+        return [dict(backbone='pvt', kernel=k, seed=s, start=start, iters=75 if start == 'transfer' else 300,
+                     recipe=recipe, top1=v) for (k, s), v in tops.items()]
+    scratch = {('a', s): 70.0 for s in range(3)} | {('b', s): 70.0 for s in range(3)}
+    default = {('a', 0): 65.0, ('a', 1): 66.0, ('a', 2): 67.0, ('b', 0): 70.0, ('b', 1): 71.0, ('b', 2): 69.0}
+    better = {k: v + d for (k, v), d in zip(default.items(), (2.0, 3.0, 2.5, 1.0, 2.0, 1.5))}
+    noisy = {k: v + d for (k, v), d in zip(default.items(), (6.0, -5.0, 4.0, 0.0, 0.5, -0.5))}
+    meets = {k: v + d for (k, v), d in zip(default.items(), (4.5, 4.0, 5.0, -0.1, 0.0, 0.1))}
+    all_rows = rows('', scratch, 'scratch') + rows('transfer', default)
+    got = choose_default(all_rows + rows('transfer-half', better) + rows('transfer-final', noisy), 'transfer', 75)
+    v = got['pvt']['verdicts']
+    d = [2.0, 3.0, 2.5, 1.0, 2.0, 1.5]
+    m = sum(d) / 6
+    half = t95(5) * (sum((x - m) ** 2 for x in d) / 5) ** 0.5 / 6 ** 0.5
+    assert v['transfer-half']['mean'] == pytest.approx(m) and v['transfer-half']['half'] == pytest.approx(half)
+    assert v['transfer-half']['replaces'] and not v['transfer-final']['replaces']
+    assert got['pvt']['misses'] == ['a'] and got['pvt']['chosen'] == 'transfer-half'
+    # meeting the target where the default misses ('a': -4 -> -0.5 to scratch), losing nowhere beyond the interval
+    got = choose_default(all_rows + rows('transfer-attn', meets), 'transfer', 75)
+    assert got['pvt']['verdicts']['transfer-attn']['meets'] == ['a'] and got['pvt']['chosen'] == 'transfer-attn'
+    worse_b = dict(meets) | {('b', 0): 60.0, ('b', 1): 61.0, ('b', 2): 60.5}
+    got = choose_default(all_rows + rows('transfer-attn', worse_b), 'transfer', 75)
+    assert got['pvt']['verdicts']['transfer-attn']['loses'] == ['b'] and got['pvt']['chosen'] == 'transfer'

@@ -6,13 +6,17 @@ each start.
 
     python tools/analysis/warm_start_grid.py [--work-dir work_dirs/warm_start] [--out docs/results/warm_start]
         [--seeds 0 1 2] [--budgets 30 75] [--scratch-from docs/results/study/runs.csv] [--ablation-seeds 0 1 2]
-        [--jobs 2] [--threads 1] [--report-only]
+        [--recipes transfer transfer-half transfer-final transfer-attn transfer-newhead] [--jobs 2] [--threads 1]
+        [--report-only]
     python tools/analysis/warm_start_grid.py --cost CONFIG [CONFIG ...] [--device cpu|cuda] [--batch 8] [--steps 3]
         [--csv PATH]
 
 The from-scratch top-1 of a kernel is the kernel study's run of the same seed (--scratch-from, its runs.csv; '' trains
 them all again); the grid trains from scratch only what it needs the weights of: softmax (the teachers) and the
 detectors' kernels on XCiT. The stage-1 groups are compared on --ablation-seeds (default: every seed).
+--recipes: the warm-start recipes of softfree_mm/engine/warm_start.py to run, the first the default the others are
+measured against (paired by kernel and seed; the others on x^3, x, linear, relu and InLine in PVTv2, x^3 and linear
+in XCiT); the table then names the default the rule of docs/warm_start.md picks per backbone.
 Every run is tools/train.py or tools/test.py on a child config written into its folder under --work-dir; a run
 that finished is not run again, so the same command resumes a stopped study. --report-only runs nothing and writes
 the outputs from the runs finished so far. Writes into --out: classifiers.csv (one row per classifier run, its
@@ -40,6 +44,7 @@ def main(argv=None):
     p.add_argument('--scratch-from', default=osp.join('docs', 'results', 'study', 'runs.csv'),
                    help="the kernel study's runs.csv: the from-scratch rows ('' runs them again)")
     p.add_argument('--ablation-seeds', nargs='+', type=int, help='seeds of the stage-1 groups comparison')
+    p.add_argument('--recipes', nargs='+', default=['transfer'], help='warm-start recipes, the default first')
     p.add_argument('--jobs', type=int, default=2, help='processes at a time')
     p.add_argument('--threads', type=int, default=1, help='torch threads per process')
     p.add_argument('--report-only', action='store_true', help='run nothing; report the finished runs')
@@ -64,13 +69,18 @@ def main(argv=None):
                                           else osp.join(ROOT, args.scratch_from))
     if scratch_from and not osp.isfile(scratch_from):
         fail(f"--scratch-from {args.scratch_from}: no such file (the kernel study's runs.csv, or '')")
+    from softfree_mm.engine.warm_start import RECIPES
+    bad = [r for r in args.recipes if r not in RECIPES]
+    if bad or len(set(args.recipes)) != len(args.recipes):
+        fail(f'--recipes {args.recipes}: distinct names of {", ".join(RECIPES)}')
     from softfree_mm.analysis import warm_start as ws
     from softfree_mm.analysis.warm_start_report import write_outputs
     runner = ws.Runner(osp.abspath(args.work_dir), osp.join(ROOT, 'tools'), args.jobs, args.threads,
                        echo=lambda m: print(m, flush=True))
     if args.report_only:
         runner.train = runner.test = lambda key, *a, **k: runner.done(key) or dict(status='not run', key=key)
-    plan = ws.Plan(runner, ROOT, args.seeds, args.budgets, scratch_from=scratch_from or None, ablation_seeds=ablation,
+    plan = ws.Plan(runner, ROOT, args.seeds, args.budgets, recipe=args.recipes[0], recipes=args.recipes[1:],
+                   scratch_from=scratch_from or None, ablation_seeds=ablation,
                    echo=lambda m: print(m, flush=True))
     result = ws.run_grid(plan)
     write_outputs(result, osp.abspath(args.out), plan)

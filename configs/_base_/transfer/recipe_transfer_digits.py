@@ -7,6 +7,7 @@
 # the from-scratch classifier's (0.001), cosine to 0.01x, each after a linear warm-up over 10% of its stage.
 warm_start = {'recipe': 'transfer', 'scale': 'digits'}
 stage1_train = ['kernel', 'qkv']
+stage1_loss = 'blocks'
 stage1_train_cfg = {'_delete_': True, 'type': 'IterBasedTrainLoop', 'max_iters': 25}
 stage1_optim_wrapper = {'_delete_': True, 'type': 'OptimWrapper', 'optimizer': {'type': 'AdamW', 'weight_decay': 0.0, 'eps': 1e-08, 'betas': (0.9, 0.999), 'lr': 0.003}, 'clip_grad': {'max_norm': 5.0}}
 stage1_param_scheduler = [{'type': 'LinearLR', 'start_factor': 0.01, 'by_epoch': False, 'begin': 0, 'end': 2}, {'type': 'CosineAnnealingLR', 'eta_min': 1e-05, 'by_epoch': False, 'begin': 2, 'end': 25}]
