@@ -5,6 +5,10 @@
         [--heads 1] [--head-dim 64] [--batch 1] [--dtype fp32|bf16|fp16] [--repeats 3] [--plot PATH] [--csv PATH]
     python tools/benchmark.py backbone --backbones swin_t pvt_v2_b2 --kernels softmax poly linear
         --sizes 224x224 512x768 [--batch 1] [--dtype fp32] [--no-flops] [--csv PATH]
+    python tools/benchmark.py backbone --layouts xcit_s12 pvt_v2_b2 pvt_v2_b2_nosr swin_t cswin_t
+        [--kernels softmax poly3 linear inline soft] [--short-sides 512 800 1024] [--large-side 1600]
+        [--seg-size 512x2048] [--time-limit 600] [--mem-limit 16] [--no-models] --csv PATH [--plot PATH]
+        [--docs docs/benchmarks.md]
     python tools/benchmark.py compare --backbones swin_t pvt_v2_b2 xcit_s12 --size 512x768 [--repeats 11]
     python tools/benchmark.py flops --backbones swin_t pvt_v2_b2 xcit_s12 cswin_t --kernels softmax poly
         --sizes 224x224 800x1216
@@ -18,7 +22,16 @@ kernels: one attention call per kernel and N (B x heads x N x head_dim): forward
   is the plain (q @ k^T) @ v of the same size. Ratios to softmax (SDPA); log-log slopes over N and the N from
   which each kernel is faster than softmax. --sides S ... gives N = S^2 (the older form).
 backbone: backbone x kernel x image size, each point in a fresh subprocess (forward, forward + backward,
-  images/s, peak memory, parameters, GFLOPs at that size).
+  images/s, peak memory, parameters, GFLOPs at that size). With --layouts, what each kernel costs as images grow
+  (softfree_mm/analysis/benchmark/cost.py): the backbones in the layouts their Mask R-CNN configs use (the kernel's
+  own config, else softmax's with the kernel in place; a kernel the layout does not take is a row with its fit
+  error), inference at short sides --short-sides of 1333:800 images (then --large-side where the largest ran within
+  the limits), at 512x2048, forward + backward at the smallest; whole Mask R-CNN and Semantic FPN (Swin-T, softmax
+  and linear) at the same sizes (--no-models: none). Each case in a fresh process killed over --time-limit seconds
+  or --mem-limit GiB of resident memory (a row saying so; memory: the process's resident set, read every 20 ms); the
+  --csv file is appended as each case ends and a case already there is not measured again (the same command resumes
+  a stopped sweep); the table (with the crossover with softmax and the largest size) goes to stdout, the plot to
+  --plot, both into --docs between its markers.
 compare: our softmax backbones against mmdet's SwinTransformer / PyramidVisionTransformerV2 and timm's
   xcit_small_12_p16 with the same weights (outputs checked), alternating in one process; speed ratio = the
   median over repeats of reference time / ours within each repeat (>= 1: ours at least as fast), with the range
@@ -91,6 +104,12 @@ def _kernel(text, plain_products=False):
     return cfg
 
 
+def _kernel_or_layout_kernel(text):
+    """A kernel spec, or one of the cost sweep's kernel names (the configs' attention names: poly3, ...)."""
+    from softfree_mm.analysis.benchmark.cost import KERNEL_CFGS
+    return text if text in KERNEL_CFGS else _kernel(text)
+
+
 def _backbone(name):
     from softfree_mm.analysis.benchmark.backbones import backbone_presets
     if name not in backbone_presets():
@@ -111,6 +130,16 @@ def _dtype(text):
     if text not in DTYPE_NAMES:
         raise ValueError(f'must be fp32, bf16 or fp16, got {text!r}')
     return text
+
+
+def _positive(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not value > 0 or value != value or value == float('inf'):
+        raise ValueError(f'must be a positive number, got {text!r}')
+    return value
 
 
 def _clock(text):
@@ -155,10 +184,22 @@ def build_parser(default_device):
                                 ('flops', run_flops, 'GFLOPs and parameters of backbone x kernel x size')):
         b = modes.add_parser(name, parents=[common], help=what)
         b.add_argument('--backbones', nargs='+', type=backbone, default=None)
-        b.add_argument('--kernels', nargs='+', type=kernel, default=None)
+        b.add_argument('--kernels', nargs='+', type=_refusing(_kernel_or_layout_kernel) if name == 'backbone'
+                       else kernel, default=None)
         b.add_argument('--sizes', nargs='+', type=size, default=None, help='image sizes HxW')
         if name == 'backbone':
             b.add_argument('--no-flops', action='store_true', help='skip the FLOP count')
+            b.add_argument('--layouts', nargs='+', default=None, help='the cost sweep: det/seg layouts')
+            b.add_argument('--short-sides', nargs='+', type=_refusing(_at_least(32)), default=None)
+            b.add_argument('--large-side', type=_refusing(_at_least(0)), default=None,
+                           help='measured where the largest short side ran within the limits (0: none)')
+            b.add_argument('--seg-size', type=_refusing(lambda t: None if t == '0' else parse_size(t)),
+                           default=(512, 2048), help='the segmentation size (0: none; default 512x2048)')
+            b.add_argument('--time-limit', type=_refusing(_positive), default=600.0, help='seconds a case')
+            b.add_argument('--mem-limit', type=_refusing(_positive), default=16.0, help='GiB resident a case')
+            b.add_argument('--no-models', action='store_true', help='no whole-model points')
+            b.add_argument('--plot', default=None, help='the cost plot (PNG)')
+            b.add_argument('--docs', default=None, help='write the table and plot into this page\'s section')
         b.set_defaults(handler=handler)
     c = modes.add_parser('compare', parents=[common], help='our softmax backbones against the references')
     c.add_argument('--backbones', nargs='+', default=None)
@@ -206,7 +247,40 @@ def run_kernels(args, out):
     return rows
 
 
+def run_cost(args, out):
+    import os.path as osp
+
+    from softfree_mm.analysis.benchmark import cost
+    bad = [x for x in args.layouts if x not in cost.COST_LAYOUTS]
+    if bad:
+        raise BadArgs(f'--layouts: unknown layout(s) {bad}; valid: {", ".join(cost.COST_LAYOUTS)}')
+    kernels = list(args.kernels or cost.COST_KERNELS)
+    bad = [k for k in kernels if not isinstance(k, str) or k not in cost.KERNEL_CFGS]
+    if bad:
+        raise BadArgs(f'--kernels with --layouts: unknown kernel(s) {bad}; valid: {", ".join(cost.KERNEL_CFGS)}')
+    if args.sizes:
+        raise BadArgs('--sizes is for the plain backbone mode; with --layouts give --short-sides')
+    if not args.csv:
+        raise BadArgs('--layouts needs --csv PATH: the sweep appends each case there and resumes from it')
+    os.makedirs(osp.dirname(osp.abspath(args.csv)), exist_ok=True)
+    sides = args.short_sides or list(cost.SHORT_SIDES)
+    cases = cost.plan(args.layouts, kernels, sides, large=cost.LARGE_SIDE if args.large_side is None else
+                      (args.large_side or None), seg=args.seg_size, models=() if args.no_models else cost.MODELS)
+    rows = cost.sweep(cases, args.csv, args.time_limit, args.mem_limit, repeats=args.repeats, log=out.progress)
+    table = cost.markdown(rows)
+    print(table)
+    if args.plot:
+        cost.plot(rows, args.plot)
+        print(f'plot: {args.plot}')
+    if args.docs:
+        cost.write_docs(args.docs, table, args.plot, args)
+    args.csv_written = True
+    return rows
+
+
 def run_backbone(args, out):
+    if args.layouts:
+        return run_cost(args, out)
     from softfree_mm.analysis.benchmark.backbones import BACKBONE_COLUMNS, run_backbones
     rows = run_backbones(args.backbones or list(DEFAULT_BACKBONES), args.kernels or ['softmax'],
                          args.sizes or [(224, 224)], batch=args.batch, dtype=args.dtype, device=args.device,
@@ -292,7 +366,7 @@ def main(argv=None):
     except BadArgs as e:
         print(f'error: {e}', file=sys.stderr)
         return 2
-    if args.csv:
+    if args.csv and not getattr(args, 'csv_written', False):
         from softfree_mm.analysis.tables import write_csv
         write_csv(args.csv, rows)
         print(f'csv: {args.csv}')

@@ -1,0 +1,460 @@
+"""What each kernel costs as images grow (``tools/benchmark.py backbone --layouts ...``): backbones in the layouts
+their detection and segmentation configs use, per kernel, inference time and peak memory at growing image sizes
+(forward + backward at the smallest), whole Mask R-CNN and Semantic FPN points beside them; each case in a process of
+its own under a time limit and a memory limit (over either: a row saying so), the CSV appended row by row and a
+finished case never measured again; the crossover with softmax and the largest size each kernel runs.
+
+Memory: the limit is enforced from outside, on the case's process: its resident set size is read from /proc every
+20 ms and the process is killed above the limit; the figure reported is the process's own peak resident set size
+during the timed pass (VmHWM, reset before the pass), minus its resident size before the pass (weights, inputs,
+libraries): what the pass itself added.
+"""
+import json
+import os
+import os.path as osp
+import signal
+import subprocess
+import sys
+import time
+from collections import OrderedDict
+from typing import Dict, List, Optional, Sequence, Tuple
+
+# layout -> (the backbone of configs/maskrcnn_<backbone>_<kernel>.py, what the layout sets over its config)
+COST_LAYOUTS = OrderedDict(
+    xcit_s12=('xcit_s12', {}),
+    pvt_v2_b2=('pvt_v2_b2', dict(sr_ratios=(8, 4, 2, 1))),  # with spatial reduction, as softmax's config
+    pvt_v2_b2_nosr=('pvt_v2_b2', dict(sr_ratios=(1, 1, 1, 1))),  # without, as the InLine and SOFT configs
+    swin_t=('swin_t', {}),
+    cswin_t=('cswin_t', {}),
+)
+COST_KERNELS = ('softmax', 'poly3', 'linear', 'inline', 'soft')
+KERNEL_CFGS = {'softmax': dict(type='softmax'), 'poly3': dict(type='poly', degree=3),
+               'linear': dict(type='linear', feature_map='elu+1'), 'inline': dict(type='inline'),
+               'soft': dict(type='soft')}
+COCO_ASPECT = 1333 / 800
+SHORT_SIDES = (512, 800, 1024)
+LARGE_SIDE = 1600  # for the kernels still within the limits at the largest of SHORT_SIDES
+SEG_SIZE = (512, 2048)
+MODELS = (('maskrcnn', 'swin_t', 'softmax'), ('maskrcnn', 'swin_t', 'linear'), ('semfpn', 'swin_t', 'softmax'),
+          ('semfpn', 'swin_t', 'linear'))
+COLUMNS = ('what', 'layout', 'kernel', 'config', 'pass', 'size', 'short_side', 'status', 'ms', 'peak_MiB',
+           'rss_MiB', 'error')
+
+
+def coco_size(short: int) -> Tuple[int, int]:
+    """(h, w) of a landscape COCO image of short side ``short`` (1333:800), both multiples of 32 as the pipelines
+    pad them."""
+    def up(x):
+        return int(-(-x // 32) * 32)
+    return up(short), up(round(short * COCO_ASPECT))
+
+
+def _root() -> str:
+    return osp.dirname(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+
+
+def _plain(cfg):
+    """A config node as plain dicts, SyncBN as BN (one process), no pretrained start."""
+    if hasattr(cfg, 'to_dict'):
+        cfg = cfg.to_dict()
+    if isinstance(cfg, dict):
+        out = {k: _plain(v) for k, v in cfg.items() if k != 'init_cfg'}
+        if out.get('type') in ('SyncBN', 'MMSyncBN'):
+            out['type'] = 'BN'
+        return out
+    if isinstance(cfg, (list, tuple)):
+        return type(cfg)(_plain(v) for v in cfg)
+    return cfg
+
+
+def layout_backbone(layout: str, kernel: str) -> Tuple[Optional[dict], str, str]:
+    """(backbone config, the config it comes from, '') of ``kernel`` in ``layout``: the kernel's own detection
+    config's backbone where it has one, else softmax's with the kernel in place; with the layout's settings over it.
+    Where the layout does not take the kernel: (None, config, the build error's line)."""
+    from mmengine.config import Config
+    from mmengine.registry import DefaultScope
+
+    from ...registry import MODELS
+    if layout not in COST_LAYOUTS:
+        raise ValueError(f'unknown layout {layout!r}; valid: {", ".join(COST_LAYOUTS)}')
+    if kernel not in KERNEL_CFGS:
+        raise ValueError(f'unknown kernel {kernel!r}; valid: {", ".join(KERNEL_CFGS)}')
+    bb, extra = COST_LAYOUTS[layout]
+    own = osp.join(_root(), 'configs', f'maskrcnn_{bb}_{kernel}.py')
+    source = own if osp.isfile(own) else osp.join(_root(), 'configs', f'maskrcnn_{bb}_softmax.py')
+    cfg = _plain(Config.fromfile(source).model.backbone)
+    if source != own:
+        cfg['attn_cfg'] = dict(KERNEL_CFGS[kernel])
+    cfg.update(extra)
+    try:
+        with DefaultScope.overwrite_default_scope('softfree_mm'):
+            MODELS.build(dict(cfg, arch=cfg.get('arch')) if 'arch' in cfg else cfg)
+    except (ValueError, TypeError, KeyError) as e:
+        return None, osp.relpath(source, _root()), (str(e).splitlines() or [type(e).__name__])[0]
+    return cfg, osp.relpath(source, _root()), ''
+
+
+def model_config(task: str, backbone: str, kernel: str):
+    """The whole model of configs/<task>_<backbone>_<kernel>.py, without pretrained starts, BN for SyncBN."""
+    from mmengine.config import Config
+    cfg = Config.fromfile(osp.join(_root(), 'configs', f'{task}_{backbone}_{kernel}.py'))
+    model = _plain(cfg.model)
+    return cfg, model
+
+
+# ---------------------------------------------------------------------------------------------- one case
+def _rss_kib(pid: int, field: str = 'VmRSS') -> int:
+    try:
+        with open(f'/proc/{pid}/status') as f:
+            for line in f:
+                if line.startswith(field + ':'):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _reset_peak() -> bool:
+    try:
+        with open('/proc/self/clear_refs', 'w') as f:
+            f.write('5')
+        return True
+    except OSError:
+        return False
+
+
+def measure_case(spec: dict) -> dict:
+    """In this process (the case's own): build, one warm-up pass, then ``repeats`` timed passes; the peak resident
+    memory the pass adds."""
+    import statistics
+
+    import torch
+
+    import softfree_mm  # noqa: F401
+
+    from .timing import timed
+    torch.manual_seed(0)
+    h, w = spec['size']
+    passes = spec['pass']
+    if spec['what'] == 'backbone':
+        from mmengine.registry import DefaultScope
+
+        from ...registry import MODELS
+        with DefaultScope.overwrite_default_scope('softfree_mm'):
+            model = MODELS.build(spec['cfg'])
+        model.train()  # drop path 0 in the layouts' configs for this purpose; BN with batch statistics
+        x = torch.randn(1, 3, h, w)
+
+        def run():
+            if passes == 'fwd':
+                with torch.no_grad():
+                    model(x)
+            else:
+                model.zero_grad(set_to_none=True)
+                outs = model(x)
+                sum(o.float().sum() for o in outs).backward()
+    else:
+        model, run = _whole_model(spec)
+    run()  # warm-up
+    base = _rss_kib(os.getpid())
+    _reset_peak()
+    times = [timed(run, 'cpu') for _ in range(spec['repeats'])]
+    peak = _rss_kib(os.getpid(), 'VmHWM')
+    return dict(ms=statistics.median(times) * 1e3, peak_MiB=max(0, peak - base) / 1024, rss_MiB=peak / 1024,
+                threads=torch.get_num_threads())
+
+
+def _whole_model(spec):
+    """A detector's or segmentor's inference on one random image of the case's size."""
+    import torch
+    from mmengine.registry import DefaultScope
+    task, h, w = spec['task'], *spec['size']
+    scope = 'mmdet' if task == 'maskrcnn' else 'mmseg'
+    registry = __import__(f'{scope}.registry', fromlist=['MODELS']).MODELS
+    __import__(f'{scope}.models')
+    with DefaultScope.overwrite_default_scope(scope):
+        model = registry.build(spec['cfg'])
+    model.eval()
+    img = torch.randint(0, 256, (3, h, w), dtype=torch.uint8)
+    if task == 'maskrcnn':
+        from mmdet.structures import DetDataSample
+        sample = DetDataSample(metainfo=dict(img_shape=(h, w), ori_shape=(h, w), scale_factor=(1.0, 1.0),
+                                             pad_shape=(h, w), batch_input_shape=(h, w)))
+    else:
+        from mmseg.structures import SegDataSample
+        sample = SegDataSample(metainfo=dict(img_shape=(h, w), ori_shape=(h, w), pad_shape=(h, w),
+                                             padding_size=[0, 0, 0, 0]))
+    data = model.data_preprocessor(dict(inputs=[img], data_samples=[sample]), False)
+
+    def run():
+        with torch.no_grad():
+            model(**data, mode='predict')
+    return model, run
+
+
+def run_case(spec: dict, time_limit: float, mem_limit_gib: float) -> dict:
+    """``spec`` measured in a fresh process under the limits: its row (status 'ok', 'over the time limit', 'over
+    the memory limit' or 'failed' with the last line of its error)."""
+    env = dict(os.environ, PYTHONWARNINGS='ignore')
+    proc = subprocess.Popen([sys.executable, '-m', 'softfree_mm.analysis.benchmark.cost', json.dumps(spec)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    limit_kib = mem_limit_gib * 2 ** 20
+    start, peak, why = time.time(), 0, None
+    while proc.poll() is None:
+        peak = max(peak, _rss_kib(proc.pid))
+        if peak > limit_kib:
+            why = f'over the memory limit ({mem_limit_gib:g} GiB resident: killed)'
+        elif time.time() - start > time_limit:
+            why = f'over the time limit ({time_limit:g} s: killed)'
+        if why:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return dict(status=why.split(' (')[0], error=why, rss_MiB=peak / 1024)
+        time.sleep(0.02)
+    out, err = proc.communicate()
+    lines = [ln for ln in out.splitlines() if ln.startswith('{')]
+    if proc.returncode or not lines:
+        last = (err.strip().splitlines() or [f'exit status {proc.returncode}'])[-1]
+        status = 'over the memory limit' if 'MemoryError' in last or "can't allocate" in last else 'failed'
+        return dict(status=status, error=last)
+    return dict(json.loads(lines[-1]), status='ok', error='')
+
+
+# ---------------------------------------------------------------------------------------------- the sweep
+def case_key(row: dict) -> tuple:
+    return tuple(str(row.get(k, '')) for k in ('what', 'layout', 'kernel', 'pass', 'size'))
+
+
+def read_rows(path: str) -> List[dict]:
+    import csv
+    if not path or not osp.isfile(path):
+        return []
+    with open(path, newline='') as f:
+        return list(csv.DictReader(f))
+
+
+def _append(path: str, row: dict) -> None:
+    import csv
+    new = not osp.isfile(path)
+    with open(path, 'a', newline='') as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction='ignore')
+        if new:
+            w.writeheader()
+        w.writerow({k: '' if row.get(k) is None else row[k] for k in COLUMNS})
+
+
+def plan(layouts: Sequence[str], kernels: Sequence[str], sides: Sequence[int] = SHORT_SIDES,
+         large: Optional[int] = LARGE_SIDE, seg: Optional[Tuple[int, int]] = SEG_SIZE,
+         backward_side: Optional[int] = None, models: Sequence[tuple] = MODELS) -> List[dict]:
+    """The cases, in order: per layout and kernel, inference at each short side (then ``large`` where the largest
+    of ``sides`` ran within the limits, decided when it comes), the segmentation size, forward + backward at
+    ``backward_side`` (default: the smallest side; 0: none); then the whole models."""
+    out = []
+    backward_side = min(sides) if backward_side is None else backward_side
+    for layout in layouts:
+        for kernel in kernels:
+            base = dict(what='backbone', layout=layout, kernel=kernel)
+            for s in sides:
+                out.append(dict(base, **{'pass': 'fwd'}, size=coco_size(s), short_side=s))
+            if large:
+                out.append(dict(base, **{'pass': 'fwd'}, size=coco_size(large), short_side=large,
+                                after=coco_size(max(sides))))
+            if seg:
+                out.append(dict(base, **{'pass': 'fwd'}, size=tuple(seg), short_side=min(seg)))
+            if backward_side:
+                out.append(dict(base, **{'pass': 'fwdbwd'}, size=coco_size(backward_side), short_side=backward_side))
+    for task, backbone, kernel in models:
+        for s in sides:
+            out.append(dict(what=task, layout=backbone, kernel=kernel, **{'pass': 'fwd'}, size=coco_size(s),
+                            short_side=s, task=task))
+        if seg and task != 'maskrcnn':
+            out.append(dict(what=task, layout=backbone, kernel=kernel, **{'pass': 'fwd'}, size=tuple(seg),
+                            short_side=min(seg), task=task))
+    return out
+
+
+def sweep(cases: List[dict], csv_path: str, time_limit: float, mem_limit_gib: float, repeats: int = 3,
+          log=None) -> List[dict]:
+    """Every case not in ``csv_path`` yet, appended there as it finishes; the rows of all cases."""
+    done = {case_key(r): r for r in read_rows(csv_path)}
+    fits = {}
+    rows = []
+    for case in cases:
+        key = case_key(dict(case, size='x'.join(map(str, case['size']))))
+        if key in done:
+            rows.append(done[key])
+            continue
+        row = dict({k: v for k, v in case.items() if k not in ('after', 'task')},
+                   size='x'.join(map(str, case['size'])))
+        if case['what'] == 'backbone':
+            fk = (case['layout'], case['kernel'])
+            if fk not in fits:
+                fits[fk] = layout_backbone(*fk)
+            cfg, source, err = fits[fk]
+            row['config'] = source
+            if cfg is None:
+                row.update(status='does not fit', error=err)
+            elif 'after' in case:
+                prev = done.get(case_key(dict(case, size='x'.join(map(str, case['after'])))))
+                prev = prev or next((r for r in rows if case_key(r) == case_key(dict(
+                    case, size='x'.join(map(str, case['after'])))) and r is not None), None)
+                if not prev or prev.get('status') != 'ok':
+                    row.update(status='not run', error=f'not within the limits at {prev and prev.get("size")}')
+            if 'status' not in row:
+                row.update(run_case(dict(case, cfg=cfg, repeats=repeats), time_limit, mem_limit_gib))
+        else:
+            _, model = model_config(case['task'], case['layout'], case['kernel'])
+            row['config'] = f"configs/{case['task']}_{case['layout']}_{case['kernel']}.py"
+            row.update(run_case(dict(case, cfg=model, repeats=repeats), time_limit, mem_limit_gib))
+        row = {k: row.get(k) for k in COLUMNS}
+        _append(csv_path, row)
+        done[case_key(row)] = row
+        rows.append(row)
+        if log:
+            log(row)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- the summary
+def _num(v):
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def crossovers(rows: List[dict], reference: str = 'softmax') -> List[dict]:
+    """Per layout and kernel (but the reference): over the COCO-aspect inference rows, the smallest short side where
+    the kernel is faster than softmax, both measured ('cheaper_from'); where softmax is over a limit and the kernel
+    is not ('softmax_over_from', never an extrapolated figure); the largest short side the kernel ran within the
+    limits ('largest')."""
+    out = []
+    coco = [r for r in rows if r.get('what') == 'backbone' and r.get('pass') == 'fwd' and
+            r.get('size') != 'x'.join(map(str, SEG_SIZE))]
+    for layout in dict.fromkeys(r['layout'] for r in coco):
+        ref = {int(r['short_side']): r for r in coco if r['layout'] == layout and r['kernel'] == reference}
+        for kernel in dict.fromkeys(r['kernel'] for r in coco if r['layout'] == layout):
+            mine = {int(r['short_side']): r for r in coco if r['layout'] == layout and r['kernel'] == kernel}
+            ok = sorted(s for s, r in mine.items() if r.get('status') == 'ok')
+            e = dict(layout=layout, kernel=kernel, largest=ok[-1] if ok else None,
+                     status=next((r['status'] for r in mine.values() if r.get('status') != 'ok'), 'ok'))
+            if kernel != reference:
+                cheaper = [s for s in ok if ref.get(s, {}).get('status') == 'ok' and
+                           _num(mine[s]['ms']) < _num(ref[s]['ms'])]
+                over = [s for s in ok if ref.get(s, {}).get('status', 'ok') not in ('ok', 'not run', '')]
+                e.update(cheaper_from=cheaper[0] if cheaper else None,
+                         softmax_over_from=over[0] if over else None,
+                         ratio_at={s: _num(mine[s]['ms']) / _num(ref[s]['ms']) for s in ok
+                                   if ref.get(s, {}).get('status') == 'ok'})
+            out.append(e)
+    return out
+
+
+def markdown(rows: List[dict]) -> str:
+    """A table per layout: a row per kernel, a column per size (inference ms and the memory the pass adds), the
+    forward + backward and segmentation columns, and the crossover and largest size; then the whole models."""
+    lines = []
+    cross = {(e['layout'], e['kernel']): e for e in crossovers(rows)}
+    back = [r for r in rows if r.get('what') == 'backbone']
+    for layout in dict.fromkeys(r['layout'] for r in back):
+        mine = [r for r in back if r['layout'] == layout]
+        cols = list(dict.fromkeys((r['pass'], r['size']) for r in mine))
+        head = [f"{'fwd+bwd' if p == 'fwdbwd' else 'fwd'} {s}" for p, s in cols]
+        lines += [f'#### {layout}', '', '| kernel | ' + ' | '.join(head) + ' | cheaper than softmax from | largest |',
+                  '|---' * (len(cols) + 3) + '|']
+        for kernel in dict.fromkeys(r['kernel'] for r in mine):
+            cells = []
+            for c in cols:
+                r = next((x for x in mine if x['kernel'] == kernel and (x['pass'], x['size']) == c), None)
+                cells.append(_cell(r))
+            e = cross.get((layout, kernel), {})
+            if kernel == 'softmax':
+                cheaper = 'reference'
+            elif e.get('cheaper_from'):
+                cheaper = f"{e['cheaper_from']}"
+            elif e.get('softmax_over_from'):
+                cheaper = f"softmax over the limit from {e['softmax_over_from']}"
+            else:
+                cheaper = 'not in the sizes run' if e.get('largest') else ''
+            lines.append(f'| {kernel} | ' + ' | '.join(cells) + f" | {cheaper} | {e.get('largest') or ''} |")
+        lines.append('')
+    whole = [r for r in rows if r.get('what') != 'backbone']
+    if whole:
+        lines += ['#### Whole models (inference)', '', '| model | kernel | size | ms | MiB | backbone share |',
+                  '|---|---|---|---|---|---|']
+        for r in whole:
+            bb = next((x for x in back if x['layout'] == r['layout'] and x['kernel'] == r['kernel'] and
+                       x['pass'] == 'fwd' and x['size'] == r['size'] and x.get('status') == 'ok'), None)
+            share = (f"{_num(bb['ms']) / _num(r['ms']):.0%}" if bb and r.get('status') == 'ok' and _num(r['ms'])
+                     else '')
+            lines.append(f"| {r['what']} {r['layout']} | {r['kernel']} | {r['size']} | {_cell(r)} | | {share} |"
+                         .replace(' |  | ', ' | '))
+        lines.append('')
+    return '\n'.join(lines)
+
+
+def _cell(r: Optional[dict]) -> str:
+    if r is None:
+        return ''
+    if r.get('status') == 'ok':
+        return f"{_num(r['ms']):.0f} ms, {_num(r['peak_MiB']):.0f} MiB"
+    return {'does not fit': 'does not fit', 'not run': '-'}.get(r.get('status'), r.get('status') or '')
+
+
+def plot(rows: List[dict], path: str) -> str:
+    """Inference ms against the short side, one line per kernel, one panel per layout (log scale); a cross at the
+    top of a panel where a kernel went over a limit."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    from .. import plots
+    coco = [r for r in rows if r.get('what') == 'backbone' and r.get('pass') == 'fwd' and
+            r.get('size') != 'x'.join(map(str, SEG_SIZE))]
+    layouts = list(dict.fromkeys(r['layout'] for r in coco))
+    kernels = list(dict.fromkeys(r['kernel'] for r in coco))
+    fig, axes = plt.subplots(1, len(layouts), figsize=(3.6 * len(layouts), 3.4), squeeze=False)
+    for ax, layout in zip(axes[0], layouts):
+        for i, k in enumerate(kernels):
+            pts = sorted((int(r['short_side']), _num(r['ms'])) for r in coco if r['layout'] == layout and
+                         r['kernel'] == k and r.get('status') == 'ok')
+            if pts:
+                ax.plot(*zip(*pts), marker='o', color=f'C{i}', label=k)
+            over = [int(r['short_side']) for r in coco if r['layout'] == layout and r['kernel'] == k and
+                    r.get('status', '').startswith('over')]
+            for s in over:
+                ax.scatter([s], [1], marker='x', color=f'C{i}', transform=ax.get_xaxis_transform(), clip_on=False)
+        ax.set_yscale('log')
+        ax.set_title(layout, fontsize=9)
+        ax.set_xlabel('short side (1333:800)')
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel('inference ms (x: over a limit)')
+    axes[0][-1].legend(fontsize=7)
+    return plots.save(fig, path)
+
+
+BEGIN, END = '<!-- cost: made by tools/benchmark.py backbone --layouts, do not edit by hand -->', '<!-- cost: end -->'
+
+
+def write_docs(path: str, table: str, plot_path: Optional[str], args) -> None:
+    """The table (and the plot) between the markers of ``path`` (appended under a heading when it has none)."""
+    lines = [BEGIN, '', table.rstrip(), '']
+    if plot_path:
+        lines += [f'![inference time against image size]({osp.relpath(plot_path, osp.dirname(path))})', '']
+    lines.append(END)
+    section = '\n'.join(lines)
+    with open(path) as f:
+        text = f.read()
+    if BEGIN in text and END in text:
+        text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END):]
+    else:
+        text = text.rstrip() + '\n\n## What each kernel costs as images grow\n\n' + section + '\n'
+    with open(path, 'w') as f:
+        f.write(text)
+
+
+if __name__ == '__main__':
+    spec = json.loads(sys.argv[1])
+    spec['size'] = tuple(spec['size'])
+    print(json.dumps(measure_case(spec)))

@@ -1,0 +1,100 @@
+"""tools/benchmark.py backbone --layouts: what each kernel costs as images grow (softfree_mm/analysis/benchmark/cost.py).
+
+Guards: a case over its time limit and one over its memory limit each become a row saying so and the sweep goes
+on; a kernel a layout does not take is a row with the fit error's line; a resumed sweep measures nothing it has; the
+crossover with softmax and the largest size, by hand on a small CSV; limits that are not positive numbers and unknown
+layouts are refused by name.
+"""
+import csv
+import os.path as osp
+import subprocess
+import sys
+
+import pytest
+
+from softfree_mm.analysis.benchmark import cost
+
+from tests.helpers import ROOT
+
+TOOL = osp.join(ROOT, 'tools', 'benchmark.py')
+
+
+def _sweep(tmp_path, *extra, csv_name='cost.csv'):
+    return subprocess.run([sys.executable, TOOL, 'backbone', '--layouts', 'pvt_v2_b2', '--kernels', 'softmax',
+                           'inline', '--short-sides', '64', '--large-side', '0', '--seg-size', '0', '--no-models',
+                           '--repeats', '1', '--csv', str(tmp_path / csv_name), '--device', 'cpu', *extra],
+                          capture_output=True, text=True, timeout=900)
+
+
+def test_time_and_memory_limits_are_rows_and_the_sweep_goes_on_and_resumes_without_repeating(tmp_path):
+    # a memory limit below what importing torch takes: every measured case is killed for memory, and goes on
+    proc = _sweep(tmp_path, '--mem-limit', '0.2', '--time-limit', '300')
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = list(csv.DictReader(open(tmp_path / 'cost.csv')))
+    assert [(r['kernel'], r['pass'], r['status']) for r in rows] == [
+        ('softmax', 'fwd', 'over the memory limit'), ('softmax', 'fwdbwd', 'over the memory limit'),
+        ('inline', 'fwd', 'does not fit'), ('inline', 'fwdbwd', 'does not fit')]
+    assert rows[0]['error'] == 'over the memory limit (0.2 GiB resident: killed)'
+    assert "attention kernel 'inline' cannot be used in stage 0 with spatial reduction" in rows[2]['error']
+    # a time limit no case can meet, in another file: each a row, the sweep goes on
+    proc = _sweep(tmp_path, '--time-limit', '0.5', csv_name='slow.csv')
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    slow = list(csv.DictReader(open(tmp_path / 'slow.csv')))
+    assert [r['status'] for r in slow[:2]] == ['over the time limit'] * 2
+    assert slow[0]['error'] == 'over the time limit (0.5 s: killed)'
+    # resumed: every case is in the file, nothing is measured (no limit could pass, none is hit)
+    again = _sweep(tmp_path, '--time-limit', '0.5', csv_name='slow.csv')
+    assert again.returncode == 0 and list(csv.DictReader(open(tmp_path / 'slow.csv'))) == slow
+    assert 'status=' not in again.stderr  # no case measured again (each one measured logs a line)
+
+
+def test_a_case_within_the_limits_is_measured(tmp_path):
+    proc = _sweep(tmp_path, '--kernels', 'linear', '--mem-limit', '8', '--time-limit', '300')
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (fwd, back) = list(csv.DictReader(open(tmp_path / 'cost.csv')))
+    assert (fwd['status'], back['status'], fwd['size'], back['pass']) == ('ok', 'ok', '64x128', 'fwdbwd')
+    assert float(fwd['ms']) > 0 and float(back['rss_MiB']) > 100
+    assert '| linear | ' in proc.stdout
+
+
+def _row(layout, kernel, side, status='ok', ms=None):
+    h, w = cost.coco_size(side)
+    return dict(what='backbone', layout=layout, kernel=kernel, **{'pass': 'fwd'}, size=f'{h}x{w}', short_side=side,
+                status=status, ms=ms, peak_MiB=1, error='')
+
+
+def test_the_crossover_and_the_largest_size_by_hand():
+    rows = [_row('L', 'softmax', 512, ms=100), _row('L', 'softmax', 800, ms=300),
+            _row('L', 'softmax', 1024, 'over the memory limit'),
+            _row('L', 'linear', 512, ms=150), _row('L', 'linear', 800, ms=250), _row('L', 'linear', 1024, ms=400),
+            _row('L', 'poly3', 512, ms=120), _row('L', 'poly3', 800, ms=350),
+            _row('L', 'poly3', 1024, 'over the time limit')]
+    got = {e['kernel']: e for e in cost.crossovers(rows)}
+    # linear: slower at 512, faster at 800 (250 < 300); at 1024 softmax is over its limit and linear is not
+    assert got['linear']['cheaper_from'] == 800 and got['linear']['softmax_over_from'] == 1024
+    assert got['linear']['largest'] == 1024 and got['linear']['ratio_at'] == {512: 1.5, 800: 250 / 300}
+    assert got['poly3']['cheaper_from'] is None and got['poly3']['largest'] == 800
+    assert got['softmax']['largest'] == 800
+    table = cost.markdown(rows)
+    assert '| linear | 150 ms, 1 MiB | 250 ms, 1 MiB | 400 ms, 1 MiB | 800 | 1024 |' in table, table
+    assert '| poly3 | 120 ms, 1 MiB | 350 ms, 1 MiB | over the time limit | not in the sizes run | 800 |' in table
+
+
+@pytest.mark.parametrize('args,message', [
+    (['--time-limit', '0'], "--time-limit must be a positive number, got '0'"),
+    (['--mem-limit', '-2'], "--mem-limit must be a positive number, got '-2'"),
+    (['--mem-limit', 'lots'], "--mem-limit must be a positive number, got 'lots'"),
+])
+def test_limits_that_are_not_positive_numbers_are_refused_by_name(args, message, tmp_path):
+    proc = _sweep(tmp_path, *args)
+    assert proc.returncode == 2 and proc.stderr.strip() == f'error: {message}', proc.stderr
+
+
+def test_unknown_layouts_and_kernels_list_the_known_ones(tmp_path):
+    proc = subprocess.run([sys.executable, TOOL, 'backbone', '--layouts', 'vit_b', '--csv', str(tmp_path / 'c.csv')],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "error: --layouts: unknown layout(s) ['vit_b']; valid: xcit_s12, pvt_v2_b2, pvt_v2_b2_nosr, swin_t, cswin_t")
+    proc = subprocess.run([sys.executable, TOOL, 'backbone', '--layouts', 'swin_t', '--kernels', 'poly',
+                           '--csv', str(tmp_path / 'c.csv')], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and 'valid: softmax, poly3, linear, inline, soft' in proc.stderr
