@@ -266,7 +266,8 @@ def run_cost(args, out):
     sides = args.short_sides or list(cost.SHORT_SIDES)
     cases = cost.plan(args.layouts, kernels, sides, large=cost.LARGE_SIDE if args.large_side is None else
                       (args.large_side or None), seg=args.seg_size, models=() if args.no_models else cost.MODELS)
-    rows = cost.sweep(cases, args.csv, args.time_limit, args.mem_limit, repeats=args.repeats, log=out.progress)
+    rows = cost.sweep(cases, args.csv, args.time_limit, args.mem_limit, repeats=args.repeats, log=out.progress,
+                      device=args.device, dtype=args.dtype)
     table = cost.markdown(rows)
     print(table)
     if args.plot:

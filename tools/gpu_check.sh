@@ -15,6 +15,8 @@
 #      fused variant checks itself against the explicit path on first use; a failure is listed in the summary);
 #   4. one Mask R-CNN training step at 800x1216, batch 2: our Swin-T / PVTv2-b2 with softmax, poly3 and inline
 #      against mmdet's own SwinTransformer / PyramidVisionTransformerV2 in the same detector;
+#   4b. what each kernel costs as images grow (tools/benchmark.py backbone --layouts, bf16): backbones in their det
+#      layouts per kernel at short sides 800 and 1600, cost_<dtype>.csv;
 #   5. the warm start's stage 1 against a supervised step of the same classifier (XCiT-S12 and Swin-T, poly3, batch 64
 #      at 224: tools/analysis/warm_start_grid.py --cost), the GPU seconds per step that project its GPU-hours;
 #   6. the fused Triton kernels compiled on the GPU against the explicit path (tests/attention/test_attention_fused.py);
@@ -31,7 +33,7 @@
 # Sourced (`source tools/gpu_check.sh`), it only defines its functions (tests/tools/test_gpu_check.py runs them on CPU).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-STEPS_ALL="cuda fused bench-bf16 bench-fp32 detector warm-start tests"
+STEPS_ALL="cuda fused bench-bf16 bench-fp32 detector cost warm-start tests"
 # what the offline set-up installs with --no-deps from the wheel folder: setuptools as torch requires it (>= 77.0.3)
 # with pkg_resources (< 82: mmengine imports it) and wheel, the build that the -e install runs without isolation
 # (pyproject.toml); mmengine's, mmdet's, mmseg's and mmpretrain's requirements (and theirs) that a CUDA image with
@@ -268,6 +270,11 @@ print(f"{torch.cuda.device_count()} x {p.name} (sm_{p.major}{p.minor}, {p.total_
     wanted detector && step detector 200 "$PY" tools/benchmark.py detector --device cuda --batch 2 --size 800x1216 \
         --repeats 3 --csv "$OUT/detector.csv" --detectors swin_t:mmdet swin_t:softmax pvt_v2_b2:mmdet \
         pvt_v2_b2:softmax pvt_v2_b2:poly3 swin_t:poly3 pvt_v2_b2:inline swin_t:inline
+    # what each kernel costs as images grow, in bf16 (fp16 without bf16): the CPU sweep's layouts and kernels, sizes
+    # a lent GPU does in its share of the budget (each case capped at 30 s), whole models left to the CPU sweep
+    wanted cost && step cost 150 "$PY" tools/benchmark.py backbone --device cuda --dtype "$HALF" --layouts \
+        pvt_v2_b2 pvt_v2_b2_nosr swin_t --kernels softmax poly3 linear inline --short-sides 800 1600 \
+        --large-side 0 --seg-size 0 --no-models --repeats 3 --time-limit 30 --mem-limit 64 --csv "$OUT/cost_$HALF.csv"
     wanted warm-start && step warm-start 90 "$PY" tools/analysis/warm_start_grid.py --cost configs/transfer_xcit_s12_poly3.py \
         configs/transfer_swin_t_poly3.py --device cuda --batch 64 --steps 5 --csv "$OUT/warm_start_cost.csv"
     wanted fused && step fused 150 "$PY" -m pytest tests/attention/test_attention_fused.py -q -p no:cacheprovider -x

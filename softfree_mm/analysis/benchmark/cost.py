@@ -6,8 +6,9 @@ finished case never measured again; the crossover with softmax and the largest s
 
 Memory: the limit is enforced from outside, on the case's process: its resident set size is read from /proc every
 20 ms and the process is killed above the limit; the figure reported is the process's own peak resident set size
-during the timed pass (VmHWM, reset before the pass), minus its resident size before the pass (weights, inputs,
-libraries): what the pass itself added.
+during the timed passes (VmHWM, reset before them), minus its resident size before them (weights, inputs,
+libraries): what the pass itself added. On a GPU (``--device cuda``, ``--dtype bf16`` under autocast) the figure is
+the CUDA allocator's peak beyond what was allocated before the passes, and the time CUDA events'.
 """
 import json
 import os
@@ -132,20 +133,23 @@ def measure_case(spec: dict) -> dict:
 
     import softfree_mm  # noqa: F401
 
-    from .timing import timed
+    from .timing import DTYPES, timed
     torch.manual_seed(0)
     h, w = spec['size']
     passes = spec['pass']
+    device = spec.get('device', 'cpu')
+    dtype = DTYPES[spec.get('dtype', 'fp32')]
+    cuda = torch.device(device).type == 'cuda'
     if spec['what'] == 'backbone':
         from mmengine.registry import DefaultScope
 
         from ...registry import MODELS
         with DefaultScope.overwrite_default_scope('softfree_mm'):
             model = MODELS.build(spec['cfg'])
-        model.train()  # drop path 0 in the layouts' configs for this purpose; BN with batch statistics
-        x = torch.randn(1, 3, h, w)
+        model.to(device).train()  # BN with batch statistics, as in training
+        x = torch.randn(1, 3, h, w, device=device)
 
-        def run():
+        def step():
             if passes == 'fwd':
                 with torch.no_grad():
                     model(x)
@@ -154,13 +158,26 @@ def measure_case(spec: dict) -> dict:
                 outs = model(x)
                 sum(o.float().sum() for o in outs).backward()
     else:
-        model, run = _whole_model(spec)
+        model, step = _whole_model(spec)
+
+    def run():
+        if dtype in (torch.bfloat16, torch.float16):
+            with torch.autocast(torch.device(device).type, dtype=dtype):
+                step()
+        else:
+            step()
+
     run()  # warm-up
     base = _rss_kib(os.getpid())
     _reset_peak()
-    times = [timed(run, 'cpu') for _ in range(spec['repeats'])]
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+    times = [timed(run, device) for _ in range(spec['repeats'])]
     peak = _rss_kib(os.getpid(), 'VmHWM')
-    return dict(ms=statistics.median(times) * 1e3, peak_MiB=max(0, peak - base) / 1024, rss_MiB=peak / 1024,
+    added = (torch.cuda.max_memory_allocated() - before) / 2 ** 20 if cuda else max(0, peak - base) / 1024
+    return dict(ms=statistics.median(times) * 1e3, peak_MiB=added, rss_MiB=peak / 1024,
                 threads=torch.get_num_threads())
 
 
@@ -174,7 +191,7 @@ def _whole_model(spec):
     __import__(f'{scope}.models')
     with DefaultScope.overwrite_default_scope(scope):
         model = registry.build(spec['cfg'])
-    model.eval()
+    model.to(spec.get('device', 'cpu')).eval()
     img = torch.randint(0, 256, (3, h, w), dtype=torch.uint8)
     if task == 'maskrcnn':
         from mmdet.structures import DetDataSample
@@ -275,7 +292,7 @@ def plan(layouts: Sequence[str], kernels: Sequence[str], sides: Sequence[int] = 
 
 
 def sweep(cases: List[dict], csv_path: str, time_limit: float, mem_limit_gib: float, repeats: int = 3,
-          log=None) -> List[dict]:
+          log=None, device: str = 'cpu', dtype: str = 'fp32') -> List[dict]:
     """Every case not in ``csv_path`` yet, appended there as it finishes; the rows of all cases."""
     done = {case_key(r): r for r in read_rows(csv_path)}
     fits = {}
@@ -302,11 +319,13 @@ def sweep(cases: List[dict], csv_path: str, time_limit: float, mem_limit_gib: fl
                 if not prev or prev.get('status') != 'ok':
                     row.update(status='not run', error=f'not within the limits at {prev and prev.get("size")}')
             if 'status' not in row:
-                row.update(run_case(dict(case, cfg=cfg, repeats=repeats), time_limit, mem_limit_gib))
+                row.update(run_case(dict(case, cfg=cfg, repeats=repeats, device=device, dtype=dtype), time_limit,
+                                    mem_limit_gib))
         else:
             _, model = model_config(case['task'], case['layout'], case['kernel'])
             row['config'] = f"configs/{case['task']}_{case['layout']}_{case['kernel']}.py"
-            row.update(run_case(dict(case, cfg=model, repeats=repeats), time_limit, mem_limit_gib))
+            row.update(run_case(dict(case, cfg=model, repeats=repeats, device=device, dtype=dtype), time_limit,
+                                mem_limit_gib))
         row = {k: row.get(k) for k in COLUMNS}
         _append(csv_path, row)
         done[case_key(row)] = row
