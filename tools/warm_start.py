@@ -186,6 +186,8 @@ def main(argv=None):
             raise UsageError(f'{r.work_dir} holds a checkpoint of {ws.describe_pair(theirs)}, not of this run\'s '
                              f'{ws.describe_pair(ours)} ({osp.basename(ckpt)}): give the chain another --work-root, '
                              'or move that folder away')
+    if states[0][0] != 'done':  # a release of another architecture: one line before any run
+        ws.check_release(cfgs[0])
     n = len(runs)
     declared = cfgs[0].get('warm_start') or {}
     if declared:

@@ -364,6 +364,26 @@ def stage_state(stage: Stage, max_iters: Optional[int]) -> Tuple[str, Optional[s
     return ('done' if max_iters is not None and it is not None and it >= max_iters else 'partial'), found[0], it
 
 
+def check_release(stage1_cfg) -> Optional[str]:
+    """Before any run: stage 1's release, where it is here (a local file or work dir, a release in torch hub's
+    cache), holds the teacher's architecture; a file of another one is a UsageError naming both. Returns what was
+    checked (None: nothing here to check yet)."""
+    from mmengine.registry import DefaultScope
+
+    from ..registry import MODELS
+    from .dry_run import _fits, _start_file
+    init = (stage1_cfg.model.get('teacher') or {}).get('init_cfg') or {}
+    path, _ = _start_file(init.get('checkpoint'))
+    if path is None:
+        return None
+    teacher = dict(stage1_cfg.model.teacher.to_dict() if hasattr(stage1_cfg.model.teacher, 'to_dict')
+                   else stage1_cfg.model.teacher)
+    teacher.pop('init_cfg', None)
+    with DefaultScope.overwrite_default_scope('softfree_mm'):
+        model = MODELS.build(teacher)
+    return _fits(model, init['checkpoint'], path, dict(init), 'the release (stage 1\'s teacher)')
+
+
 def checkpoint_pair(path: str) -> Optional[dict]:
     """The backbone (type, arch, attention) the checkpoint at ``path`` was trained with, from the config text
     mmengine saves in its meta (None when it holds none)."""

@@ -240,3 +240,20 @@ def test_release_head_loads_the_releases_classifier_and_refuses_another_shape(la
     torch.save({'model': {'backbone.x': torch.zeros(1)}}, tmp_path / 'no_head.pth')
     with pytest.raises(ValueError, match='holds no linear classifier'):
         WEIGHT_INITIALIZERS.build(dict(type='ReleaseHead', checkpoint=str(tmp_path / 'no_head.pth')))(head)
+
+
+def test_a_release_of_another_architecture_is_one_line_before_any_run(tmp_path):
+    """--release pointing at a softmax XCiT of another depth: refused before stage 1 starts."""
+    import softfree_mm  # noqa: F401
+    from tests.helpers.models import build_in
+    model = build_in('softfree_mm', dict(type='SoftFreeXCiT', arch='t12', depth=6, out_type='cls_token',
+                                         norm_cfg=dict(type='BN'), attn_cfg='softmax'))
+    release = tmp_path / 'other.pth'
+    torch.save({'state_dict': {f'backbone.{k}': v for k, v in model.state_dict().items()}}, release)
+    proc = subprocess.run([sys.executable, TOOL, 'configs/demo/maskrcnn_xcit_t12_poly3_warm_demo.py', '--release',
+                           str(release), '--work-root', str(tmp_path / 'w')], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (line,) = [ln for ln in proc.stderr.strip().splitlines() if ln.startswith('error:')]
+    assert "the release (stage 1's teacher)" in line and 'architecture' in line, line
+    assert not (tmp_path / 'w').exists()  # nothing ran
