@@ -41,7 +41,7 @@ def kernel_config(base: str, kernel: dict) -> str:
     return f"_base_ = {base!r}\nmodel = dict(backbone=dict(attn_cfg={dict(_delete_=True, **kernel)!r}))\n"
 
 
-def _settings_text(settings: dict, skip=('head', 'train')) -> str:
+def _settings_text(settings: dict, skip=('head', 'train', 'loss')) -> str:
     return ''.join(f'{k} = {v!r}\n' for k, v in settings.items() if k not in skip)
 
 
@@ -76,7 +76,7 @@ def transfer_config(base: str, kernel, budget: int, teacher_ckpt: str, recipe: O
     return f"""_base_ = {base!r}
 model = dict(type='AttentionTransfer', backbone=dict(attn_cfg={dict(_delete_=True, **kernel)!r}),
              teacher={teacher!r},
-             train={s['train']!r})
+             train={s['train']!r}, loss={s['loss']!r})
 custom_hooks = []
 val_dataloader = None
 val_evaluator = None

@@ -117,8 +117,9 @@ class AttentionTransfer(BaseModel):
         self.same = self._check_blocks(probe_size)
         if loss == 'blocks+attn':
             self._check_score_maps()
-        if getattr(self.backbone, 'with_cp', False):
-            self.backbone.checkpoint_in_eval = True  # the student stays in eval mode (train()), with_cp still holds
+        for m in self.backbone.modules():  # the student stays in eval mode (train()): with_cp still holds
+            if getattr(m, 'with_cp', False):
+                m.checkpoint_in_eval = True
         self._freeze_student()
         self._register_state_dict_hook(_drop_teacher)
         self._register_load_state_dict_pre_hook(self._teacher_from_itself, with_module=False)
@@ -293,11 +294,6 @@ class AttentionTransfer(BaseModel):
                 inputs[i], targets[i] = args[0].detach(), output.detach()
             return hook
 
-        def substitute(i):
-            def hook(module, args, kwargs):
-                return (inputs[i], *args[1:]), kwargs
-            return hook
-
         def keep(i):
             def hook(module, args, kwargs, output):
                 outputs[i] = output
@@ -314,20 +310,18 @@ class AttentionTransfer(BaseModel):
         finally:
             for h in handles:
                 h.remove()
-        handles = [h for i, b in enumerate(student) if i not in skip
-                   for h in (b.register_forward_pre_hook(substitute(i), with_kwargs=True),
-                             b.register_forward_hook(keep(i), with_kwargs=True))]
+        handles = [b.register_forward_hook(keep(i), with_kwargs=True) for i, b in enumerate(student) if i not in skip]
         if attn:
             handles += self._kernel_hooks(self.backbone, calls_s, skip)
-        for i in skip:  # the teacher's own computation: its output stands in, nothing is run
-            student[i].forward = (lambda i: lambda *a, **k: targets[i])(i)
+        # each block its twin's input; a block identical to its twin the twin's output (nothing run). They stay set
+        # until the next step: a checkpointed block recomputed in the backward pass takes the same
+        for i, b in enumerate(student):
+            b._transfer_substitute = (None, targets[i]) if i in skip else (inputs[i], None)
         try:
             self.backbone(images)
         finally:
             for h in handles:
                 h.remove()
-            for i in skip:
-                del student[i].forward
         per_block = {}
         for i in sorted(outputs):
             target = targets[i].float()
@@ -339,7 +333,7 @@ class AttentionTransfer(BaseModel):
         losses = {'loss_transfer': torch.stack(trained).mean()}
         losses.update({f'block_{i:02d}': v.detach() for i, v in per_block.items()})
         if self.loss_kind == 'blocks+final':
-            losses['loss_final'] = self.extra_weight * _relative_error(self.backbone(images), final_t, self.eps)
+            losses['loss_final'] = self.extra_weight * _relative_error(self._end_to_end(images), final_t, self.eps)
         elif attn:
             errs = {key: self._attention_error(calls_s[key], calls_t[key]) for key in calls_s if key in calls_t}
             trained = [v for (i, _), v in errs.items() if i not in self.same]
@@ -347,6 +341,27 @@ class AttentionTransfer(BaseModel):
             for i in sorted({i for i, _ in errs}):
                 losses[f'attn_{i:02d}'] = torch.stack([v for (j, _), v in errs.items() if j == i]).mean().detach()
         return losses
+
+    def _end_to_end(self, images):
+        """The student's own forward (no block substituted), not checkpointed: the substitutions of the block pass
+        stay in place for its recomputation in the backward pass."""
+        blocks = [b for _, b in blocks_of(self.backbone)]
+        subs = [b.__dict__.pop('_transfer_substitute', None) for b in blocks]
+        cp = [(m, m.checkpoint_in_eval) for m in self.backbone.modules() if hasattr(m, 'checkpoint_in_eval')]
+        for m, _ in cp:
+            m.checkpoint_in_eval = False
+        try:
+            return self.backbone(images)
+        finally:
+            for b, sub in zip(blocks, subs):
+                if sub is not None:
+                    b._transfer_substitute = sub
+            for m, was in cp:
+                m.checkpoint_in_eval = was
+
+    def clear_substitutes(self):
+        for _, b in blocks_of(self.backbone):
+            b.__dict__.pop('_transfer_substitute', None)
 
     def _kernel_hooks(self, net, calls: dict, skip) -> list:
         """Forward hooks on the kernels of ``net``'s blocks (but ``skip``'s) that keep each call's q, k and the layout
@@ -389,6 +404,7 @@ class AttentionTransfer(BaseModel):
         if mode == 'loss':
             return self.transfer_losses(inputs)
         if mode == 'tensor':
+            self.clear_substitutes()
             return self.backbone(inputs)
         raise ValueError(f"AttentionTransfer: mode must be 'loss' or 'tensor' (stage 1 has no predictions), got "
                          f'{mode!r}')

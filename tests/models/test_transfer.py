@@ -73,7 +73,7 @@ def test_blocks_with_the_teachers_kernel_have_zero_loss_and_are_left_out_of_the_
     every = model.transfer_losses(_images(), every_block=True)
     for i in range(len(blocks)):
         value = float(every[f'block_{i:02d}'])
-        assert (value == 0.0) if i in softmax else (value > 1e-6), (i, value)
+        assert (value == 0.0) if i in softmax else (value > 0), (i, value)
     losses = model(_images(), mode='loss')
     assert sorted(k for k in losses if k.startswith('block_')) == [f'block_{i:02d}' for i in range(len(blocks))
                                                                    if i not in softmax]
@@ -238,8 +238,8 @@ def test_bad_groups_are_refused():
 
 def test_a_block_that_never_runs_in_the_teachers_forward_is_one_error_naming_it_and_the_family(releases):
     """XCiT's feature-map mode stops after out_indices[-1]: the blocks after it never run."""
-    base = dict(type='SoftFreeXCiT', **dict(TINY['SoftFreeXCiT'], out_indices=(0, 1)))
-    with pytest.raises(ValueError, match=r"^AttentionTransfer: block blocks\.2 of SoftFreeXCiT never runs in the "
+    base = dict(type='SoftFreeXCiT', **dict(TINY['SoftFreeXCiT'], depth=6, out_indices=(0, 1, 2, 3)))
+    with pytest.raises(ValueError, match=r"^AttentionTransfer: block blocks\.4 of SoftFreeXCiT never runs in the "
                                          r"teacher's forward"):
         AttentionTransfer(backbone=dict(base, attn_cfg='poly'), teacher=dict(base, attn_cfg='softmax'))
 
@@ -267,21 +267,22 @@ def test_a_block_that_returns_a_tuple_is_one_error_naming_it_and_the_family():
         registry._module_dict.pop('TupleBlocksPVTv2', None)
 
 
+@pytest.mark.parametrize('fam', ['SoftFreeSwin', 'SoftFreePVTv2'])  # checkpointing inside the block / around it
 @pytest.mark.parametrize('with_cp', [False, True])
-def test_with_cp_checkpoints_the_student_blocks_in_stage_1_with_the_same_loss_and_gradients(with_cp, releases):
-    """The student stays in eval mode; with_cp still recomputes each block in the backward pass (its forward runs
-    twice), with the loss and gradients of the run without it."""
-    fam = 'SoftFreeSwin'
+def test_with_cp_checkpoints_the_student_blocks_in_stage_1_with_the_same_loss_and_gradients(with_cp, fam, releases):
+    """The student stays in eval mode; with_cp still recomputes each block in the backward pass (its attention kernel
+    runs twice), with the loss and gradients of the run without it."""
+    from softfree_mm.attention import AttentionKernel
     model = _transfer(fam, releases[fam], dict(attn_cfg='poly', with_cp=with_cp))
     calls = []
-    handles = [b.register_forward_hook(lambda *a, i=i: calls.append(i)) for i, (_, b) in enumerate(
-        blocks_of(model.backbone))]
+    handles = [k.register_forward_hook(lambda *a: calls.append(1)) for k in model.backbone.modules()
+               if isinstance(k, AttentionKernel)]
     loss = model(_images(), mode='loss')['loss_transfer']
     before = len(calls)
     loss.backward()
     for h in handles:
         h.remove()
-    assert len(calls) - before == (before if with_cp else 0)
+    assert before > 0 and len(calls) - before == (before if with_cp else 0)
     grads = {n: p.grad.clone() for n, p in model.backbone.named_parameters() if p.grad is not None}
     other = _transfer(fam, releases[fam], dict(attn_cfg='poly', with_cp=not with_cp))
     other_loss = other(_images(), mode='loss')['loss_transfer']

@@ -35,6 +35,18 @@ class AttentionBlock(nn.Module):
     The contract transfer relies on (checked when it is built): the block is called with its tokens as the first
     positional argument and returns one tensor shaped as them."""
 
+    def __call__(self, *args, **kwargs):
+        # attention transfer (softfree_mm/models/transfer.py) hands a student block its twin's recorded input, or
+        # for a block identical to its twin the twin's output; set on the block, not by hooks, so that a checkpointed
+        # block recomputed in the backward pass sees the same
+        sub = self.__dict__.get('_transfer_substitute')
+        if sub is not None:
+            x, out = sub
+            if out is not None:
+                return out
+            args = (x, *args[1:])
+        return super().__call__(*args, **kwargs)
+
     def passthrough(self, x: torch.Tensor) -> torch.Tensor:
         """What the block returns when its attention and MLP add nothing: ``x`` for a pre-norm block (x + f(norm(x)));
         a post-norm block overrides it (its norms still act). Transfer's loss divides each block's error by the mean
