@@ -11,6 +11,8 @@
 # kernels in their pure-torch forms, the backbones and their checkpoint conversion, the warm start's transfer,
 # training with kill-and-resume, distributed training on torchrun, and the demo's chain on real mmdet / mmpretrain
 # runners; about 5 minutes per interpreter here, beside the set-up's 3.
+# An environment this run made is removed after its slice (each holds a ~6.4 GB torch; three side by side filled CI's
+# disk): KEEP_VENVS=1 keeps them, and an environment that was there before is always kept.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -59,10 +61,13 @@ for python in "${WANT[@]}"; do
   v=$(minor_of "$python")
   [ -n "$v" ] || { log "error: $python does not run"; status=1; summary+=("$python: does not run"); continue; }
   venv=".venv-$v"
+  made=0; [ -e "$venv" ] || made=1
   t0=$SECONDS
   log "Python $v ($python): set-up of $venv"
   if ! SOFTFREE_VENV="$ROOT/$venv" PYTHON="$python" bash tools/setup_env.sh; then
-    status=1; summary+=("Python $v: the set-up failed"); continue
+    status=1; summary+=("Python $v: the set-up failed")
+    [ "$made" = 1 ] && [ -z "${KEEP_VENVS:-}" ] && rm -rf "$venv"
+    continue
   fi
   t1=$SECONDS
   log "Python $v: the slice (${#SLICE[@]} files)"
@@ -71,6 +76,9 @@ for python in "${WANT[@]}"; do
     summary+=("Python $v: passed (set-up $((t1 - t0)) s, slice $((SECONDS - t1)) s)")
   else
     status=1; summary+=("Python $v: FAILED (set-up $((t1 - t0)) s, slice $((SECONDS - t1)) s)")
+  fi
+  if [ "$made" = 1 ] && [ -z "${KEEP_VENVS:-}" ]; then
+    log "Python $v: removing $venv (made by this run; KEEP_VENVS=1 keeps it)"; rm -rf "$venv"
   fi
 done
 for line in "${summary[@]}"; do log "$line"; done
