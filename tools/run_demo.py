@@ -483,6 +483,8 @@ def write_csv(path, summary, cls_config, det_config, seg_config):
                **{f'{k}_s': v for k, v in summary['times'].items()}, total_s=summary['total'],
                pictures_drawn=sum(summary['pictures_drawn']) if summary['pictures_drawn'] else '',
                torch_threads=summary['torch_threads'])
+    # the metrics come as float32 read back as float (73.4000015258789): 4 decimals hold all they say
+    row = {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
     with open(path, 'w', newline='') as f:
         w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
         w.writeheader()

@@ -315,8 +315,9 @@ def markdown(summary: List[dict], titles: Optional[Dict[str, str]] = None, refer
                     continue
                 if not e['n']:
                     what = 'does not fit' if e['unfit'] else 'failed' if e['failed'] else 'not run yet'
-                    out.append(f"| `{e['kernel']}` | {e['start']} | {e['recipe']} | 0 | {what}: "
-                               f"{error_cell(e['error'])} |" + ' |' * (len(cols) - 5))
+                    err = error_cell(e['error'])
+                    out.append(f"| `{e['kernel']}` | {e['start']} | {e['recipe']} | 0 | {what}"
+                               f"{': ' + err if err else ''} |" + ' |' * (len(cols) - 5))
                     continue
                 note = f" ({e['failed']} failed)" if e['failed'] else ''
                 cells = [f"`{e['kernel']}`", e['start'], e['recipe'], f"{e['n']}{note}",
