@@ -225,9 +225,13 @@ def test_the_demo_chain_runs_end_to_end_and_resumes_in_stage_2_after_a_kill(tmp_
 
 @pytest.mark.parametrize('layout', ['official', 'mmpretrain'])
 def test_release_head_loads_the_releases_classifier_and_refuses_another_shape(layout, tmp_path):
-    from mmengine.registry import WEIGHT_INITIALIZERS
+    from mmengine.registry import WEIGHT_INITIALIZERS, DefaultScope
     import softfree_mm  # noqa: F401  (registers ReleaseHead)
-    from mmpretrain.models.heads import LinearClsHead
+    from mmpretrain.models.heads import LinearClsHead as _Head
+
+    def LinearClsHead(*a, **k):  # its loss is built in mmpretrain's scope, whatever scope an earlier test left
+        with DefaultScope.overwrite_default_scope('mmpretrain'):
+            return _Head(*a, **k)
     w, b = torch.randn(10, 32), torch.randn(10)
     keys = ('head.weight', 'head.bias') if layout == 'official' else ('head.fc.weight', 'head.fc.bias')
     sd = {'backbone.x': torch.zeros(1), keys[0]: w, keys[1]: b}
