@@ -83,14 +83,17 @@ def demo_data_cache(tmp_path_factory):
 
 
 # The longest test files first, named by their path below tests/ (measured with --durations=0 on the 2-core CI
-# machine: each takes 30-150 s, mostly tool subprocesses). pytest-xdist hands out whole files in collection order,
+# machine: each takes 30-250 s, mostly tool subprocesses). pytest-xdist hands out whole files in collection order,
 # one at a time as a worker frees up (the Makefile passes --no-loadscope-reorder; xdist's own reorder, by number of
 # tests, would put these one-test files last and leave one worker idle while the other runs the main job). Longest
 # first keeps both busy to the end.
-_LONGEST_FIRST = ('demo/test_demo_main_job.py', 'demo/test_demo_train.py', 'test_configs.py',
-                  'demo/test_demo_determinism.py', 'tools/test_mim.py', 'models/test_export.py',
-                  'demo/test_demo_data.py', 'tools/test_tools_dist.py', 'attention/test_attention_properties.py',
-                  'engine/test_tools_bad_inputs.py', 'models/test_openmmlab_fit.py')
+_LONGEST_FIRST = ('tools/test_warm_start_chain.py', 'tools/test_setup_env.py', 'demo/test_demo_main_job.py',
+                  'tools/test_warm_start.py', 'tools/test_setup_source_build.py', 'demo/test_demo_train.py',
+                  'test_configs.py', 'tools/test_benchmark_cost.py', 'demo/test_demo_determinism.py',
+                  'tools/test_mim.py', 'test_mmcv_ext.py', 'engine/test_tools_resume.py', 'models/test_export.py',
+                  'tools/test_gpu_check.py', 'demo/test_demo_data.py', 'tools/test_tools_dist.py',
+                  'attention/test_attention_properties.py', 'engine/test_tools_bad_inputs.py',
+                  'models/test_openmmlab_fit.py')
 _TESTS = pathlib.Path(__file__).resolve().parent
 
 

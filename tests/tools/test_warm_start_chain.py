@@ -125,6 +125,8 @@ def test_dry_run_lists_the_chain_with_its_work_dirs_reads_and_writes(config, pai
     assert f'work dir {root}/finetune_{pair}; reads {root}/transfer_{pair} (missing); writes its last checkpoint ' \
            'there after 200 iters' in out
     assert f'work dir {root}/{name}; reads {root}/finetune_{pair} (missing)' in out
+    if pair != 'xcit_s12_poly3':
+        return  # a stage's own options are the tool's, not the config's: one config shows them (subprocesses are slow)
     proc = _dry_run(config, '--stage1-options', 'train_cfg.max_iters=7')
     assert 'stage 1 (transfer)' in proc.stdout and 'after 7 iters' in proc.stdout
 
@@ -194,7 +196,7 @@ def test_the_demo_chain_runs_end_to_end_and_resumes_in_stage_2_after_a_kill(tmp_
     _softmax_classifier(str(root / 'softmax_cls'), str(tmp_path))
     config = osp.join(ROOT, 'configs', 'demo', 'maskrcnn_xcit_t12_poly3_warm_demo.py')
     cmd = [sys.executable, TOOL, config, '--work-root', str(root), '--release', str(root / 'softmax_cls'),
-           '--iters', '12', '--stage1-options', 'train_dataloader.dataset.indices=64',
+           '--iters', '6', '--stage1-options', 'train_dataloader.dataset.indices=64',
            '--stage2-options', 'train_dataloader.dataset.indices=64', 'val_dataloader.dataset.indices=16',
            'default_hooks.checkpoint.interval=1',
            '--cfg-options', 'train_cfg.max_iters=2', 'val_dataloader.dataset.indices=4', 'test_dataloader.dataset.indices=4']
@@ -211,15 +213,15 @@ def test_the_demo_chain_runs_end_to_end_and_resumes_in_stage_2_after_a_kill(tmp_
     proc.wait(60)
     out.close()
     first = sorted(os.listdir(stage1))
-    assert 'iter_4.pth' in first and not (stage2 / 'iter_8.pth').exists()
+    assert 'iter_2.pth' in first and not (stage2 / 'iter_4.pth').exists()
     done = subprocess.run(cmd, cwd=str(tmp_path), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert sorted(os.listdir(stage1)) == first  # stage 1 not run again: no new run folder, no new checkpoint
     assert 'stage 1 (transfer)' in done.stdout and f'done: {stage1}' in done.stdout
     assert 'stopped at iter' in done.stdout and 'resumes from' in done.stdout
     logs = sorted(p for p in stage2.iterdir() if p.is_dir())
-    assert len(logs) == 2 and re.search(r'resumed epoch: 0, iter: [2-7]\b', open(next(logs[-1].glob('*.log'))).read())
-    assert (stage2 / 'iter_8.pth').exists() and (root / 'maskrcnn_xcit_t12_poly3_warm_demo' / 'iter_2.pth').exists()
+    assert len(logs) == 2 and re.search(r'resumed epoch: 0, iter: [2-3]\b', open(next(logs[-1].glob('*.log'))).read())
+    assert (stage2 / 'iter_4.pth').exists() and (root / 'maskrcnn_xcit_t12_poly3_warm_demo' / 'iter_2.pth').exists()
     assert 'every run of the chain is done' in done.stdout
 
 
