@@ -98,15 +98,41 @@ def _dry_run(config, *args, cwd=ROOT):
     return proc
 
 
+@pytest.fixture
+def tool(capsys, monkeypatch):
+    """tools/warm_start.py's main() in this process, as its command line wraps it (a UsageError: 'error: ...' on
+    stderr, status 2): (status, stdout, stderr). A process start and the stack's imports cost more than a dry run;
+    the command line itself is run as a process by the tests that check its one line."""
+    import importlib.util
+
+    from softfree_mm.engine.errors import UsageError
+    monkeypatch.syspath_prepend(osp.join(ROOT, 'tools'))
+    monkeypatch.chdir(ROOT)
+    spec = importlib.util.spec_from_file_location('_warm_start_tool', TOOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def call(*args):
+        try:
+            status = module.main(list(args))
+        except UsageError as e:
+            print(f'error: {e}', file=sys.stderr)
+            status = 2
+        except SystemExit as e:  # argparse's own refusals
+            status = e.code
+        out, err = capsys.readouterr()
+        return status, out, err
+    return call
+
+
 @pytest.mark.parametrize('config,pair', [
     ('configs/maskrcnn_xcit_s12_poly3.py', 'xcit_s12_poly3'),
     ('configs/upernet_swin_t_linear.py', 'swin_t_linear'),
     ('configs/semfpn_pvt_v2_b2_inline.py', 'pvt_v2_b2_inline'),
 ])
-def test_dry_run_lists_the_chain_with_its_work_dirs_reads_and_writes(config, pair, tmp_path):
-    proc = _dry_run(config)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = proc.stdout
+def test_dry_run_lists_the_chain_with_its_work_dirs_reads_and_writes(config, pair, tmp_path, tool):
+    status, out, err = tool(config, '--dry-run')
+    assert status == 0, err[-2000:]
     name = osp.splitext(osp.basename(config))[0]
     for line in (f'[warm-start] 1/3 stage 1 (transfer): configs/transfer_{pair}.py',
                  f'work dir work_dirs/transfer_{pair}; reads https://',
@@ -118,17 +144,16 @@ def test_dry_run_lists_the_chain_with_its_work_dirs_reads_and_writes(config, pai
         assert line in out, (line, out)
     # another work root and another length: every run's folder there, the recipe's split of the new length
     root = str(tmp_path / 'elsewhere')
-    proc = _dry_run(config, '--work-root', root, '--iters', '300')
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = proc.stdout
+    status, out, err = tool(config, '--dry-run', '--work-root', root, '--iters', '300')
+    assert status == 0, err[-2000:]
     assert f'work dir {root}/transfer_{pair}; reads https://' in out and 'after 100 iters; not started' in out
     assert f'work dir {root}/finetune_{pair}; reads {root}/transfer_{pair} (missing); writes its last checkpoint ' \
            'there after 200 iters' in out
     assert f'work dir {root}/{name}; reads {root}/finetune_{pair} (missing)' in out
     if pair != 'xcit_s12_poly3':
-        return  # a stage's own options are the tool's, not the config's: one config shows them (subprocesses are slow)
-    proc = _dry_run(config, '--stage1-options', 'train_cfg.max_iters=7')
-    assert 'stage 1 (transfer)' in proc.stdout and 'after 7 iters' in proc.stdout
+        return  # a stage's own options are the tool's, not the config's: one config shows them
+    status, out, _ = tool(config, '--dry-run', '--stage1-options', 'train_cfg.max_iters=7')
+    assert status == 0 and 'stage 1 (transfer)' in out and 'after 7 iters' in out
 
 
 @pytest.mark.parametrize('args,message', [
@@ -142,12 +167,18 @@ def test_dry_run_lists_the_chain_with_its_work_dirs_reads_and_writes(config, pai
     (['configs/maskrcnn_xcit_s12_poly3.py', '--iters', '1'], '--iters must be at least 2'),
     (['configs/maskrcnn_xcit_s12_poly3.py', '--cfg-options', 'oops'], "options are KEY=VALUE, got 'oops'"),
 ])
-def test_bad_input_is_one_line_and_exit_2(args, message):
-    proc = subprocess.run([sys.executable, TOOL, *args, '--dry-run'], capture_output=True, text=True, timeout=300,
-                          cwd=ROOT)
-    assert proc.returncode == 2, proc.stdout[-1000:] + proc.stderr[-2000:]
-    lines = [ln for ln in proc.stderr.strip().splitlines() if 'error' in ln]
-    assert len(lines) == 1 and message in lines[0], proc.stderr
+def test_bad_input_is_one_line_and_exit_2(args, message, tool):
+    status, out, err = tool(*args, '--dry-run')
+    assert status == 2, out[-1000:] + err[-2000:]
+    lines = [ln for ln in err.strip().splitlines() if 'error' in ln]
+    assert len(lines) == 1 and message in lines[0], err
+
+
+def test_the_command_line_says_a_bad_input_in_one_line_and_exits_2():
+    proc = subprocess.run([sys.executable, TOOL, 'configs/no_such.py', '--dry-run'], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    assert proc.returncode == 2 and proc.stdout == ''
+    assert proc.stderr.strip() == 'error: configs/no_such.py: no such config file', proc.stderr
 
 
 def test_a_work_dir_holding_another_pairs_checkpoint_is_one_line(tmp_path):
