@@ -57,6 +57,17 @@ def test_a_case_within_the_limits_is_measured(tmp_path):
     assert '| linear | ' in proc.stdout
 
 
+@pytest.mark.parametrize('task', ['maskrcnn', 'semfpn'])
+def test_a_whole_model_point_is_measured(task):
+    """The detector's and the segmentor's inference at a small size, in a process of its own (the spec crosses as
+    JSON: the model config must come back as mmengine's ConfigDict, whose heads read test_cfg.rpn / test_cfg.mode)."""
+    _, model = cost.model_config(task, 'swin_t', 'softmax')
+    row = cost.run_case(dict(what=task, task=task, layout='swin_t', kernel='softmax', size=(64, 96), cfg=model,
+                             repeats=1, device='cpu', dtype='fp32', **{'pass': 'fwd'}), 300, 8)
+    assert row['status'] == 'ok', row
+    assert row['ms'] > 0 and row['rss_MiB'] > 100
+
+
 def _row(layout, kernel, side, status='ok', ms=None):
     h, w = cost.coco_size(side)
     return dict(what='backbone', layout=layout, kernel=kernel, **{'pass': 'fwd'}, size=f'{h}x{w}', short_side=side,

@@ -189,8 +189,9 @@ def _whole_model(spec):
     scope = 'mmdet' if task == 'maskrcnn' else 'mmseg'
     registry = __import__(f'{scope}.registry', fromlist=['MODELS']).MODELS
     __import__(f'{scope}.models')
-    with DefaultScope.overwrite_default_scope(scope):
-        model = registry.build(spec['cfg'])
+    from mmengine.config import ConfigDict
+    with DefaultScope.overwrite_default_scope(scope):  # ConfigDict: the heads read test_cfg.rpn, test_cfg.mode
+        model = registry.build(ConfigDict(spec['cfg']))
     model.to(spec.get('device', 'cpu')).eval()
     img = torch.randint(0, 256, (3, h, w), dtype=torch.uint8)
     if task == 'maskrcnn':
@@ -400,15 +401,14 @@ def markdown(rows: List[dict]) -> str:
         lines.append('')
     whole = [r for r in rows if r.get('what') != 'backbone']
     if whole:
-        lines += ['#### Whole models (inference)', '', '| model | kernel | size | ms | MiB | backbone share |',
-                  '|---|---|---|---|---|---|']
+        lines += ['#### Whole models (inference)', '', '| model | kernel | size | inference | backbone share |',
+                  '|---|---|---|---|---|']
         for r in whole:
             bb = next((x for x in back if x['layout'] == r['layout'] and x['kernel'] == r['kernel'] and
                        x['pass'] == 'fwd' and x['size'] == r['size'] and x.get('status') == 'ok'), None)
             share = (f"{_num(bb['ms']) / _num(r['ms']):.0%}" if bb and r.get('status') == 'ok' and _num(r['ms'])
                      else '')
-            lines.append(f"| {r['what']} {r['layout']} | {r['kernel']} | {r['size']} | {_cell(r)} | | {share} |"
-                         .replace(' |  | ', ' | '))
+            lines.append(f"| {r['what']} {r['layout']} | {r['kernel']} | {r['size']} | {_cell(r)} | {share} |")
         lines.append('')
     return '\n'.join(lines)
 
