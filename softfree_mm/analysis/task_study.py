@@ -412,14 +412,8 @@ def docs_section(summary: List[dict], out_rel: str) -> str:
 
 def write_docs(path: str, section: str) -> None:
     """Put ``section`` between the markers of ``path`` (appended with a heading when the page has none yet)."""
-    with open(path) as f:
-        text = f.read()
-    if BEGIN in text and END in text:
-        text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END):]
-    else:
-        text = text.rstrip() + '\n\n## Detection and segmentation\n\n' + section + '\n'
-    with open(path, 'w') as f:
-        f.write(text)
+    from .docs_section import write_section
+    write_section(path, section, BEGIN, END, 'Detection and segmentation')
 
 
 def write_outputs(rows: List[dict], out: str, docs: Optional[str] = None, root: str = '') -> List[dict]:

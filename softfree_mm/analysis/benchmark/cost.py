@@ -462,15 +462,8 @@ def write_docs(path: str, table: str, plot_path: Optional[str], args) -> None:
     if plot_path:
         lines += [f'![inference time against image size]({osp.relpath(plot_path, osp.dirname(path))})', '']
     lines.append(END)
-    section = '\n'.join(lines)
-    with open(path) as f:
-        text = f.read()
-    if BEGIN in text and END in text:
-        text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END):]
-    else:
-        text = text.rstrip() + '\n\n## What each kernel costs as images grow\n\n' + section + '\n'
-    with open(path, 'w') as f:
-        f.write(text)
+    from ..docs_section import write_section
+    write_section(path, '\n'.join(lines), BEGIN, END, 'What each kernel costs as images grow')
 
 
 if __name__ == '__main__':
