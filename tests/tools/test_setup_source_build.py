@@ -19,7 +19,9 @@ before_313 = pytest.mark.skipif(sys.version_info >= (3, 13), reason='the set-up 
 
 
 def _check(tmp_path, constraints=None):
-    env = {k: v for k, v in os.environ.items() if not k.startswith('PIP_')}
+    env = {k: v for k, v in os.environ.items() if not k.startswith('PIP_') and k != 'PYTHON'}
+    # the interpreter under test, not the checkout's .venv: make test-pythons runs this file on .venv-3.X
+    env['SOFTFREE_VENV'] = sys.prefix
     env['HOME'] = str(tmp_path / 'home')  # no pip cache or config from an earlier run
     env.pop('XDG_CACHE_HOME', None)
     if constraints is not None:
