@@ -266,6 +266,10 @@ def run_cost(args, out):
     sides = args.short_sides or list(cost.SHORT_SIDES)
     cases = cost.plan(args.layouts, kernels, sides, large=cost.LARGE_SIDE if args.large_side is None else
                       (args.large_side or None), seg=args.seg_size, models=() if args.no_models else cost.MODELS)
+    import signal
+    import threading
+    if threading.current_thread() is threading.main_thread():  # SIGTERM an exit: the running case goes with it
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows = cost.sweep(cases, args.csv, args.time_limit, args.mem_limit, repeats=args.repeats, log=out.progress,
                       device=args.device, dtype=args.dtype)
     table = cost.markdown(rows)

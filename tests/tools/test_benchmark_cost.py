@@ -6,9 +6,12 @@ crossover with softmax and the largest size, by hand on a small CSV; limits that
 layouts are refused by name.
 """
 import csv
+import os
 import os.path as osp
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -109,3 +112,45 @@ def test_unknown_layouts_and_kernels_list_the_known_ones(tmp_path):
     proc = subprocess.run([sys.executable, TOOL, 'backbone', '--layouts', 'swin_t', '--kernels', 'poly',
                            '--csv', str(tmp_path / 'c.csv')], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and 'valid: softmax, poly3, linear, inline, soft' in proc.stderr
+
+
+def _children(pid):
+    try:
+        with open(f'/proc/{pid}/task/{pid}/children') as f:
+            return [int(c) for c in f.read().split()]
+    except OSError:
+        return []
+
+
+def _alive(pid):
+    try:
+        with open(f'/proc/{pid}/stat') as f:
+            return f.read().split(') ')[1][0] not in 'ZX'
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not osp.exists(f'/proc/{os.getpid()}/task/{os.getpid()}/children'),
+                    reason='reads the process tree from Linux /proc')
+@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGKILL])
+def test_an_interrupted_sweep_leaves_no_case_running(sig, tmp_path):
+    """The case's process goes with the sweep (it runs in a session of its own, so a plain kill of the sweep left it
+    running on, measuring on an unowned CPU): SIGTERM via the sweep's clean-up, SIGKILL via the kernel."""
+    sweep = subprocess.Popen([sys.executable, TOOL, 'backbone', '--layouts', 'pvt_v2_b2', '--kernels', 'softmax',
+                              '--short-sides', '4096', '--large-side', '0', '--seg-size', '0', '--no-models',
+                              '--time-limit', '300', '--csv', str(tmp_path / 'c.csv'), '--device', 'cpu'],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline, case = time.time() + 120, []
+    while not case and time.time() < deadline and sweep.poll() is None:
+        time.sleep(0.2)
+        case = _children(sweep.pid)
+    assert case, 'the sweep started no case'
+    time.sleep(1.0)  # the case is importing torch / measuring
+    assert _alive(case[0])
+    sweep.send_signal(sig)
+    sweep.wait(timeout=60)
+    deadline = time.time() + 30
+    while _alive(case[0]) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not _alive(case[0]), f'the case {case[0]} runs on after the sweep got {sig!r}'
+    assert not (tmp_path / 'c.csv').exists() or len(list(csv.DictReader(open(tmp_path / 'c.csv')))) == 0

@@ -210,13 +210,32 @@ def _whole_model(spec):
     return model, run
 
 
+def _die_with_parent() -> None:
+    """In the case's process before it runs: the kernel kills it when the sweep dies, however it dies (SIGKILL
+    too), so an interrupted sweep leaves no case running on (Linux; elsewhere the sweep's own clean-up does)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (AttributeError, OSError):
+        pass
+
+
 def run_case(spec: dict, time_limit: float, mem_limit_gib: float) -> dict:
     """``spec`` measured in a fresh process under the limits: its row (status 'ok', 'over the time limit', 'over
     the memory limit' or 'failed' with the last line of its error)."""
     env = dict(os.environ, PYTHONWARNINGS='ignore')
     proc = subprocess.Popen([sys.executable, '-m', 'softfree_mm.analysis.benchmark.cost', json.dumps(spec)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_die_with_parent if sys.platform == 'linux' else None)
+    try:
+        return _watch(proc, time_limit, mem_limit_gib)
+    finally:  # interrupted (Ctrl-C, SIGTERM made an exit by the tool): the case goes with the sweep
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _watch(proc, time_limit: float, mem_limit_gib: float) -> dict:
     limit_kib = mem_limit_gib * 2 ** 20
     start, peak, why = time.time(), 0, None
     while proc.poll() is None:
