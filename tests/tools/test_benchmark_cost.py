@@ -82,8 +82,14 @@ def test_the_crossover_and_the_largest_size_by_hand():
             _row('L', 'softmax', 1024, 'over the memory limit'),
             _row('L', 'linear', 512, ms=150), _row('L', 'linear', 800, ms=250), _row('L', 'linear', 1024, ms=400),
             _row('L', 'poly3', 512, ms=120), _row('L', 'poly3', 800, ms=350),
-            _row('L', 'poly3', 1024, 'over the time limit')]
+            _row('L', 'poly3', 1024, 'over the time limit'),
+            _row('L', 'soft', 512, ms=90), _row('L', 'soft', 800, ms=310), _row('L', 'soft', 1024, ms=500),
+            _row('L', 'relu', 512, ms=90), _row('L', 'relu', 800, 'over the time limit')]
     got = {e['kernel']: e for e in cost.crossovers(rows)}
+    # soft: faster at 512 (90 < 100), slower at 800 (310 > 300): not cheaper from 512; it runs at 1024 where softmax
+    # does not, so from 1024; relu: faster at 512, then over a limit where softmax ran: never
+    assert got['soft']['cheaper_from'] == 1024 and got['soft']['softmax_over_from'] == 1024
+    assert got['relu']['cheaper_from'] is None and got['relu']['largest'] == 512
     # linear: slower at 512, faster at 800 (250 < 300); at 1024 softmax is over its limit and linear is not
     assert got['linear']['cheaper_from'] == 800 and got['linear']['softmax_over_from'] == 1024
     assert got['linear']['largest'] == 1024 and got['linear']['ratio_at'] == {512: 1.5, 800: 250 / 300}

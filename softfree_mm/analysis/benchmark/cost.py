@@ -364,10 +364,11 @@ def _num(v):
 
 
 def crossovers(rows: List[dict], reference: str = 'softmax') -> List[dict]:
-    """Per layout and kernel (but the reference): over the COCO-aspect inference rows, the smallest short side where
-    the kernel is faster than softmax, both measured ('cheaper_from'); where softmax is over a limit and the kernel
-    is not ('softmax_over_from', never an extrapolated figure); the largest short side the kernel ran within the
-    limits ('largest')."""
+    """Per layout and kernel (but the reference): over the COCO-aspect inference rows, the smallest short side from
+    which the kernel is cheaper than softmax at every size measured, that one and each above it ('cheaper_from':
+    faster where both ran, or running where softmax is over a limit; a kernel faster at one size and slower at a
+    larger one has none); where softmax is over a limit and the kernel is not ('softmax_over_from', never an
+    extrapolated figure); the largest short side the kernel ran within the limits ('largest')."""
     out = []
     coco = [r for r in rows if r.get('what') == 'backbone' and r.get('pass') == 'fwd' and
             r.get('size') != 'x'.join(map(str, SEG_SIZE))]
@@ -379,15 +380,29 @@ def crossovers(rows: List[dict], reference: str = 'softmax') -> List[dict]:
             e = dict(layout=layout, kernel=kernel, largest=ok[-1] if ok else None,
                      status=next((r['status'] for r in mine.values() if r.get('status') != 'ok'), 'ok'))
             if kernel != reference:
-                cheaper = [s for s in ok if ref.get(s, {}).get('status') == 'ok' and
-                           _num(mine[s]['ms']) < _num(ref[s]['ms'])]
-                over = [s for s in ok if ref.get(s, {}).get('status', 'ok') not in ('ok', 'not run', '')]
-                e.update(cheaper_from=cheaper[0] if cheaper else None,
+                over = [s for s in ok if _over(ref.get(s))]
+                verdicts = {}  # side -> True (cheaper) / False (not); sides neither ran are left out
+                for s in sorted(set(mine) | set(ref)):
+                    a, b = mine.get(s, {}), ref.get(s, {})
+                    if a.get('status') == 'ok' and b.get('status') == 'ok':
+                        verdicts[s] = _num(a['ms']) < _num(b['ms'])
+                    elif a.get('status') == 'ok' and _over(b):
+                        verdicts[s] = True
+                    elif _over(a) and b.get('status') == 'ok':
+                        verdicts[s] = False
+                sides = sorted(verdicts)
+                stable = [s for i, s in enumerate(sides) if all(verdicts[t] for t in sides[i:])]
+                e.update(cheaper_from=stable[0] if stable else None,
                          softmax_over_from=over[0] if over else None,
                          ratio_at={s: _num(mine[s]['ms']) / _num(ref[s]['ms']) for s in ok
                                    if ref.get(s, {}).get('status') == 'ok'})
             out.append(e)
     return out
+
+
+def _over(row: Optional[dict]) -> bool:
+    """A case that was run and exceeded a limit (not 'not run', not a fit error, not a failure)."""
+    return bool(row) and str(row.get('status', '')).startswith('over the')
 
 
 def markdown(rows: List[dict]) -> str:
