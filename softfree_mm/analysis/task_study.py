@@ -199,14 +199,14 @@ class Study:
 def read_detector_rows(path: str) -> Dict[tuple, dict]:
     """(layout 'xcit', kernel, start, seed) -> a row of the warm-start grid's detectors.csv, in this study's form
     (its 'softmax' start is the softmax classifier from scratch)."""
+    from .warm_start_report import read_detectors
     out = {}
-    with open(path, newline='') as f:
-        for r in csv.DictReader(f):
-            start = 'scratch' if r['start'] == 'softmax' else r['start']
-            row = dict(cls_top1=_num(r.get('start_top1')), status=r['status'], error=r.get('error', ''),
-                       wall_s=_num(r.get('wall_s')), source=f'warm_start/{osp.basename(path)}')
-            row.update({k: _num(r.get(k)) for k in METRICS['det']})
-            out[('xcit', r['kernel'], start, int(r['seed']))] = row
+    for r in read_detectors(path):
+        start = 'scratch' if r['start'] == 'softmax' else r['start']
+        row = dict(cls_top1=r['start_top1'], status=r['status'], error=r['error'], wall_s=r['wall_s'],
+                   source=f'warm_start/{osp.basename(path)}')
+        row.update({k: r[k] for k in METRICS['det']})
+        out[('xcit', r['kernel'], start, r['seed'])] = row
     return out
 
 

@@ -24,7 +24,7 @@ import torch
 from ..engine.warm_start import DEFAULT, RECIPES, SCALES, Recipe, finetune_settings, stage_settings
 from .study import read_scalars
 from .sweep import newest_scalars, safe_name, train_one
-from .warm_start_report import SCRATCH_ITERS, transfer_curves
+from .warm_start_report import SCRATCH_ITERS, read_detectors, transfer_curves
 
 RESULT = 'result.json'
 
@@ -253,7 +253,7 @@ class Plan:
                  recipe_kernels: Optional[Dict[str, Sequence[str]]] = None,
                  ablation_kernel: str = 'poly:degree=3', det_kernels: Sequence[str] = ('poly:degree=3', 'linear'),
                  backbones: Optional[Dict[str, tuple]] = None, scratch_from: Optional[str] = None,
-                 ablation_seeds: Optional[Sequence[int]] = None, echo=print):
+                 ablation_seeds: Optional[Sequence[int]] = None, det_from: Optional[str] = None, echo=print):
         self.r, self.root, self.seeds = runner, root, list(seeds)
         self.study = study_rows(scratch_from) if scratch_from else {}
         self.ablation_seeds = list(ablation_seeds) if ablation_seeds is not None else self.seeds
@@ -263,6 +263,9 @@ class Plan:
         self.recipes = [RECIPES[r] for r in recipes if r != recipe]
         self.recipe_kernels = dict(RECIPE_KERNELS if recipe_kernels is None else recipe_kernels)
         self.ablation_kernel, self.det_kernels = ablation_kernel, list(det_kernels)
+        # an earlier grid's detectors.csv (read here: a bad file is refused before any run): its rows are kept, the
+        # detectors are not run again
+        self.det_rows = read_detectors(det_from) if det_from else None
         self.backbones = backbones or BACKBONES
         self.echo = echo
         self.rows: List[dict] = []
@@ -379,11 +382,14 @@ def run_grid(plan: Plan) -> dict:
         two = dict(zip(vt, r.map(lambda t: plan.transfer_finetune(*t, one[t], softmax[(t[0], t[2])], recipe=rec),
                                  vt)))
         variants[rec.name] = (one, two)
-    det = [('softmax', 'softmax', s, softmax[('xcit', s)]) for s in seeds if 'xcit' in plan.backbones]
-    for k in plan.det_kernels:
-        for s in seeds:
-            det += [(k, 'scratch', s, scratch[('xcit', k, s)]), (k, 'swap', s, swap_ft.get(('xcit', k, s, large), {})),
-                    (k, 'transfer', s, stage2.get(('xcit', k, s, large, chosen), {}))]
+    det = []  # the detectors on XCiT from each start (none with --det-from: its rows are kept)
+    if plan.det_rows is None and 'xcit' in plan.backbones:
+        det = [('softmax', 'softmax', s, softmax[('xcit', s)]) for s in seeds]
+        for k in [k for k in plan.det_kernels if k in plan.backbones['xcit'][1]]:
+            for s in seeds:
+                det += [(k, 'scratch', s, scratch[('xcit', k, s)]),
+                        (k, 'swap', s, swap_ft.get(('xcit', k, s, large), {})),
+                        (k, 'transfer', s, stage2.get(('xcit', k, s, large, chosen), {}))]
     dets = r.map(lambda t: plan.detector(*t), det)
 
     rows = []
@@ -410,6 +416,8 @@ def run_grid(plan: Plan) -> dict:
                              error=run.get('error', ''), wall_s=run.get('wall_s'),
                              bbox_mAP=m.get('coco/bbox_mAP'), segm_mAP=m.get('coco/segm_mAP'),
                              bbox_mAP_50=m.get('coco/bbox_mAP_50'), segm_mAP_50=m.get('coco/segm_mAP_50')))
+    if plan.det_rows is not None:
+        det_rows = list(plan.det_rows)
     curves = []
     for (bb, k, s, b, g), run in stage1.items():
         for c in transfer_curves(run):

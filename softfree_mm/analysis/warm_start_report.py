@@ -23,6 +23,31 @@ def transfer_curves(row: dict) -> List[dict]:
     return out
 
 
+DETECTOR_COLUMNS = ('kernel', 'start', 'seed', 'start_top1', 'status', 'error', 'wall_s', 'bbox_mAP', 'segm_mAP',
+                    'bbox_mAP_50', 'segm_mAP_50')
+
+
+def read_detectors(path: str) -> List[dict]:
+    """The rows of an earlier grid's detectors.csv (numbers as floats, seeds as ints, blanks as None), marked as read
+    from ``path``: a grid that does not run its detectors again keeps them (--det-from)."""
+    from softfree_mm.engine.errors import UsageError
+    with open(path, newline='') as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    missing = [c for c in DETECTOR_COLUMNS if c != 'error' and c not in (reader.fieldnames or ())]
+    if missing:
+        raise UsageError(f'{path}: not a detectors.csv of the warm-start grid: no column {", ".join(missing)} '
+                         f'(it has {", ".join(reader.fieldnames or ()) or "none"})')
+    out = []
+    for r in rows:
+        row = {k: r.get(k) or '' for k in ('kernel', 'start', 'status', 'error')}
+        row['seed'] = int(r['seed'])
+        row.update({k: float(r[k]) if r.get(k) not in (None, '') else None
+                    for k in DETECTOR_COLUMNS[3:] if k not in ('status', 'error')})
+        out.append(dict(row, source=f'read: {osp.basename(path)}'))
+    return out
+
+
 def _mean_std(vals):
     vals = [v for v in vals if v is not None]
     if not vals:
@@ -285,12 +310,15 @@ def compute_line(result: dict) -> str:
     """What the grid's own runs took: their count and wall-clock seconds added up (the study's rows not counted)."""
     own = [r for r in result['rows'] if r.get('source', 'grid') == 'grid' and r.get('wall_s')]
     stage1 = [r for r in result['rows'] if r.get('transfer_wall_s')]
-    dets = [d for d in result['detectors'] if d.get('wall_s')]
+    dets = [d for d in result['detectors'] if d.get('wall_s') and d.get('source', 'grid') == 'grid']
     total = sum(r['wall_s'] for r in own) + sum(r['transfer_wall_s'] for r in stage1) + sum(d['wall_s'] for d in dets)
     studied = sum(r.get('source') == 'study' for r in result['rows'])
     return (f'The grid\'s runs: {len(own)} classifier runs and evaluations, {len(stage1)} stage-1 runs, {len(dets)} '
             f'detectors (train + test); their wall-clock times add up to {total / 3600:.1f} h (two run at a time). '
-            f'{studied} from-scratch rows are the kernel study\'s runs, read, not run again.')
+            f'{studied} from-scratch rows are the kernel study\'s runs, read, not run again.'
+            + (f' The {len(result["detectors"]) - len(dets)} detector rows are read from an earlier grid\'s '
+               f'{result["detectors"][0]["source"][len("read: "):]} (--det-from), not run again.'
+               if len(dets) < len(result['detectors']) else ''))
 
 
 def write_outputs(result: dict, out: str, plan) -> None:

@@ -344,3 +344,52 @@ def test_the_default_recipe_rule_by_hand():
     worse_b = dict(meets) | {('b', 0): 60.0, ('b', 1): 61.0, ('b', 2): 60.5}
     got = choose_default(all_rows + rows('transfer-attn', worse_b), 'transfer', 75)
     assert got['pvt']['verdicts']['transfer-attn']['loses'] == ['b'] and got['pvt']['chosen'] == 'transfer'
+
+
+def test_det_from_keeps_an_earlier_grids_detectors_and_runs_none(tmp_path):
+    """--det-from: the grid (here in --report-only form: every run 'not run', each key asked for recorded) asks for
+    no detector run and its detectors are the file's rows, typed and marked as read; compute_line does not count them
+    as its own time; a file that is not a detectors.csv is refused at the plan, before any run, naming what it lacks."""
+    import csv
+    from softfree_mm.analysis.warm_start_report import compute_line
+    from softfree_mm.engine.errors import UsageError
+    path = tmp_path / 'detectors.csv'
+    with open(path, 'w', newline='') as f:
+        w = csv.writer(f)
+        w.writerow(['kernel', 'start', 'seed', 'start_top1', 'status', 'wall_s', 'bbox_mAP', 'segm_mAP', 'bbox_mAP_50',
+                    'segm_mAP_50', 'error'])
+        w.writerow(['softmax', 'softmax', 0, 73.2, 'ok', 600.0, 0.31, 0.25, 0.6, 0.5, ''])
+        w.writerow(['linear', 'swap', 1, '', 'failed', '', '', '', '', '', 'no classifier'])
+    asked = []
+    runner = ws.Runner(str(tmp_path / 'w'), osp.join(ROOT, 'tools'))
+    runner.train = runner.test = lambda key, *a, **k: asked.append(key) or dict(status='not run', key=key)
+    plan = ws.Plan(runner, ROOT, [0], budgets=(75, ), backbones={'xcit': (ws.BACKBONES['xcit'][0], ['linear'])},
+                   det_from=str(path))
+    result = ws.run_grid(plan)
+    assert asked and not [k for k in asked if k.startswith('det/')]
+    assert result['detectors'] == [
+        dict(kernel='softmax', start='softmax', seed=0, start_top1=73.2, status='ok', error='', wall_s=600.0,
+             bbox_mAP=0.31, segm_mAP=0.25, bbox_mAP_50=0.6, segm_mAP_50=0.5, source='read: detectors.csv'),
+        dict(kernel='linear', start='swap', seed=1, start_top1=None, status='failed', error='no classifier',
+             wall_s=None, bbox_mAP=None, segm_mAP=None, bbox_mAP_50=None, segm_mAP_50=None,
+             source='read: detectors.csv')]
+    line = compute_line(result)
+    assert ', 0 detectors (train + test)' in line and \
+        "The 2 detector rows are read from an earlier grid's detectors.csv (--det-from)" in line
+    # without --det-from the same plan makes its own detector rows, for its detectors' kernels the backbone runs
+    # (here none starts: no classifier has run)
+    own = ws.run_grid(ws.Plan(runner, ROOT, [0], budgets=(75, ),
+                              backbones={'xcit': (ws.BACKBONES['xcit'][0], ['linear'])}))['detectors']
+    assert [(d['kernel'], d['start'], d['status']) for d in own] == [
+        ('softmax', 'softmax', 'failed'), ('linear', 'scratch', 'failed'), ('linear', 'swap', 'failed'),
+        ('linear', 'transfer', 'failed')]
+    other = tmp_path / 'classifiers.csv'
+    other.write_text('backbone,kernel,seed,start\nxcit,relu,0,scratch\n')
+    with pytest.raises(UsageError, match=r'classifiers.csv: not a detectors.csv of the warm-start grid: no column '
+                                         r'start_top1, status, wall_s, bbox_mAP'):
+        ws.Plan(runner, ROOT, [0], det_from=str(other))
+    tool = osp.join(ROOT, 'tools', 'analysis', 'warm_start_grid.py')
+    proc = subprocess.run([sys.executable, tool, '--work-dir', str(tmp_path / 'w2'), '--out', str(tmp_path / 'o'),
+                           '--det-from', str(other)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and 'not a detectors.csv of the warm-start grid' in proc.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / 'w2').exists()

@@ -6,14 +6,15 @@ each start.
 
     python tools/analysis/warm_start_grid.py [--work-dir work_dirs/warm_start] [--out docs/results/warm_start]
         [--seeds 0 1 2] [--budgets 30 75] [--scratch-from docs/results/study/runs.csv] [--ablation-seeds 0 1 2]
-        [--recipes transfer transfer-half transfer-final transfer-attn transfer-newhead] [--jobs 2] [--threads 1]
-        [--report-only]
+        [--recipes transfer transfer-half transfer-final transfer-attn transfer-newhead] [--det-from CSV]
+        [--jobs 2] [--threads 1] [--report-only]
     python tools/analysis/warm_start_grid.py --cost CONFIG [CONFIG ...] [--device cpu|cuda] [--batch 8] [--steps 3]
         [--csv PATH]
 
 The from-scratch top-1 of a kernel is the kernel study's run of the same seed (--scratch-from, its runs.csv; '' trains
 them all again); the grid trains from scratch only what it needs the weights of: softmax (the teachers) and the
-detectors' kernels on XCiT. The stage-1 groups are compared on --ablation-seeds (default: every seed).
+detectors' kernels on XCiT. --det-from keeps an earlier grid's detectors.csv (its rows, marked as read) instead of
+running the detectors again. The stage-1 groups are compared on --ablation-seeds (default: every seed).
 --recipes: the warm-start recipes of softfree_mm/engine/warm_start.py to run, the first the default the others are
 measured against (paired by kernel and seed; the others on x^3, x, linear, relu and InLine in PVTv2, x^3 and linear
 in XCiT); the table then names the default the rule of docs/warm_start.md picks per backbone.
@@ -45,6 +46,7 @@ def main(argv=None):
                    help="the kernel study's runs.csv: the from-scratch rows ('' runs them again)")
     p.add_argument('--ablation-seeds', nargs='+', type=int, help='seeds of the stage-1 groups comparison')
     p.add_argument('--recipes', nargs='+', default=['transfer'], help='warm-start recipes, the default first')
+    p.add_argument('--det-from', default='', help="an earlier grid's detectors.csv: keep its rows, run no detector")
     p.add_argument('--jobs', type=int, default=2, help='processes at a time')
     p.add_argument('--threads', type=int, default=1, help='torch threads per process')
     p.add_argument('--report-only', action='store_true', help='run nothing; report the finished runs')
@@ -69,6 +71,9 @@ def main(argv=None):
                                           else osp.join(ROOT, args.scratch_from))
     if scratch_from and not osp.isfile(scratch_from):
         fail(f"--scratch-from {args.scratch_from}: no such file (the kernel study's runs.csv, or '')")
+    det_from = args.det_from and (args.det_from if osp.isabs(args.det_from) else osp.join(ROOT, args.det_from))
+    if det_from and not osp.isfile(det_from):
+        fail(f"--det-from {args.det_from}: no such file (an earlier grid's detectors.csv, or '' to run them)")
     from softfree_mm.engine.warm_start import RECIPES
     bad = [r for r in args.recipes if r not in RECIPES]
     if bad or len(set(args.recipes)) != len(args.recipes):
@@ -80,7 +85,7 @@ def main(argv=None):
     if args.report_only:
         runner.train = runner.test = lambda key, *a, **k: runner.done(key) or dict(status='not run', key=key)
     plan = ws.Plan(runner, ROOT, args.seeds, args.budgets, recipe=args.recipes[0], recipes=args.recipes[1:],
-                   scratch_from=scratch_from or None, ablation_seeds=ablation,
+                   scratch_from=scratch_from or None, ablation_seeds=ablation, det_from=det_from or None,
                    echo=lambda m: print(m, flush=True))
     result = ws.run_grid(plan)
     write_outputs(result, osp.abspath(args.out), plan)
