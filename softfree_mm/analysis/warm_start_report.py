@@ -306,6 +306,69 @@ def plots(summary: List[dict], curves: List[dict], out: str, groups: str = '') -
     return made
 
 
+def recipes_plot(rows: List[dict], default: str, chosen: str, out: str) -> Optional[str]:
+    """recipes.png: per backbone (columns) and budget (rows), each recipe's paired difference to scratch per kernel
+    (bar: mean over seeds, line: its 95 % interval), the 1-point target dashed; None without a second recipe."""
+    recs = list(dict.fromkeys([default] + [r.get('recipe') or default for r in rows if r['start'] == 'transfer'
+                                           and r.get('groups') == chosen]))
+    if len(recs) < 2:
+        return None
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    scratch = {(r['backbone'], r['kernel'], r['seed']): r['top1'] for r in rows if r['start'] == 'scratch'}
+    bbs = list(dict.fromkeys(r['backbone'] for r in rows if r['start'] == 'transfer' and (r.get('recipe') or default)
+                             != default))
+    budgets = sorted({r['iters'] for r in rows if r['start'] == 'transfer'})
+    fig, axes = plt.subplots(len(budgets), len(bbs), figsize=(5.5 * len(bbs), 3.4 * len(budgets)), squeeze=False)
+    width = 0.8 / len(recs)
+    for i, b in enumerate(budgets):
+        for j, bb in enumerate(bbs):
+            ax = axes[i][j]
+            kernels = list(dict.fromkeys(r['kernel'] for r in rows if r['backbone'] == bb and r['start'] == 'transfer'
+                                         and (r.get('recipe') or default) != default))
+            for n, rec in enumerate(recs):
+                for x, k in enumerate(kernels):
+                    vals = {r['seed']: r['top1'] for r in rows if (r['backbone'], r['kernel'], r['iters']) == (bb, k, b)
+                            and r['start'] == 'transfer' and (r.get('recipe') or default) == rec
+                            and r.get('groups') == chosen}
+                    m, half, _ = paired(vals, {s: scratch.get((bb, k, s)) for s in vals})
+                    if m is None:
+                        continue
+                    pos = x - 0.4 + width * (n + 0.5)
+                    ax.bar(pos, m, width, color=f'C{n}', label=rec if x == 0 else None)
+                    if half is not None:
+                        ax.plot([pos, pos], [m - half, m + half], color='black', lw=0.8)
+            ax.axhline(0, color='black', lw=0.6)
+            ax.axhline(-1, color='grey', lw=0.8, linestyle='--')
+            ax.set_xticks(range(len(kernels)))
+            ax.set_xticklabels(kernels, fontsize=7, rotation=20)
+            ax.set_title(f'{bb}, {b} of {SCRATCH_ITERS} iterations: top-1 minus scratch (paired by seed)', fontsize=8)
+            ax.set_ylabel('points')
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=6)
+    fig.tight_layout()
+    path = osp.join(out, 'recipes.png')
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+BEGIN = '<!-- warm_start_grid: made by tools/analysis/warm_start_grid.py, do not edit by hand -->'
+END = '<!-- warm_start_grid: end -->'
+
+
+def docs_section(table: str, out_rel: str, made: List[str]) -> str:
+    """The generated part of docs/warm_start.md's evidence: the grid's table.md and its plots."""
+    names = {'accuracy.png': 'top-1 against iterations', 'recipes.png': 'each recipe against scratch, paired by seed',
+             'transfer_curves.png': 'stage-1 loss per block'}
+    lines = [BEGIN, '', table.rstrip(), '']
+    for path in made:
+        name = osp.basename(path)
+        lines += [f'![{names.get(name, name)}]({out_rel}/{name})', '']
+    return '\n'.join(lines + [END])
+
+
 def compute_line(result: dict) -> str:
     """What the grid's own runs took: their count and wall-clock seconds added up (the study's rows not counted)."""
     own = [r for r in result['rows'] if r.get('source', 'grid') == 'grid' and r.get('wall_s')]
@@ -321,8 +384,8 @@ def compute_line(result: dict) -> str:
                if len(dets) < len(result['detectors']) else ''))
 
 
-def write_outputs(result: dict, out: str, plan) -> None:
-    """The CSVs (the tables and plots come from them: :func:`report`)."""
+def write_outputs(result: dict, out: str, plan, docs: Optional[str] = None) -> None:
+    """The CSVs, table.md and the plots under ``out``; the section of ``docs`` between its markers."""
     os.makedirs(out, exist_ok=True)
     root = osp.join(plan.r.root, '')
 
@@ -351,6 +414,13 @@ def write_outputs(result: dict, out: str, plan) -> None:
         w.writeheader()
         for r in summary:
             w.writerow({k: ('' if r.get(k) is None else r[k]) for k in fields})
+    table = compute_line(result) + '\n\n' + markdown(summary, result['detectors'], groups)
     with open(osp.join(out, 'table.md'), 'w') as f:
-        f.write(compute_line(result) + '\n\n' + markdown(summary, result['detectors'], groups))
-    plots(summary, result['curves'], out, '+'.join(result['groups']))
+        f.write(table)
+    made = plots(summary, result['curves'], out, '+'.join(result['groups']))
+    rec = recipes_plot(result['rows'], plan.recipe.name, '+'.join(result['groups']), out)
+    made[1:1] = [rec] if rec else []
+    if docs:
+        from .docs_section import write_section
+        write_section(docs, docs_section(table, osp.relpath(out, osp.dirname(docs)), made), BEGIN, END,
+                      'The evidence at small scale')

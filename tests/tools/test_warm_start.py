@@ -393,3 +393,31 @@ def test_det_from_keeps_an_earlier_grids_detectors_and_runs_none(tmp_path):
                            '--det-from', str(other)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and 'not a detectors.csv of the warm-start grid' in proc.stderr.strip().splitlines()[-1]
     assert not (tmp_path / 'w2').exists()
+
+
+def test_the_docs_section_is_the_table_and_plots_and_is_replaced_on_every_run(tmp_path):
+    """write_outputs(docs=page): the page's text outside the markers stays; between them the table.md just written
+    and the plots (recipes.png once a second recipe has rows), replaced, not appended, when run again."""
+    from softfree_mm.analysis import warm_start_report as rep
+    rows = [dict(backbone='pvt', kernel='relu', seed=s, start='scratch', iters=300, transfer_iters=0, groups='',
+                 top1=70.0 + s, status='ok', source='study') for s in (0, 1)]
+    for rec, gain in (('transfer', -2.0), ('transfer-final', 1.0)):
+        rows += [dict(backbone='pvt', kernel='relu', seed=s, start='transfer', recipe=rec, iters=75, transfer_iters=25,
+                      groups='kernel+qkv', top1=70.0 + s + gain, status='ok', source='grid') for s in (0, 1)]
+    result = dict(rows=rows, detectors=[], curves=[], groups=('kernel', 'qkv'), scores={})
+    page = tmp_path / 'docs' / 'warm_start.md'
+    page.parent.mkdir()
+    page.write_text(f'# Warm start\n\nbefore\n\n{rep.BEGIN}\nold table\n{rep.END}\n\nafter\n')
+    out = tmp_path / 'docs' / 'results' / 'warm_start'
+    plan = ws.Plan(ws.Runner(str(tmp_path / 'runs'), osp.join(ROOT, 'tools')), ROOT, [0, 1], budgets=(75, ),
+                   recipes=['transfer-final'])
+    for _ in range(2):
+        rep.write_outputs(result, str(out), plan, str(page))
+    text = page.read_text()
+    table = (out / 'table.md').read_text()
+    assert text.startswith('# Warm start\n\nbefore\n\n') and text.endswith('\n\nafter\n')
+    assert 'old table' not in text and text.count(rep.BEGIN) == 1 and table.rstrip() in text
+    assert '| relu | 68.5 ± 0.7 (-2.0 ± 0.0) | 71.5 ± 0.7 (+1.0 ± 0.0) |' in table
+    assert 'transfer-final +3.0 ± 0.0 (n = 2), meets the target where the default misses: relu. Default by the rule: `transfer-final`.' in table
+    assert '![each recipe against scratch, paired by seed](results/warm_start/recipes.png)' in text
+    assert (out / 'recipes.png').is_file()

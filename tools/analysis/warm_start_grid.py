@@ -7,7 +7,7 @@ each start.
     python tools/analysis/warm_start_grid.py [--work-dir work_dirs/warm_start] [--out docs/results/warm_start]
         [--seeds 0 1 2] [--budgets 30 75] [--scratch-from docs/results/study/runs.csv] [--ablation-seeds 0 1 2]
         [--recipes transfer transfer-half transfer-final transfer-attn transfer-newhead] [--det-from CSV]
-        [--jobs 2] [--threads 1] [--report-only]
+        [--docs docs/warm_start.md] [--jobs 2] [--threads 1] [--report-only]
     python tools/analysis/warm_start_grid.py --cost CONFIG [CONFIG ...] [--device cpu|cuda] [--batch 8] [--steps 3]
         [--csv PATH]
 
@@ -22,7 +22,8 @@ Every run is tools/train.py or tools/test.py on a child config written into its 
 that finished is not run again, so the same command resumes a stopped study. --report-only runs nothing and writes
 the outputs from the runs finished so far. Writes into --out: classifiers.csv (one row per classifier run, its
 ``start``: scratch / swap / transfer, its iterations and the transfer's), detectors.csv, transfer_curves.csv (each
-block's stage-1 loss per iteration), summary.csv and table.md, and the plots.
+block's stage-1 loss per iteration), summary.csv and table.md, and the plots (accuracy.png, recipes.png with a
+second recipe, transfer_curves.png); and the table and plots into --docs between its markers ('' leaves it alone).
 --cost times stage 1 of each configs/transfer_*.py against a supervised step of its kernel's classifier (the
 matching configs/cls_*.py) in one process, alternating, random weights, and prints (and with --csv writes) the
 seconds per step and their ratio: what a stage-1 iteration costs in supervised iterations.
@@ -47,6 +48,8 @@ def main(argv=None):
     p.add_argument('--ablation-seeds', nargs='+', type=int, help='seeds of the stage-1 groups comparison')
     p.add_argument('--recipes', nargs='+', default=['transfer'], help='warm-start recipes, the default first')
     p.add_argument('--det-from', default='', help="an earlier grid's detectors.csv: keep its rows, run no detector")
+    p.add_argument('--docs', default=osp.join('docs', 'warm_start.md'),
+                   help="the page whose generated section is rewritten ('': none)")
     p.add_argument('--jobs', type=int, default=2, help='processes at a time')
     p.add_argument('--threads', type=int, default=1, help='torch threads per process')
     p.add_argument('--report-only', action='store_true', help='run nothing; report the finished runs')
@@ -71,6 +74,8 @@ def main(argv=None):
                                           else osp.join(ROOT, args.scratch_from))
     if scratch_from and not osp.isfile(scratch_from):
         fail(f"--scratch-from {args.scratch_from}: no such file (the kernel study's runs.csv, or '')")
+    if args.docs and not osp.isfile(args.docs if osp.isabs(args.docs) else osp.join(ROOT, args.docs)):
+        fail(f"--docs {args.docs}: no such page (the page for the grid's section, or '' for none)")
     det_from = args.det_from and (args.det_from if osp.isabs(args.det_from) else osp.join(ROOT, args.det_from))
     if det_from and not osp.isfile(det_from):
         fail(f"--det-from {args.det_from}: no such file (an earlier grid's detectors.csv, or '' to run them)")
@@ -88,7 +93,8 @@ def main(argv=None):
                    scratch_from=scratch_from or None, ablation_seeds=ablation, det_from=det_from or None,
                    echo=lambda m: print(m, flush=True))
     result = ws.run_grid(plan)
-    write_outputs(result, osp.abspath(args.out), plan)
+    docs = args.docs and (args.docs if osp.isabs(args.docs) else osp.join(ROOT, args.docs))
+    write_outputs(result, osp.abspath(args.out), plan, docs or None)
     return 0
 
 
