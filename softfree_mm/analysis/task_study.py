@@ -18,6 +18,7 @@ from typing import Dict, List, Optional, Sequence
 from .study import error_cell
 from .sweep import safe_name
 from .warm_start import Plan, Runner, kernel_cfg, kernel_config, top1
+from .warm_start_report import t95
 
 TASKS = ('det', 'seg')
 METRICS = {'det': ('bbox_mAP', 'segm_mAP', 'bbox_mAP_50', 'segm_mAP_50'), 'seg': ('mIoU', 'aAcc', 'mAcc')}
@@ -229,9 +230,6 @@ def read_rows(path: str) -> List[dict]:
 
 
 # ---------------------------------------------------------------------------------------------- the table
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-
-
 def _mean_std(vals):
     vals = [v for v in vals if v is not None]
     if not vals:
@@ -267,7 +265,7 @@ def summarise(rows: List[dict], reference: str = REFERENCE) -> List[dict]:
                 e['by_seed'][s][m] - ref['by_seed'][s][m] for s in sorted(e['by_seed'])
                 if s in ref['by_seed'] and e['by_seed'][s].get(m) is not None and ref['by_seed'][s].get(m) is not None]
             mean, std, n = _mean_std(d)
-            half = T95[n - 1] * std / math.sqrt(n) if n > 1 and std is not None else None
+            half = t95(n - 1) * std / math.sqrt(n) if n > 1 and std is not None else None
             e[f'd_{m}'], e[f'd_{m}_std'], e[f'd_{m}_n'] = mean, std, n
             e[f'd_{m}_ci'] = None if half is None else (mean - half, mean + half)
             e[f'd_{m}_above'] = sum(x > 0 for x in d)
