@@ -62,6 +62,8 @@ RECIPES: Dict[str, Recipe] = {
     'transfer-attn': Recipe('transfer-attn', 'the default with attention-weight matching added to stage 1 (64 '
                                              'sampled query rows per head; kernels with a score map only)',
                             loss='blocks+attn'),
+    'transfer-blocks': Recipe('transfer-blocks', 'the default with whole blocks trained in stage 1 (attention, '
+                                                 'MLP and norms) instead of q, k, v and the kernel', groups=('blocks', )),
     'transfer-newhead': Recipe('transfer-newhead', 'the default with a new head in stage 2 instead of the '
                                                    'release\'s', head='new'),
 }

@@ -344,6 +344,15 @@ def test_the_default_recipe_rule_by_hand():
     worse_b = dict(meets) | {('b', 0): 60.0, ('b', 1): 61.0, ('b', 2): 60.5}
     got = choose_default(all_rows + rows('transfer-attn', worse_b), 'transfer', 75)
     assert got['pvt']['verdicts']['transfer-attn']['loses'] == ['b'] and got['pvt']['chosen'] == 'transfer'
+    # a recipe is its runs with its own stage-1 groups: the groups comparison's other runs, labelled with the
+    # default's name, are not the default's; transfer-blocks' runs (groups 'blocks') are its own
+    def grouped(recipe, tops, groups):
+        return [dict(r, groups=groups) for r in rows(recipe, tops)]
+    comparison = grouped('transfer', {k: v + 30.0 for k, v in default.items()}, 'blocks')
+    got = choose_default(rows('', scratch, 'scratch') + grouped('transfer', default, 'kernel+qkv') + comparison
+                         + grouped('transfer-blocks', better, 'blocks'), 'transfer', 75)
+    v = got['pvt']['verdicts']['transfer-blocks']
+    assert v['mean'] == pytest.approx(m) and v['n'] == 6 and got['pvt']['chosen'] == 'transfer-blocks'
 
 
 def test_det_from_keeps_an_earlier_grids_detectors_and_runs_none(tmp_path):

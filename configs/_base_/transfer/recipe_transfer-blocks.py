@@ -1,0 +1,20 @@
+# The warm-start recipe 'transfer-blocks' at the imagenet scale:
+# the default with whole blocks trained in stage 1 (attention, MLP and norms) instead of q, k, v and the kernel.
+# Written by `python tools/warm_start.py --write-recipe-configs` from softfree_mm/engine/warm_start.py (the one
+# definition the small-scale grid takes too); do not edit: tests/tools/test_warm_start_chain.py checks it.
+# 37530 iterations of 1024 images in all: stage 1 12510, stage 2 25020; learning rates 3x and 0.1x
+# the from-scratch classifier's (0.001), cosine to 0.01x, each after a linear warm-up over 10% of its stage.
+warm_start = {'recipe': 'transfer-blocks', 'scale': 'imagenet'}
+stage1_train = ['blocks']
+stage1_loss = 'blocks'
+stage1_train_cfg = {'_delete_': True, 'type': 'IterBasedTrainLoop', 'max_iters': 12510}
+stage1_optim_wrapper = {'_delete_': True, 'type': 'OptimWrapper', 'optimizer': {'type': 'AdamW', 'weight_decay': 0.0, 'eps': 1e-08, 'betas': (0.9, 0.999), 'lr': 0.003}, 'clip_grad': {'max_norm': 5.0}}
+stage1_param_scheduler = [{'type': 'LinearLR', 'start_factor': 0.01, 'by_epoch': False, 'begin': 0, 'end': 1251}, {'type': 'CosineAnnealingLR', 'eta_min': 1e-05, 'by_epoch': False, 'begin': 1251, 'end': 12510}]
+stage1_default_hooks = {'checkpoint': {'by_epoch': False, 'interval': 2500, 'max_keep_ckpts': 2}, 'logger': {'interval': 50}}
+stage1_log_processor = {'by_epoch': False}
+finetune_head = 'release'
+finetune_train_cfg = {'_delete_': True, 'type': 'IterBasedTrainLoop', 'max_iters': 25020, 'val_interval': 1251}
+finetune_optim_wrapper = {'optimizer': {'lr': 0.0001}}
+finetune_param_scheduler = [{'type': 'LinearLR', 'start_factor': 0.01, 'by_epoch': False, 'begin': 0, 'end': 2502}, {'type': 'CosineAnnealingLR', 'eta_min': 1e-05, 'by_epoch': False, 'begin': 2502, 'end': 25020}]
+finetune_default_hooks = {'checkpoint': {'by_epoch': False, 'interval': 2500, 'max_keep_ckpts': 2}, 'logger': {'interval': 50}}
+finetune_log_processor = {'by_epoch': False}
