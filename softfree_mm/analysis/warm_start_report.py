@@ -175,7 +175,7 @@ def markdown(summary: List[dict], detectors: List[dict], groups: dict) -> str:
     lines = ['Top-1 % on the digits validation set, mean ± sample std over the seeds; in brackets the paired '
              'difference to the same kernel from scratch, seed by seed. A column is a start and its iterations '
              f'against the {SCRATCH_ITERS} from scratch (in brackets: of them stage 1). *: the from-scratch runs are '
-             'the kernel study\'s.', '']
+             'the kernel study\'s (all seeds); **: some seeds\' are (the others the grid\'s).', '']
     titles = {'xcit': 'XCiT-T12 (channel attention)', 'pvt': 'PVTv2-b0 without spatial reduction (token attention)'}
     chosen = '+'.join(groups.get('chosen', []))
     default = groups.get('recipe', '')
@@ -195,7 +195,8 @@ def markdown(summary: List[dict], detectors: List[dict], groups: dict) -> str:
         for k in dict.fromkeys(r['kernel'] for r in mine if r['kernel'] != 'softmax'):
             by = {(r['start'], r['iters'], r['transfer_iters']): r for r in mine if r['kernel'] == k}
             src = by.get(('scratch', SCRATCH_ITERS, 0), {}).get('source')
-            lines.append(f'| {k}{" *" if src == "study" else ""} | ' + ' | '.join(_cell(by.get(c)) for c in cols)
+            mark = ' *' if src == 'study' else ' **' if 'study' in (src or '').split('+') else ''
+            lines.append(f'| {k}{mark} | ' + ' | '.join(_cell(by.get(c)) for c in cols)
                          + ' |')
         lines.append('')
     others = [r for r in summary if r['start'] == 'transfer' and r['recipe'] not in ('', default)]
