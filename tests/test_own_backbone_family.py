@@ -57,6 +57,12 @@ def test_it_is_declared_to_the_tools_and_built_from_every_registry(example):
     other = type('MyViT', (cls,), dict(family=cls.family))
     with pytest.raises(KeyError, match="'MyViT' is already registered"):
         register_backbone(other)
+    # its warm start takes its layout's default recipe (token attention unless it declares mixes='channels')
+    from softfree_mm.engine.warm_start import default_recipe
+    from softfree_mm.models.family import Family
+    assert cls.family.mixes == 'tokens' and default_recipe('MyViT') == 'transfer-final'
+    with pytest.raises(ValueError, match=r"^Family: mixes must be one of \['tokens', 'channels'\], got 'pixels'$"):
+        Family(tiny={}, mixes='pixels')
 
 
 def test_its_fit_rule_refuses_a_position_tied_kernel_and_the_support_table_says_so(example):

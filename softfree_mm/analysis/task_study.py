@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Sequence
 
 from .study import error_cell
 from .sweep import safe_name
+from ..engine.warm_start import RECIPES as RECIPES_BY_NAME
 from .warm_start import Plan, Runner, kernel_cfg, kernel_config, top1
 from .warm_start_report import t95
 
@@ -41,6 +42,16 @@ class Layout:
     def config(self, task: str) -> str:
         return {'det': self.det, 'seg': self.seg}[task]
 
+    @property
+    def default(self) -> str:
+        """The warm start's default recipe in this layout (softfree_mm/engine/warm_start.py's LAYOUT_DEFAULTS)."""
+        from mmengine.config import Config
+
+        from ..engine.warm_start import default_recipe
+        if not hasattr(self, '_default'):
+            self._default = default_recipe(Config.fromfile(self.classifier).model.backbone.type)
+        return self._default
+
 
 LAYOUTS = OrderedDict(
     pvt=Layout('PVTv2-b0 without spatial reduction (token attention)', 'configs/demo/study_pvt_v2_b0_digits.py',
@@ -51,9 +62,15 @@ LAYOUTS = OrderedDict(
                 ['softmax', 'poly:degree=3', 'linear'], starts=('scratch', 'swap', 'transfer')),
 )
 # the starts' recipes, named in every row: the kernel study's from-scratch classifier, and the warm start's default
-# recipe (softfree_mm/engine/warm_start.py) at the budget the warm-start grid calls 25 % (75 iterations) and its swap
-# (the softmax classifier with the kernel swapped in, fine-tuned by the recipe's stage 2) at the same budget
-RECIPES = {'scratch': 'scratch-300', 'swap': 'swap+ft-75 (transfer)', 'transfer': 'transfer-75'}
+# recipe in the layout (softfree_mm/engine/warm_start.py) at the budget the warm-start grid calls 25 % (75 iterations)
+# and its swap (the softmax classifier with the kernel swapped in, fine-tuned by the recipe's stage 2) at that budget
+RECIPES = {'scratch': 'scratch-300', 'swap': 'swap+ft-75 ({})', 'transfer': '{}-75'}
+
+
+def recipe_of(layout: str, start: str) -> str:
+    """The ``recipe`` cell of a start's rows in a layout (a layout outside the study: the engine's DEFAULT)."""
+    from ..engine.warm_start import DEFAULT
+    return RECIPES[start].format(LAYOUTS[layout].default if layout in LAYOUTS else DEFAULT)
 
 
 def check_names(layouts: Sequence[str], kernels: Optional[Sequence[str]] = None, tasks: Sequence[str] = TASKS,
@@ -98,7 +115,8 @@ class Study:
 
     def __init__(self, runner: Runner, root: str, seeds: Sequence[int], layouts: Sequence[str] = tuple(LAYOUTS),
                  tasks: Sequence[str] = TASKS, kernels: Optional[Sequence[str]] = None,
-                 det_from: Optional[str] = None, starts: Optional[Sequence[str]] = None, echo=print):
+                 det_from: Optional[str] = None, starts: Optional[Sequence[str]] = None,
+                 keep: Optional[Sequence[dict]] = None, echo=print):
         check_names(layouts, kernels, tasks, starts)
         self.starts = list(starts) if starts else None
         self.r, self.root, self.seeds, self.tasks, self.echo = runner, root, list(seeds), list(tasks), echo
@@ -106,6 +124,10 @@ class Study:
         self.kernels = {x: [k for k in lay.kernels if kernels is None or k in kernels or k == REFERENCE]
                         for x, lay in self.layouts.items()}
         self.det_rows = read_detector_rows(det_from) if det_from else {}
+        # finished rows of an earlier runs.csv (the committed outputs, when the work dir is gone): never run again
+        self.keep = list(keep or ())
+        self.kept = {(r['layout'], r['task'], r['kernel'], r['start'], r['recipe'], r['seed']): r for r in self.keep
+                     if r.get('status') == 'ok' and r.get('source') == 'study'}
         # the classifiers: the warm-start grid's plan over these layouts (its budgets: 75 = 25 % of 300)
         backbones = {x: (lay.classifier, [k for k in self.kernels[x] if k != REFERENCE])
                      for x, lay in self.layouts.items()}
@@ -129,14 +151,17 @@ class Study:
                 run = p.finetune(f'swap_ft/{layout}/{safe_name(kernel)}/75/seed{seed}', layout, kernel, seed, 75,
                                  softmax['checkpoint'], softmax['checkpoint'])
             else:
-                groups = p.recipe.groups
-                stage1 = p.transfer(layout, kernel, seed, 75, groups, softmax)
-                run = p.transfer_finetune(layout, kernel, seed, 75, groups, stage1, softmax)
+                recipe = RECIPES_BY_NAME[self.layouts[layout].default]
+                stage1 = p.transfer(layout, kernel, seed, 75, recipe.groups, softmax, recipe=recipe)
+                run = p.transfer_finetune(layout, kernel, seed, 75, recipe.groups, stage1, softmax, recipe=recipe)
         cache[key] = run
         return run
 
     def task_run(self, layout: str, task: str, kernel: str, start: str, seed: int, classifier: dict) -> dict:
-        key = f'{task}/{layout}/{safe_name(kernel)}/{start}/seed{seed}'
+        from ..engine.warm_start import DEFAULT
+        recipe = self.layouts[layout].default
+        tag = '' if start == 'scratch' or recipe == DEFAULT else f'-{recipe}'  # the runs of 'transfer' keep their keys
+        key = f'{task}/{layout}/{safe_name(kernel)}/{start}{tag}/seed{seed}'
         if classifier.get('status') != 'ok':
             if classifier.get('status') == 'not run':
                 return dict(status='not run', error='', key=key)
@@ -167,19 +192,23 @@ class Study:
         cases, unfit = self.cases()
         todo = [(x, k, s, seed) for seed in self.seeds for x, k, s in cases if (x, k) not in unfit]
         cache = {}
-        # classifiers: the softmax ones first (every warm start reads them), then the others, `jobs` at a time
-        first = [t for t in todo if t[1] == REFERENCE]
-        self.r.map(lambda t: self.classifier(*t, cache), first)
-        self.r.map(lambda t: self.classifier(*t, cache), [t for t in todo if t[1] != REFERENCE])
+        kept = {(x, task, k, s, seed): self.kept.get((x, task, k, s, recipe_of(x, s), seed))
+                for x, k, s, seed in todo for task in self.tasks}
         runs = [(x, task, k, s, seed) for x, k, s, seed in todo for task in self.tasks
-                if not (task == 'det' and self.det_rows.get((x, k, s, seed)))]
+                if not (task == 'det' and self.det_rows.get((x, k, s, seed))) and not kept[(x, task, k, s, seed)]]
+        # classifiers whose weights a run needs (a warm start: also its softmax teacher's): the softmax ones first
+        # (every warm start reads them), then the others, `jobs` at a time
+        need = {(x, k, s, seed) for x, _, k, s, seed in runs}
+        need |= {(x, REFERENCE, 'scratch', seed) for x, k, s, seed in need if s != 'scratch'}
+        self.r.map(lambda t: self.classifier(*t, cache), [t for t in todo if t in need and t[1] == REFERENCE])
+        self.r.map(lambda t: self.classifier(*t, cache), [t for t in todo if t in need and t[1] != REFERENCE])
         done = dict(zip(runs, self.r.map(
             lambda t: self.task_run(t[0], t[1], t[2], t[3], t[4], cache[(t[0], t[2], t[3], t[4])]), runs)))
         rows = []
         for x, k, s in cases:
             for seed in self.seeds:
                 for task in self.tasks:
-                    base = dict(layout=x, task=task, kernel=k, start=s, recipe=RECIPES[s], seed=seed)
+                    base = dict(layout=x, task=task, kernel=k, start=s, recipe=recipe_of(x, s), seed=seed)
                     if (x, k) in unfit:
                         rows.append(dict(base, status='unfit', error=unfit[(x, k)], source='study'))
                         continue
@@ -188,13 +217,19 @@ class Study:
                     if read:
                         rows.append(dict(base, **read))
                         continue
+                    if kept[(x, task, k, s, seed)]:
+                        rows.append(dict(kept[(x, task, k, s, seed)]))
+                        continue
                     run = done[(x, task, k, s, seed)]
                     m = run.get('metrics', {})
                     rows.append(dict(base, cls_top1=top1(cls), status=run.get('status'),
                                      error=error_cell(run.get('error') or ''), wall_s=run.get('wall_s'),
                                      source='study',
                                      **{name: m.get(TEST_KEYS[task] + name) for name in METRICS[task]}))
-        return rows
+        # the earlier rows this run did not select (other seeds, layouts, starts) stay in the outputs
+        mine = {(r['layout'], r['task'], r['kernel'], r['start'], r['seed']) for r in rows}
+        return rows + [dict(r) for r in self.keep if (r['layout'], r['task'], r['kernel'], r['start'], r['seed'])
+                       not in mine]
 
 
 def read_detector_rows(path: str) -> Dict[tuple, dict]:
@@ -238,18 +273,18 @@ def _mean_std(vals):
 
 
 def summarise(rows: List[dict], reference: str = REFERENCE) -> List[dict]:
-    """One entry per (layout, task, kernel, start), in row order: n (seeds with a result), the failed and unfit
+    """One entry per (layout, task, kernel, start, recipe), in row order: n (seeds with a result), the failed and unfit
     seeds, each metric's mean and sample std, the classifier's mean top-1; per primary metric the paired difference to
     ``reference`` (its scratch row of the same layout and task), seed by seed over the seeds both have: mean, sample
     std, the 95 % t-interval of the mean, how many seeds are above, and whether the interval holds zero (within the
     seeds' spread)."""
     groups = OrderedDict()
     for r in rows:
-        groups.setdefault((r['layout'], r['task'], r['kernel'], r['start']), []).append(r)
+        groups.setdefault((r['layout'], r['task'], r['kernel'], r['start'], r.get('recipe', '')), []).append(r)
     out = []
-    for (layout, task, kernel, start), rs in groups.items():
+    for (layout, task, kernel, start, recipe), rs in groups.items():
         ok = [r for r in rs if r['status'] == 'ok']
-        e = dict(layout=layout, task=task, kernel=kernel, start=start, recipe=rs[0].get('recipe', ''), n=len(ok),
+        e = dict(layout=layout, task=task, kernel=kernel, start=start, recipe=recipe, n=len(ok),
                  failed=sum(r['status'] == 'failed' for r in rs), unfit=sum(r['status'] == 'unfit' for r in rs),
                  error=next((r['error'] for r in rs if r['status'] != 'ok'), ''))
         e['cls_top1'] = _mean_std([r.get('cls_top1') for r in ok])[0]
@@ -328,6 +363,11 @@ def markdown(summary: List[dict], titles: Optional[Dict[str, str]] = None, refer
     return '\n'.join(out).rstrip() + '\n'
 
 
+def _start(e: dict) -> str:
+    """A row's start, and its recipe where it is a warm start."""
+    return e['start'] if e['start'] == 'scratch' else f"{e['start']}: {e['recipe']}"
+
+
 def within_and_extremes(summary: List[dict]) -> List[str]:
     """Per layout and task: which rows are within the seeds' spread of softmax (the paired 95 % interval holds zero)
     and the largest paired differences either way (one line each, for the note and the docs)."""
@@ -338,15 +378,15 @@ def within_and_extremes(summary: List[dict]) -> List[str]:
                 rows = [e for e in summary if (e['layout'], e['task']) == (layout, task) and e.get(f'd_{m}') is not None]
                 if not rows:
                     continue
-                inside = [f"{e['kernel']} ({e['start']})" for e in rows if e[f'd_{m}_within']]
-                outside = [f"{e['kernel']} ({e['start']}) {e[f'd_{m}']:+.3g}" for e in rows
+                inside = [f"{e['kernel']} ({_start(e)})" for e in rows if e[f'd_{m}_within']]
+                outside = [f"{e['kernel']} ({_start(e)}) {e[f'd_{m}']:+.3g}" for e in rows
                            if e[f'd_{m}_within'] is False]
                 hi = max(rows, key=lambda e: e[f'd_{m}'])
                 lo = min(rows, key=lambda e: e[f'd_{m}'])
                 lines.append(f"{layout} {task} {m}: within the spread of softmax: {', '.join(inside) or 'none'}; "
                              f"outside: {', '.join(outside) or 'none'}; largest paired difference "
-                             f"{hi[f'd_{m}']:+.3g} ({hi['kernel']}, {hi['start']}) and {lo[f'd_{m}']:+.3g} "
-                             f"({lo['kernel']}, {lo['start']})")
+                             f"{hi[f'd_{m}']:+.3g} ({hi['kernel']}, {_start(hi)}) and {lo[f'd_{m}']:+.3g} "
+                             f"({lo['kernel']}, {_start(lo)})")
     return lines
 
 
@@ -377,13 +417,14 @@ def plot(rows: List[dict], summary: List[dict], path: str) -> str:
                     continue
                 ax.bar(i, e[m], 0.7, color=colours[e['kernel']], alpha=0.85 if e['start'] == 'scratch' else 0.45,
                        hatch=None if e['start'] == 'scratch' else '//')
-                seeds = [r[m] for r in rows if (r['layout'], r['task'], r['kernel'], r['start']) ==
-                         (layout, task, e['kernel'], e['start']) and r['status'] == 'ok' and r.get(m) is not None]
+                seeds = [r[m] for r in rows if (r['layout'], r['task'], r['kernel'], r['start'], r.get('recipe', '')) ==
+                         (layout, task, e['kernel'], e['start'], e['recipe']) and r['status'] == 'ok'
+                         and r.get(m) is not None]
                 ax.scatter([i] * len(seeds), seeds, s=10, color='black', zorder=3)
                 if (e['kernel'], e['start']) == (REFERENCE, 'scratch'):
                     ax.axhline(e[m], color='black', linestyle='--', linewidth=1)
             ax.set_xticks(range(len(entries)))
-            ax.set_xticklabels([f"{e['kernel']}\n{e['start']}" for e in entries], rotation=60, ha='right',
+            ax.set_xticklabels([f"{e['kernel']}\n{_start(e)}" for e in entries], rotation=60, ha='right',
                                fontsize=7)
             ax.set_ylabel(m)
             ax.set_title(f"{LAYOUTS[layout].title if layout in LAYOUTS else layout}: {m}\nbar: mean over seeds "

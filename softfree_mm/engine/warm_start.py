@@ -67,7 +67,21 @@ RECIPES: Dict[str, Recipe] = {
     'transfer-newhead': Recipe('transfer-newhead', 'the default with a new head in stage 2 instead of the '
                                                    'release\'s', head='new'),
 }
-DEFAULT = 'transfer'
+DEFAULT = 'transfer'  # the recipe the others are measured against (the rule's current default)
+# The recipe each backbone layout's shipped configs take (its family's ``Family.mixes``), chosen by the rule of
+# docs/warm_start.md on the recipes grid: final-feature distillation gains in token attention (PVTv2-b0) and nothing in
+# channel attention (XCiT-T12); Swin-T and CSWin-T take token attention's.
+LAYOUT_DEFAULTS: Dict[str, str] = {'tokens': 'transfer-final', 'channels': 'transfer'}
+
+
+def default_recipe(backbone_type: str) -> str:
+    """The name of the recipe a backbone family's warm start takes by default (its layout's)."""
+    import softfree_mm.models  # noqa: F401  (declares the families)
+    from softfree_mm.models.family import FAMILIES
+    name = backbone_type.split('.')[-1]
+    if name not in FAMILIES:
+        raise UsageError(f'no backbone family {backbone_type!r}; known: {", ".join(FAMILIES)}')
+    return LAYOUT_DEFAULTS[FAMILIES[name].family.mixes]
 
 
 @dataclass(frozen=True)
@@ -98,7 +112,9 @@ SCALE_DIFFERENCES = {
         'train_dataloader.*', 'val_dataloader.*', 'test_dataloader.*', 'val_evaluator.*', 'test_evaluator.*',
         'data_preprocessor.*', 'model.data_preprocessor.*', 'model.head.num_classes', 'model.head.topk',
         'model.train_cfg*', 'model.backbone.drop_path_rate', 'custom_hooks'),
-    'the backbone preset': ('model.backbone.arch', 'model.teacher.arch', 'model.head.in_channels'),
+    'the backbone preset (the grid\'s PVTv2 is the kernel study\'s, without spatial reduction)': (
+        'model.backbone.arch', 'model.teacher.arch', 'model.head.in_channels', 'model.backbone.sr_ratios',
+        'model.teacher.sr_ratios'),
     'the release (its file and layout) and the runs\' paths': (
         'model.teacher.init_cfg.checkpoint', 'model.teacher.init_cfg.prefix', 'model.head.init_cfg.checkpoint',
         'model.backbone.init_cfg.checkpoint', 'work_dir', 'load_from', 'resume', 'randomness.*'),

@@ -23,17 +23,24 @@ class Family:
             (:class:`softfree_mm.models.converters.spec.ArchSpec`), for the one-line errors of a file of another
             architecture; None when the family has none.
         benchmark: preset names that ``tools/benchmark.py`` builds -> build arguments (unique over all families).
+        mixes: what its attention mixes, ``'tokens'`` (token attention: an N x N map over positions) or
+            ``'channels'`` (XCiT's cross-covariance attention: a d x d map per head); the warm start's default recipe
+            is chosen per layout (``softfree_mm.engine.warm_start.LAYOUT_DEFAULTS``).
     """
+
+    MIXES = ('tokens', 'channels')
 
     def __init__(self, tiny: dict, fit: Optional[Tuple[str, dict]] = None,
                  checkpoints: Optional[Dict[str, dict]] = None, arch_spec=None,
-                 benchmark: Optional[Dict[str, dict]] = None):
+                 benchmark: Optional[Dict[str, dict]] = None, mixes: str = 'tokens'):
         if not isinstance(tiny, dict):
             raise TypeError(f'Family: tiny must be a dict of build arguments, got {tiny!r}')
         if fit is not None and not (isinstance(fit, tuple) and len(fit) == 2 and isinstance(fit[0], str)
                                     and isinstance(fit[1], dict)):
             raise TypeError(f'Family: fit must be None or (label, build arguments), got {fit!r}')
-        self.tiny, self.fit, self.arch_spec = tiny, fit, arch_spec
+        if mixes not in self.MIXES:
+            raise ValueError(f'Family: mixes must be one of {list(self.MIXES)}, got {mixes!r}')
+        self.tiny, self.fit, self.arch_spec, self.mixes = tiny, fit, arch_spec, mixes
         self.checkpoints, self.benchmark = dict(checkpoints or {}), dict(benchmark or {})
 
 

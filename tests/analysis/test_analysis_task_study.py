@@ -21,7 +21,7 @@ from tests.helpers import ROOT
 
 
 def _row(task, kernel, seed, status='ok', start='scratch', **metrics):
-    return dict(layout='pvt', task=task, kernel=kernel, start=start, recipe=ts.RECIPES[start], seed=seed,
+    return dict(layout='pvt', task=task, kernel=kernel, start=start, recipe=ts.recipe_of('pvt', start), seed=seed,
                 cls_top1=70.0 + seed, status=status, error='' if status == 'ok' else 'boom: it broke', **metrics)
 
 
@@ -116,11 +116,14 @@ def test_a_resumed_study_repeats_nothing_and_runs_only_what_did_not_finish(tmp_p
     tools.mkdir()
     for name in ('train.py', 'test.py'):
         (tools / name).write_text(FAKE_TOOL.format(log=log))
-    for key in ('scratch/pvt/softmax/seed0', 'scratch/pvt/linear/seed0', 'transfer/pvt/linear/kernel+qkv/75/seed0',
-                'transfer_ft/pvt/linear/kernel+qkv/75/seed0'):
+    # PVTv2's warm start is token attention's default recipe, transfer-final: its runs' keys name its stage 1
+    assert ts.LAYOUTS['pvt'].default == 'transfer-final' and ts.recipe_of('pvt', 'transfer') == 'transfer-final-75'
+    for key in ('scratch/pvt/softmax/seed0', 'scratch/pvt/linear/seed0',
+                'transfer/pvt/linear/kernel+qkv/blocks+final-0.33/75/seed0',
+                'transfer_ft/pvt/linear/kernel+qkv/blocks+final-0.33/75/seed0'):
         _finished(runs, key, checkpoint=key + '.pth', top1_final=70.0)
     for kernel, start, miou in (('softmax', 'scratch', 60.0), ('linear', 'scratch', 55.0),
-                                ('linear', 'transfer', 58.0)):
+                                ('linear', 'transfer-transfer-final', 58.0)):
         key = f'seg/pvt/{kernel}/{start}/seed0'
         _finished(runs, key, checkpoint=key + '.pth')
         _finished(runs, key + '/test', metrics=dict(mIoU=miou, aAcc=90.0, mAcc=70.0))
@@ -133,14 +136,55 @@ def test_a_resumed_study_repeats_nothing_and_runs_only_what_did_not_finish(tmp_p
     assert not osp.exists(log), open(log).read()  # nothing ran: every run is read
     assert [(r['kernel'], r['start'], r['mIoU'], r['cls_top1']) for r in rows] == [
         ('softmax', 'scratch', 60.0, 70.0), ('linear', 'scratch', 55.0, 70.0), ('linear', 'transfer', 58.0, 70.0)]
-    os.remove(osp.join(runs, 'seg/pvt/linear/transfer/seed0/test', 'result.json'))
+    assert [r['recipe'] for r in rows] == ['scratch-300', 'scratch-300', 'transfer-final-75']
+    os.remove(osp.join(runs, 'seg/pvt/linear/transfer-transfer-final/seed0/test', 'result.json'))
     rows = study().run()
     calls = open(log).read().splitlines()
-    assert len(calls) == 1 and calls[0].endswith('test.py ' + osp.join(runs, 'seg/pvt/linear/transfer/seed0/test',
-                                                                       'seg_pvt_linear_transfer_seed0_test.py'))
+    assert len(calls) == 1 and calls[0].endswith('test.py ' + osp.join(
+        runs, 'seg/pvt/linear/transfer-transfer-final/seed0/test', 'seg_pvt_linear_transfer-transfer-final_seed0_test.py'))
     (failed,) = [r for r in rows if r['status'] != 'ok']
     assert (failed['kernel'], failed['start'], failed['status']) == ('linear', 'transfer', 'failed')
     assert 'the fake tool ran' in failed['error']
+
+
+def test_the_finished_rows_of_an_earlier_runs_csv_are_kept_and_nothing_of_them_runs_again(tmp_path):
+    """The work dir gone (another machine): the committed runs.csv's finished rows are not run again, nor their
+    classifiers; what it does not hold runs (its classifier first); rows outside the selection stay; a row of a start
+    that now takes another recipe is not kept."""
+    tools, runs, log = tmp_path / 'tools', str(tmp_path / 'runs'), str(tmp_path / 'calls.log')
+    tools.mkdir()
+    for name in ('train.py', 'test.py'):
+        (tools / name).write_text(FAKE_TOOL.format(log=log))
+    keep = [_row('seg', 'softmax', 0, mIoU=60.0), _row('seg', 'linear', 0, mIoU=55.0),
+            dict(_row('seg', 'linear', 0, start='transfer', mIoU=50.0), recipe='transfer-75'),
+            _row('seg', 'softmax', 7, mIoU=61.0), _row('seg', 'linear', 0, 'failed')]
+    for r in keep:
+        r['source'] = 'study'
+    ts.write_outputs(keep[:4], str(tmp_path / 'out'))
+    kept = ts.read_rows(str(tmp_path / 'out' / 'runs.csv'))
+
+    def study(keep_rows, starts):
+        runner = Runner(runs, str(tools), jobs=1, echo=lambda m: None)
+        return ts.Study(runner, ROOT, [0], ['pvt'], ['seg'], ['softmax', 'linear'], starts=starts, keep=keep_rows,
+                        echo=lambda m: None)
+
+    rows = study(kept, ['scratch']).run()
+    assert not osp.exists(log), open(log).read()  # nothing ran: no classifier, no segmentor
+    assert [(r['kernel'], r['seed'], r['mIoU'], r['status']) for r in rows] == [
+        ('softmax', 0, 60.0, 'ok'), ('linear', 0, 55.0, 'ok'), ('linear', 0, 50.0, 'ok'), ('softmax', 7, 61.0, 'ok')]
+    # the transfer start now takes transfer-final: its old transfer-75 row is not kept; it runs from the softmax
+    # classifier (which the kept rows did not need) and fails here, a row with its error
+    rows = study(kept, ['scratch', 'transfer']).run()
+    calls = [c.split()[1] for c in open(log).read().splitlines()]
+    assert calls == [osp.join(runs, 'scratch/pvt/softmax/seed0', 'scratch_pvt_softmax_seed0.py')], calls
+    assert [(r['kernel'], r['start'], r['recipe'], r['status']) for r in rows] == [
+        ('softmax', 'scratch', 'scratch-300', 'ok'), ('linear', 'scratch', 'scratch-300', 'ok'),
+        ('linear', 'transfer', 'transfer-final-75', 'failed'), ('softmax', 'scratch', 'scratch-300', 'ok')]
+    # a failed row is run again
+    os.remove(log)
+    study([keep[0], keep[4]], ['scratch']).run()
+    calls = [c.split()[1] for c in open(log).read().splitlines()]
+    assert calls == [osp.join(runs, 'scratch/pvt/linear/seed0', 'scratch_pvt_linear_seed0.py')], calls
 
 
 def test_a_kernel_the_layout_refuses_is_a_row_with_its_fit_error():
@@ -158,6 +202,7 @@ def test_a_kernel_the_layout_refuses_is_a_row_with_its_fit_error():
     (['--seeds', '1', '1'], '--seeds [1, 1]: distinct ints >= 0'),
     (['--det-from', 'no/such.csv'], "--det-from no/such.csv: no such file (the warm-start grid's detectors.csv, "
                                      "or '')"),
+    (['--keep-from', 'no/such.csv'], "--keep-from no/such.csv: no such file (a runs.csv of this study, or '')"),
 ])
 def test_bad_input_is_one_line_naming_the_known_forms(args, message, tmp_path):
     proc = subprocess.run([sys.executable, osp.join(ROOT, 'tools', 'analysis', 'task_study.py'), *args,

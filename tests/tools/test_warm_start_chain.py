@@ -22,11 +22,13 @@ import pytest
 import torch
 
 from softfree_mm.engine import warm_start as ws
+from softfree_mm.engine.errors import UsageError
 
 from tests.helpers import ROOT
 
 TOOL = osp.join(ROOT, 'tools', 'warm_start.py')
 STUDY = osp.join(ROOT, 'configs', 'demo', 'study_xcit_t12_digits.py')
+STUDY_PVT = osp.join(ROOT, 'configs', 'demo', 'study_pvt_v2_b0_digits.py')
 
 
 def _flat(d, pre=''):
@@ -54,19 +56,47 @@ def test_the_committed_recipe_configs_are_the_definitions():
                 assert f.read() == ws.recipe_config_text(recipe, ws.SCALES[scale]), (name, scale)
 
 
+def test_every_shipped_stage_config_takes_its_layouts_default_recipe():
+    """Token attention (PVTv2, Swin, CSWin) takes transfer-final, channel attention (XCiT) transfer: the recipe its
+    configs declare, and stage 1's loss and groups are that recipe's."""
+    import glob
+
+    from mmengine.config import Config
+    assert ws.LAYOUT_DEFAULTS == {'tokens': 'transfer-final', 'channels': 'transfer'}
+    seen = {}
+    for path in sorted(glob.glob(osp.join(ROOT, 'configs', 'transfer_*.py'))
+                       + glob.glob(osp.join(ROOT, 'configs', 'finetune_*.py'))):
+        cfg = Config.fromfile(path)
+        family = cfg.model.backbone.type
+        want = ws.default_recipe(family)
+        assert cfg.warm_start == dict(recipe=want, scale='imagenet'), (path, cfg.warm_start)
+        if osp.basename(path).startswith('transfer_'):
+            recipe = ws.RECIPES[want]
+            assert (cfg.model.loss, tuple(cfg.model.train)) == (recipe.loss, recipe.groups), path
+        seen.setdefault(family, set()).add(want)
+    assert seen == {'SoftFreeXCiT': {'transfer'}, 'SoftFreePVTv2': {'transfer-final'},
+                    'SoftFreeSwin': {'transfer-final'}, 'SoftFreeCSWin': {'transfer-final'}}, seen
+    with pytest.raises(UsageError, match=r"^no backbone family 'ResNet'; known: SoftFreeXCiT, "):
+        ws.default_recipe('ResNet')
+
+
 @pytest.mark.parametrize('stage', ['stage1', 'stage2'])
-def test_a_grid_config_and_the_shipped_config_of_a_pair_differ_exactly_in_the_named_list(stage, tmp_path):
+@pytest.mark.parametrize('study,pair', [(STUDY, 'xcit_s12_poly3'), (STUDY_PVT, 'pvt_v2_b2_poly3')])
+def test_a_grid_config_and_the_shipped_config_of_a_pair_differ_exactly_in_the_named_list(stage, study, pair, tmp_path):
+    """The grid's runs of the layout's default recipe (channel attention: transfer; token attention: transfer-final)
+    are the shipped configs' recipe."""
     from mmengine.config import Config
 
     from softfree_mm.analysis import warm_start as grid
     poly3 = dict(type='poly', degree=3)
     total = ws.SCALES['digits'].iters
+    recipe = ws.RECIPES[ws.default_recipe(Config.fromfile(study).model.backbone.type)]
     if stage == 'stage1':
-        text, shipped = grid.transfer_config(STUDY, poly3, total, 'release.pth'), 'transfer_xcit_s12_poly3.py'
+        text, shipped = grid.transfer_config(study, poly3, total, 'release.pth', recipe), f'transfer_{pair}.py'
     else:
-        n2 = ws.RECIPES[ws.DEFAULT].stage_iters(total)[1]
-        text = grid.finetune_config(STUDY, poly3, n2, 'stage1_dir', 'release.pth')
-        shipped = 'finetune_xcit_s12_poly3.py'
+        n2 = recipe.stage_iters(total)[1]
+        text = grid.finetune_config(study, poly3, n2, 'stage1_dir', 'release.pth', recipe)
+        shipped = f'finetune_{pair}.py'
     (tmp_path / 'grid.py').write_text(text)
     a = _run_keys(Config.fromfile(str(tmp_path / 'grid.py')))
     b = _run_keys(Config.fromfile(osp.join(ROOT, 'configs', shipped)))
@@ -77,14 +107,14 @@ def test_a_grid_config_and_the_shipped_config_of_a_pair_differ_exactly_in_the_na
     assert not outside, outside
     # the recipe is there, and the same, at both scales
     same = [k for k in a if k in b and a[k] == b[k]]
-    recipe = {'stage1': ['model.type', 'model.train', 'optim_wrapper.optimizer.type',
+    keys = {'stage1': ['model.type', 'model.train', 'model.loss', 'optim_wrapper.optimizer.type',
                          'optim_wrapper.optimizer.weight_decay', 'optim_wrapper.clip_grad.max_norm',
                          'param_scheduler.0.type', 'param_scheduler.0.start_factor', 'param_scheduler.1.type',
                          'train_cfg.type', 'model.teacher.attn_cfg.type', 'model.backbone.attn_cfg.degree'],
               'stage2': ['model.head.init_cfg.type', 'model.backbone.init_cfg.type', 'model.backbone.init_cfg.prefix',
                          'optim_wrapper.optimizer.type', 'param_scheduler.0.type', 'param_scheduler.0.start_factor',
                          'param_scheduler.1.type', 'train_cfg.type', 'model.backbone.attn_cfg.degree']}[stage]
-    assert set(recipe) <= set(same), sorted(set(recipe) - set(same))
+    assert set(keys) <= set(same), sorted(set(keys) - set(same))
     # the lr rule: the same multiples of each scale's from-scratch lr (both 1e-3 here)
     assert a['optim_wrapper.optimizer.lr'] == b['optim_wrapper.optimizer.lr']
     # the schedule's shape: warm-up over the same share of the stage

@@ -6,7 +6,7 @@ and the demo Semantic FPN (mIoU) from it; paired differences to softmax per seed
     python tools/analysis/task_study.py [--work-dir work_dirs/task_study] [--out docs/results/task_study]
         [--docs docs/study.md] [--layouts pvt xcit] [--tasks det seg] [--kernels K ...] [--seeds 0 1 2]
         [--starts scratch swap transfer] [--det-from docs/results/warm_start/detectors.csv] [--jobs 2]
-        [--threads 1] [--report-only]
+        [--threads 1] [--keep-from docs/results/task_study/runs.csv] [--report-only]
 
 Layouts: pvt (configs/demo/study_pvt_v2_b0_digits.py, PVTv2-b0 without spatial reduction: token attention; its
 detector configs/demo/maskrcnn_pvt_v2_b0_digits.py, segmentor configs/demo/semfpn_pvt_v2_b0_digits.py) and xcit
@@ -18,7 +18,9 @@ iterations in all, 25 %); on xcit also the swap (the softmax classifier, the ker
 as make demo's do. XCiT's detector rows are read from --det-from (the warm-start grid's; '' runs them again).
 Every run is tools/train.py / tools/test.py on a child config under --work-dir; a run that finished is never run
 again: the same command resumes a stopped study, --report-only runs nothing and writes the outputs from the runs
-finished so far. A kernel a layout does not take is a row with the fit error's line; a run that fails is a row
+finished so far. The finished rows of --keep-from (by default --out's runs.csv, the committed outputs) are kept as
+they are and not run again, also when the work dir is gone (another machine); their classifiers are not retrained
+unless another run needs them ('' keeps none). A kernel a layout does not take is a row with the fit error's line; a run that fails is a row
 with its error; the grid goes on. Writes into --out: runs.csv (one row per layout, task, kernel, start, seed),
 summary.csv, table.md, task_study.png, and the section of --docs between its markers ('' leaves the page alone).
 Bad input: one line, exit status 2.
@@ -45,6 +47,8 @@ def main(argv=None):
                    help="the warm-start grid's detectors.csv: XCiT's detector rows ('' runs them)")
     p.add_argument('--jobs', type=int, default=2, help='processes at a time')
     p.add_argument('--threads', type=int, default=1, help='torch threads per process')
+    p.add_argument('--keep-from', default=None, help="a runs.csv whose finished rows are kept, not run again "
+                                                     "(default: --out's, when it exists; '': none)")
     p.add_argument('--report-only', action='store_true', help='run nothing; report the finished runs')
     args = p.parse_args(argv)
     if len(set(args.seeds)) != len(args.seeds) or any(s < 0 for s in args.seeds):
@@ -54,6 +58,11 @@ def main(argv=None):
     det_from = args.det_from and (args.det_from if osp.isabs(args.det_from) else osp.join(ROOT, args.det_from))
     if det_from and not osp.isfile(det_from):
         fail(f"--det-from {args.det_from}: no such file (the warm-start grid's detectors.csv, or '')")
+    keep_from = osp.join(args.out, 'runs.csv') if args.keep_from is None else args.keep_from
+    if keep_from and not osp.isfile(keep_from):
+        if args.keep_from:
+            fail(f"--keep-from {args.keep_from}: no such file (a runs.csv of this study, or '')")
+        keep_from = ''
     from softfree_mm.analysis import task_study as ts
     from softfree_mm.analysis.warm_start import Runner
     from softfree_mm.engine.errors import UsageError
@@ -66,8 +75,16 @@ def main(argv=None):
                     echo=lambda m: print(m, flush=True))
     if args.report_only:
         runner.train = runner.test = lambda key, *a, **k: runner.done(key) or dict(status='not run', key=key)
+    try:
+        keep = ts.read_rows(keep_from) if keep_from else []
+    except (KeyError, ValueError) as e:
+        fail(f'--keep-from {keep_from}: not a runs.csv of this study ({type(e).__name__}: {e})')
+    if keep:
+        print(f'[task-study] keeping the finished rows of {keep_from} '
+              f'({sum(r["status"] == "ok" and r["source"] == "study" for r in keep)} of {len(keep)}): not run again',
+              flush=True)
     study = ts.Study(runner, ROOT, args.seeds, layouts, args.tasks or ts.TASKS, args.kernels, det_from or None,
-                     args.starts, echo=lambda m: print(m, flush=True))
+                     args.starts, keep=keep, echo=lambda m: print(m, flush=True))
     rows = study.run()
     docs = args.docs and (args.docs if osp.isabs(args.docs) else osp.join(ROOT, args.docs))
     summary = ts.write_outputs(rows, osp.abspath(args.out), docs or None, root=osp.abspath(args.work_dir))
