@@ -99,10 +99,13 @@ def stage1_tag(recipe: Recipe) -> str:
 # ---------------------------------------------------------------------------------------------- running
 class Runner:
     """Runs the study's commands in a work root, one folder each, ``jobs`` processes at a time with ``threads``
-    torch threads each; results cached in each folder's result.json."""
+    torch threads each; results cached in each folder's result.json. ``report_only``: nothing runs, a run not finished
+    is ``status='not run'`` (and so is what needs it)."""
 
-    def __init__(self, root: str, tools: str, jobs: int = 2, threads: int = 1, echo=print):
+    def __init__(self, root: str, tools: str, jobs: int = 2, threads: int = 1, echo=print,
+                 report_only: bool = False):
         self.root, self.tools, self.jobs, self.threads, self.echo = root, tools, jobs, threads, echo
+        self.report_only = report_only
 
     def folder(self, key: str) -> str:
         return osp.join(self.root, key)
@@ -137,8 +140,8 @@ class Runner:
 
     def train(self, key: str, config_text: str, options: Sequence[str] = ()) -> dict:
         got = self.done(key)
-        if got is not None:
-            return got
+        if got is not None or self.report_only:
+            return got or dict(status='not run', key=key)
         wd, cfg = self._fresh(key, config_text)
         res = train_one(osp.join(self.tools, 'train.py'), cfg, wd, list(options), log_path=osp.join(wd, 'run.log'),
                         env=self._env())
@@ -160,8 +163,8 @@ class Runner:
 
     def test(self, key: str, config_text: str, checkpoint: str, options: Sequence[str] = ()) -> dict:
         got = self.done(key)
-        if got is not None:
-            return got
+        if got is not None or self.report_only:
+            return got or dict(status='not run', key=key)
         wd, cfg = self._fresh(key, config_text)
         cmd = [sys.executable, osp.join(self.tools, 'test.py'), cfg, checkpoint, '--work-dir', wd]
         if options:
@@ -314,6 +317,8 @@ class Plan:
         recipe = recipe or self.recipe
         tag = stage1_tag(recipe) + ('' if recipe.head == 'release' else f'/head-{recipe.head}')
         key = f'transfer_ft/{bb}/{safe_name(kernel)}/{"+".join(groups)}{tag}/{budget}/seed{seed}'
+        if stage1.get('status') == 'not run':  # --report-only
+            return dict(status='not run', error='', key=key)
         if stage1.get('status') != 'ok':
             return dict(status='failed', error=f'stage 1 failed: {stage1.get("error")}', key=key)
         return self.r.train(key, finetune_config(self.base(bb), kernel_cfg(kernel),
@@ -322,6 +327,8 @@ class Plan:
 
     def detector(self, kernel: str, start_kind: str, seed: int, classifier: dict) -> dict:
         key = f'det/{safe_name(kernel)}/{start_kind}/seed{seed}'
+        if classifier.get('status') == 'not run':  # --report-only
+            return dict(status='not run', error='', key=key)
         if classifier.get('status') != 'ok':
             return dict(status='failed', error=f'no classifier: {classifier.get("error")}', key=key)
         cfg = kernel_config(osp.join(self.root, DETECTOR), kernel_cfg(kernel))
@@ -388,9 +395,11 @@ def run_grid(plan: Plan) -> dict:
         det = [('softmax', 'softmax', s, softmax[('xcit', s)]) for s in seeds]
         for k in [k for k in plan.det_kernels if k in plan.backbones['xcit'][1]]:
             for s in seeds:
+                # a warm start that never began (no softmax classifier) stands for its teacher's status and error
+                teacher = softmax[('xcit', s)] if softmax[('xcit', s)].get('status') != 'ok' else {}
                 det += [(k, 'scratch', s, scratch[('xcit', k, s)]),
-                        (k, 'swap', s, swap_ft.get(('xcit', k, s, large), {})),
-                        (k, 'transfer', s, stage2.get(('xcit', k, s, large, chosen), {}))]
+                        (k, 'swap', s, swap_ft.get(('xcit', k, s, large), teacher)),
+                        (k, 'transfer', s, stage2.get(('xcit', k, s, large, chosen), teacher))]
     dets = r.map(lambda t: plan.detector(*t), det)
 
     rows = []

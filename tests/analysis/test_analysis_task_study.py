@@ -187,6 +187,22 @@ def test_the_finished_rows_of_an_earlier_runs_csv_are_kept_and_nothing_of_them_r
     assert calls == [osp.join(runs, 'scratch/pvt/linear/seed0', 'scratch_pvt_linear_seed0.py')], calls
 
 
+def test_report_only_runs_nothing_and_a_row_whose_inputs_did_not_run_is_not_run_not_failed(tmp_path):
+    tools, runs, log = tmp_path / 'tools', str(tmp_path / 'runs'), str(tmp_path / 'calls.log')
+    tools.mkdir()
+    for name in ('train.py', 'test.py'):
+        (tools / name).write_text(FAKE_TOOL.format(log=log))
+    _finished(runs, 'scratch/pvt/softmax/seed0', checkpoint='softmax.pth', top1_final=70.0)
+    _finished(runs, 'seg/pvt/softmax/scratch/seed0', checkpoint='seg.pth')
+    _finished(runs, 'seg/pvt/softmax/scratch/seed0/test', metrics=dict(mIoU=60.0, aAcc=90.0, mAcc=70.0))
+    runner = Runner(runs, str(tools), jobs=1, echo=lambda m: None, report_only=True)
+    rows = ts.Study(runner, ROOT, [0], ['pvt'], ['seg'], ['softmax', 'linear'], echo=lambda m: None).run()
+    assert not osp.exists(log), open(log).read()
+    assert [(r['kernel'], r['start'], r['status'], r['mIoU']) for r in rows] == [
+        ('softmax', 'scratch', 'ok', 60.0), ('linear', 'scratch', 'not run', None),
+        ('linear', 'transfer', 'not run', None)]
+
+
 def test_a_kernel_the_layout_refuses_is_a_row_with_its_fit_error():
     assert ts.fit_error(osp.join(ROOT, ts.LAYOUTS['pvt'].classifier), 'linear') == ''
     err = ts.fit_error(osp.join(ROOT, ts.LAYOUTS['xcit'].classifier), 'inline')

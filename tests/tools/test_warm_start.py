@@ -386,12 +386,12 @@ def test_det_from_keeps_an_earlier_grids_detectors_and_runs_none(tmp_path):
     assert ', 0 detectors (train + test)' in line and \
         "The 2 detector rows are read from an earlier grid's detectors.csv (--det-from)" in line
     # without --det-from the same plan makes its own detector rows, for its detectors' kernels the backbone runs
-    # (here none starts: no classifier has run)
     own = ws.run_grid(ws.Plan(runner, ROOT, [0], budgets=(75, ),
                               backbones={'xcit': (ws.BACKBONES['xcit'][0], ['linear'])}))['detectors']
+    # (here none starts: no classifier has run, so neither has any detector)
     assert [(d['kernel'], d['start'], d['status']) for d in own] == [
-        ('softmax', 'softmax', 'failed'), ('linear', 'scratch', 'failed'), ('linear', 'swap', 'failed'),
-        ('linear', 'transfer', 'failed')]
+        ('softmax', 'softmax', 'not run'), ('linear', 'scratch', 'not run'), ('linear', 'swap', 'not run'),
+        ('linear', 'transfer', 'not run')]
     other = tmp_path / 'classifiers.csv'
     other.write_text('backbone,kernel,seed,start\nxcit,relu,0,scratch\n')
     with pytest.raises(UsageError, match=r'classifiers.csv: not a detectors.csv of the warm-start grid: no column '

@@ -12,16 +12,16 @@ Layouts: pvt (configs/demo/study_pvt_v2_b0_digits.py, PVTv2-b0 without spatial r
 detector configs/demo/maskrcnn_pvt_v2_b0_digits.py, segmentor configs/demo/semfpn_pvt_v2_b0_digits.py) and xcit
 (configs/demo/study_xcit_t12_digits.py, XCiT-T12: channel attention; make demo's detector and segmentor). Starts:
 every kernel's own classifier from scratch (the kernel study's recipe: 300 iterations), and for x^3 and linear the
-warm start's default (attention transfer from the softmax classifier of the same seed, then the fine-tune: 75
-iterations in all, 25 %); on xcit also the swap (the softmax classifier, the kernel swapped in, fine-tuned 75). A
+warm start's default recipe in the layout (pvt: transfer-final, xcit: transfer; attention transfer from the softmax
+classifier of the same seed, then the fine-tune: 75 iterations in all, 25 %); on xcit also the swap (the softmax classifier, the kernel swapped in, fine-tuned 75). A
 ``recipe`` column names each row's. Every detector and segmentor sees the demo scenes at their own size (1x),
 as make demo's do. XCiT's detector rows are read from --det-from (the warm-start grid's; '' runs them again).
 Every run is tools/train.py / tools/test.py on a child config under --work-dir; a run that finished is never run
 again: the same command resumes a stopped study, --report-only runs nothing and writes the outputs from the runs
 finished so far. The finished rows of --keep-from (by default --out's runs.csv, the committed outputs) are kept as
 they are and not run again, also when the work dir is gone (another machine); their classifiers are not retrained
-unless another run needs them ('' keeps none). A kernel a layout does not take is a row with the fit error's line; a run that fails is a row
-with its error; the grid goes on. Writes into --out: runs.csv (one row per layout, task, kernel, start, seed),
+unless another run needs them ('' keeps none); rows outside the selection stay in the outputs. A kernel a layout
+does not take is a row with the fit error's line; a run that fails is a row with its error; the grid goes on. Writes into --out: runs.csv (one row per layout, task, kernel, start, seed),
 summary.csv, table.md, task_study.png, and the section of --docs between its markers ('' leaves the page alone).
 Bad input: one line, exit status 2.
 """
@@ -72,9 +72,7 @@ def main(argv=None):
     except UsageError as e:
         fail(str(e))
     runner = Runner(osp.abspath(args.work_dir), osp.join(ROOT, 'tools'), args.jobs, args.threads,
-                    echo=lambda m: print(m, flush=True))
-    if args.report_only:
-        runner.train = runner.test = lambda key, *a, **k: runner.done(key) or dict(status='not run', key=key)
+                    echo=lambda m: print(m, flush=True), report_only=args.report_only)
     try:
         keep = ts.read_rows(keep_from) if keep_from else []
     except (KeyError, ValueError) as e:

@@ -86,9 +86,7 @@ def main(argv=None):
     from softfree_mm.analysis import warm_start as ws
     from softfree_mm.analysis.warm_start_report import write_outputs
     runner = ws.Runner(osp.abspath(args.work_dir), osp.join(ROOT, 'tools'), args.jobs, args.threads,
-                       echo=lambda m: print(m, flush=True))
-    if args.report_only:
-        runner.train = runner.test = lambda key, *a, **k: runner.done(key) or dict(status='not run', key=key)
+                       echo=lambda m: print(m, flush=True), report_only=args.report_only)
     plan = ws.Plan(runner, ROOT, args.seeds, args.budgets, recipe=args.recipes[0], recipes=args.recipes[1:],
                    scratch_from=scratch_from or None, ablation_seeds=ablation, det_from=det_from or None,
                    echo=lambda m: print(m, flush=True))
