@@ -15,9 +15,9 @@ import statistics
 from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence
 
+from ..engine.warm_start import RECIPES as RECIPES_BY_NAME
 from .study import error_cell
 from .sweep import safe_name
-from ..engine.warm_start import RECIPES as RECIPES_BY_NAME
 from .warm_start import Plan, Runner, kernel_cfg, kernel_config, top1
 from .warm_start_report import t95
 

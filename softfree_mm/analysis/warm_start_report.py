@@ -201,8 +201,8 @@ def markdown(summary: List[dict], detectors: List[dict], groups: dict) -> str:
         lines.append('')
     others = [r for r in summary if r['start'] == 'transfer' and r['recipe'] not in ('', default)]
     if others:
-        lines += ['### The recipes', '', f'Transfer + fine-tune top-1 % per recipe (measured against `{default}`), mean ± '
-                  'sample std over the seeds, in brackets the paired difference to scratch.', '']
+        lines += ['### The recipes', '', f'Transfer + fine-tune top-1 % per recipe (measured against `{default}`), '
+                  'mean ± sample std over the seeds, in brackets the paired difference to scratch.', '']
         for bb in dict.fromkeys(r['backbone'] for r in others):
             recs = [default, *dict.fromkeys(r['recipe'] for r in others if r['backbone'] == bb)]
             budgets = sorted({r['iters'] for r in others if r['backbone'] == bb})

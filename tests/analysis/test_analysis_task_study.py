@@ -140,8 +140,9 @@ def test_a_resumed_study_repeats_nothing_and_runs_only_what_did_not_finish(tmp_p
     os.remove(osp.join(runs, 'seg/pvt/linear/transfer-transfer-final/seed0/test', 'result.json'))
     rows = study().run()
     calls = open(log).read().splitlines()
-    assert len(calls) == 1 and calls[0].endswith('test.py ' + osp.join(
-        runs, 'seg/pvt/linear/transfer-transfer-final/seed0/test', 'seg_pvt_linear_transfer-transfer-final_seed0_test.py'))
+    test_dir = osp.join(runs, 'seg/pvt/linear/transfer-transfer-final/seed0/test')
+    assert len(calls) == 1 and calls[0].endswith(
+        'test.py ' + osp.join(test_dir, 'seg_pvt_linear_transfer-transfer-final_seed0_test.py'))
     (failed,) = [r for r in rows if r['status'] != 'ok']
     assert (failed['kernel'], failed['start'], failed['status']) == ('linear', 'transfer', 'failed')
     assert 'the fake tool ran' in failed['error']
