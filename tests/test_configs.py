@@ -24,6 +24,7 @@ from mmengine.registry import DATASETS, MODELS  # noqa: E402
 
 import softfree_mm  # noqa: E402,F401
 from softfree_mm.attention import AttentionKernel, kernel_class  # noqa: E402
+from softfree_mm.engine.warm_start import default_recipe  # noqa: E402
 
 from tests.helpers import ROOT  # noqa: E402
 
@@ -400,4 +401,6 @@ def test_the_warm_start_stages_of_each_det_and_seg_config_build_its_kernel_from_
     # stage 2's head: the release's classifier, the release stage 1's teacher reads
     assert stage2.model.head.init_cfg.to_dict() == dict(type='ReleaseHead',
                                                         checkpoint=stage1.model.teacher.init_cfg.checkpoint)
-    assert stage1.warm_start == stage2.warm_start == dict(recipe='transfer', scale='imagenet')
+    # each layout's default recipe (token attention: transfer-final; channel attention: transfer)
+    recipe = default_recipe(cfg.model.backbone.type)
+    assert stage1.warm_start == stage2.warm_start == dict(recipe=recipe, scale='imagenet')
