@@ -267,7 +267,7 @@ print(f"{torch.cuda.device_count()} x {p.name} (sm_{p.major}{p.minor}, {p.total_
     wanted bench-fp32 && step bench-fp32 90 "$PY" tools/benchmark.py kernels --device cuda --dtype fp32 \
         --tokens $TOKENS --backward --heads 4 --head-dim 64 --ceilings --kernels "${KERNELS[@]}" \
         --csv "$OUT/kernels_fp32.csv"
-    wanted detector && step detector 200 "$PY" tools/benchmark.py detector --device cuda --batch 2 --size 800x1216 \
+    wanted detector && step detector 280 "$PY" tools/benchmark.py detector --device cuda --batch 2 --size 800x1216 \
         --repeats 3 --csv "$OUT/detector.csv" --detectors swin_t:mmdet swin_t:softmax pvt_v2_b2:mmdet \
         pvt_v2_b2:softmax pvt_v2_b2:poly3 swin_t:poly3 pvt_v2_b2:inline swin_t:inline
     # what each kernel costs as images grow, in bf16 (fp16 without bf16): the CPU sweep's layouts and kernels, sizes

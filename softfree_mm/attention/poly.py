@@ -16,6 +16,7 @@ import math
 from typing import Tuple
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from . import ATTENTION, dispatch
 from .base import AttentionKernel, cast_back, default_scale, key_count, scores, work_dtype, no_autocast
@@ -27,6 +28,9 @@ SCALE_OPTIONS = "'sqrt_n' (1/sqrt(number of keys a row may look at)) or a float 
 # rows of one factorised chunk: keeps the (B, h, rows, M) monomial features to about 2^24 numbers
 _CHUNK_ELEMENTS = 1 << 24
 _MAX_CHUNKS = 64
+# one monomial-feature element in matmul multiply-adds, per device type: a CPU's matmul is slow next to its memory,
+# a GPU's tensor cores are fast (an H200: the factorised path 60x the fused quadratic one at N = 65536, d = 64)
+FEATURE_WEIGHT = {'cpu': 8, 'cuda': 2048}
 
 
 def monomial_features(x: torch.Tensor, degree: int, weighted: bool) -> torch.Tensor:
@@ -93,13 +97,14 @@ class PolyAttention(AttentionKernel):
     def num_features(self, d: int) -> int:
         return math.comb(d + self.degree - 1, self.degree)
 
-    def path_costs(self, nq: int, nk: int, d: int, dv: int) -> Tuple[int, int]:
-        """(explicit, factorised) multiply-adds per (batch, head)."""
+    def path_costs(self, nq: int, nk: int, d: int, dv: int, device: str = 'cpu') -> Tuple[int, int]:
+        """(explicit, factorised) multiply-adds per (batch, head) on a device type ('cpu', 'cuda', ...)."""
         p, m = self.degree, self.num_features(d)
         explicit = nq * nk * (d + dv + p)
         # building the features gathers and multiplies elementwise: memory bound, so each feature element counts
-        # as 8 of a matmul's multiply-adds (where that weight comes from: docs/benchmarks.md, the cost models)
-        factorised = 8 * (nq + nk) * m * (p - 1) + nk * m * dv + nq * m * dv
+        # as that many of a matmul's multiply-adds (where the weights come from: docs/benchmarks.md, the cost models)
+        weight = FEATURE_WEIGHT.get(device, FEATURE_WEIGHT['cpu'])
+        factorised = weight * (nq + nk) * m * (p - 1) + nk * m * dv + nq * m * dv
         return explicit, factorised
 
     def flops(self, nq, nk, d, dv, masked=False, hw=None):
@@ -111,7 +116,7 @@ class PolyAttention(AttentionKernel):
     def uses_factorised(self, q, k, v, bias=None, mask=None) -> bool:
         if bias is not None or mask is not None:
             return False
-        explicit, factorised = self.path_costs(q.shape[2], k.shape[2], q.shape[3], v.shape[3])
+        explicit, factorised = self.path_costs(q.shape[2], k.shape[2], q.shape[3], v.shape[3], q.device.type)
         return factorised < explicit
 
     # ------------------------------------------------------------------ paths
@@ -173,13 +178,24 @@ class PolyAttention(AttentionKernel):
         m = self.num_features(d)
         # chunks of about _CHUNK_ELEMENTS features, and at most _MAX_CHUNKS of them (a static Python loop)
         rows = max(1, _CHUNK_ELEMENTS // max(1, b * h * m), -(-max(nk, q.shape[2]) // _MAX_CHUNKS))
+        # with autograd, each chunk's features are recomputed in backward, not saved: saved, they would hold all
+        # N x M of them, several times (4 heads at N = 65536, d = 64: about 45 GiB for each fp32 copy)
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+
+        def chunk(fn, *args):
+            return checkpoint(fn, *args, use_reentrant=False) if grad else fn(*args)
+
+        def key_part(kc, vc):  # phi(k_j)^T v_j over a chunk of keys
+            return monomial_features(kc, p, False).transpose(-2, -1) @ vc
+
+        def query_part(qc, kv):
+            return monomial_features(qc, p, True) @ kv
+
         kv = None
         for start in range(0, nk, rows):  # sum_j phi(k_j) v_j^T, chunked over keys to bound memory
-            part = monomial_features(k[:, :, start:start + rows], p, False).transpose(-2, -1) @ \
-                v[:, :, start:start + rows]
+            part = chunk(key_part, k[:, :, start:start + rows], v[:, :, start:start + rows])
             kv = part if kv is None else kv + part
         coef = self._coef(None, q, k)
-        outs = [monomial_features(qs[:, :, start:start + rows], p, True) @ kv
-                for start in range(0, q.shape[2], rows)]
+        outs = [chunk(query_part, qs[:, :, start:start + rows], kv) for start in range(0, q.shape[2], rows)]
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
         return out * coef

@@ -84,6 +84,30 @@ def test_poly_factorised_path_equals_explicit_path(p, monkeypatch):
                                rtol=1e-12, atol=1e-12)
 
 
+def test_poly_factorised_backward_saves_no_features_and_its_gradients_are_the_explicit_paths():
+    """With autograd the factorised path recomputes each chunk's monomial features in backward: what forward saves
+    stays far below one copy of the (B, h, N, M) features, and the gradients are the explicit path's."""
+    kern = build_attention(dict(type='poly', degree=3))
+    q, k, v = (_rand(1, 2, 600, 8, seed=30 + i).requires_grad_(True) for i in range(3))
+    assert kern.uses_factorised(q, k, v)
+    features = q.shape[0] * q.shape[1] * q.shape[2] * kern.num_features(8) * q.element_size()
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = kern(q, k, v)
+    assert sum(saved) < features / 3, (sum(saved), features)  # q, k, v and kv: about a fifth
+    w = _rand(*out.shape, seed=40)
+    grads = torch.autograd.grad((out * w).sum(), (q, k, v))
+    q2, k2, v2 = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    ref = torch.autograd.grad(((kern.attention_matrix(q2, k2) @ v2) * w).sum(), (q2, k2, v2))
+    for g, r in zip(grads, ref):
+        torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-10)
+
+
 def test_poly_path_choice_follows_the_flop_count():
     k3 = build_attention(dict(type='poly', degree=3))
     small = _rand(1, 1, 16, 32)
@@ -94,6 +118,13 @@ def test_poly_path_choice_follows_the_flop_count():
     assert not k3.uses_factorised(big, big, big, bias=torch.zeros(1))
     explicit, factorised = k3.path_costs(16, 16, 32, 32)
     assert explicit == 16 * 16 * (32 + 32 + 3) and factorised > explicit
+    # on a GPU a feature element weighs 2048 multiply-adds, not 8: at N = 65536, d = 64 the quadratic path (the
+    # fused kernel there) is taken, the factorised one on a CPU
+    m = k3.num_features(64)
+    for device, weight in (('cpu', 8), ('cuda', 2048), ('mps', 8)):
+        e, f = k3.path_costs(65536, 65536, 64, 64, device)
+        assert (e, f) == (65536 ** 2 * 131, weight * 2 * 65536 * m * 2 + 2 * 65536 * m * 64), device
+        assert (f < e) == (device != 'cuda')
 
 
 def test_poly_complexity_is_linear_only_for_degree_one():

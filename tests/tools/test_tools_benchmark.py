@@ -234,3 +234,25 @@ def test_detector_mode_bad_input_is_one_line_and_exit_status_2(argv, message, ca
     assert load_tool('benchmark').main(argv + ['--device', 'cpu']) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith('error: ') and message in err and '\n' not in err
+
+
+def test_a_kernel_out_of_device_memory_ends_the_sweep_with_the_rows_measured_so_far(capsys):
+    """A kernel that runs out of (GPU) memory at some N: the rows of the smaller N come back, N and beyond are not
+    measured, and stderr names the kernel, the pass and N (the GPU check then still writes its CSV)."""
+    from softfree_mm.attention import ATTENTION, kernel_class
+
+    class Greedy(kernel_class('relu')):
+        def _forward(self, q, k, v, hw, scale, bias, mask):
+            if q.shape[2] > 64:
+                raise torch.cuda.OutOfMemoryError('CUDA out of memory. Tried to allocate 716.00 MiB.')
+            return super()._forward(q, k, v, hw, scale, bias, mask)
+
+    ATTENTION.register('test_greedy')(Greedy)
+    try:
+        rows = kernels.run_kernels(['softmax', 'test_greedy'], [16, 64, 144, 256], head_dim=8, repeats=1,
+                                   memory=False)
+    finally:
+        del ATTENTION._map['test_greedy']
+    assert sorted({r['N'] for r in rows}) == [16, 64]
+    assert {r['kernel'] for r in rows} == {'softmax', 'test_greedy'} and len(rows) == 2 * 2 * 2
+    assert 'test_greedy (fwd) ran out of cpu memory at N=144; N >= 144 not measured' in capsys.readouterr().err

@@ -3,6 +3,7 @@ with the kernels alternating within each repeat; ratios to a reference kernel, l
 from which a kernel overtakes the reference; the device's own matrix rate and copy bandwidth (``--ceilings``)."""
 import math
 import statistics
+import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -123,9 +124,16 @@ def run_kernels(kernels: Sequence, tokens: Sequence[int], heads: int = 1, head_d
 
         fns = {'fwd': fwd, 'fwdbwd': fwdbwd}
         times = {(i, p): [] for i in range(len(kerns)) for p in passes}
-        for i, kern in enumerate(kerns):  # warm-up
-            for p in passes:
-                fns[p](kern)
+        try:
+            for i, kern in enumerate(kerns):  # warm-up
+                for p in passes:
+                    fns[p](kern)
+        except torch.cuda.OutOfMemoryError:  # this N and the larger ones do not fit: the rows so far still come
+            print(f'benchmark: {kernel_label(kernels[i])} ({p}) ran out of {device} memory at N={n}; '
+                  f'N >= {n} not measured', file=sys.stderr)
+            del kerns, q, k, v, leaves
+            torch.cuda.empty_cache()
+            break
         for r in range(repeats):
             for step in range(len(kerns)):
                 i = (step + r) % len(kerns)
