@@ -368,6 +368,11 @@ def _start(e: dict) -> str:
     return e['start'] if e['start'] == 'scratch' else f"{e['start']}: {e['recipe']}"
 
 
+def _signed(x: float) -> str:
+    """A paired difference, 3 significant digits; a mean of differences that cancel to rounding error is +0."""
+    return f'{0.0 if abs(x) < 5e-9 else x:+.3g}'
+
+
 def within_and_extremes(summary: List[dict]) -> List[str]:
     """Per layout and task: which rows are within the seeds' spread of softmax (the paired 95 % interval holds zero)
     and the largest paired differences either way (one line each, for the note and the docs)."""
@@ -379,13 +384,13 @@ def within_and_extremes(summary: List[dict]) -> List[str]:
                 if not rows:
                     continue
                 inside = [f"{e['kernel']} ({_start(e)})" for e in rows if e[f'd_{m}_within']]
-                outside = [f"{e['kernel']} ({_start(e)}) {e[f'd_{m}']:+.3g}" for e in rows
+                outside = [f"{e['kernel']} ({_start(e)}) {_signed(e[f'd_{m}'])}" for e in rows
                            if e[f'd_{m}_within'] is False]
                 hi = max(rows, key=lambda e: e[f'd_{m}'])
                 lo = min(rows, key=lambda e: e[f'd_{m}'])
                 lines.append(f"{layout} {task} {m}: within the spread of softmax: {', '.join(inside) or 'none'}; "
                              f"outside: {', '.join(outside) or 'none'}; largest paired difference "
-                             f"{hi[f'd_{m}']:+.3g} ({hi['kernel']}, {_start(hi)}) and {lo[f'd_{m}']:+.3g} "
+                             f"{_signed(hi[f'd_{m}'])} ({hi['kernel']}, {_start(hi)}) and {_signed(lo[f'd_{m}'])} "
                              f"({lo['kernel']}, {_start(lo)})")
     return lines
 

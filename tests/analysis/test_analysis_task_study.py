@@ -73,6 +73,14 @@ def test_paired_differences_intervals_and_table_by_hand_with_a_failed_seed_and_a
                                'outside: none') for line in lines), lines
 
 
+def test_a_paired_mean_that_cancels_to_rounding_error_reads_as_zero():
+    """Seeds whose differences cancel give a float mean like -1.85e-17: the lines say +0, not an exponent."""
+    d = [0.48 - 0.49, 0.347 - 0.34, 0.5 - 0.497]
+    assert sum(d) / 3 != 0 and abs(sum(d) / 3) < 1e-15
+    assert ts._signed(sum(d) / 3) == '+0'
+    assert (ts._signed(0.0961), ts._signed(-35.63), ts._signed(-0.0137)) == ('+0.0961', '-35.6', '-0.0137')
+
+
 def mean_cell(mean, std):
     return f'{mean:+.3f} ± {std:.3f}'.replace('+-', '-')
 
