@@ -23,25 +23,29 @@ def _try(cls, kwargs, size) -> Tuple[bool, str]:
         return False, str(e).splitlines()[0]
 
 
+def kernel_cfg(kernel: str):
+    """The config the support table builds ``kernel`` with (synthesizer mixed with dot products, to take any
+    length its table covers)."""
+    return dict(type=kernel, mix=True) if kernel == 'synthesizer' else kernel
+
+
+def setup(cls, kernel: str, size=(67, 93)) -> Tuple[str, dict]:
+    """(cell, build arguments) of ``kernel`` in the backbone family ``cls``: ('yes', its tiny preset with the
+    kernel), (the family's fit label, the preset under its fit set-up), or ('no', {})."""
+    tiny, fit = cls.family.tiny, cls.family.fit
+    args = dict(tiny, attn_cfg=kernel_cfg(kernel))
+    if _try(cls, args, size)[0]:
+        return 'yes', args
+    if fit is not None and _try(cls, dict(args, **fit[1]), size)[0]:
+        return fit[0], dict(args, **fit[1])
+    return 'no', {}
+
+
 def support_matrix(size=(67, 93), kernels=None, families=None) -> Dict[str, Dict[str, str]]:
     """Backbone class name -> kernel -> 'yes', the family's fit label, or 'no'; every declared family (or those
     named in ``families``) against every registered kernel (or ``kernels``)."""
     kernels = kernels or list_attentions()
-    table = {}
-    for name in families or list(FAMILIES):
-        cls = FAMILIES[name]
-        tiny, fit = cls.family.tiny, cls.family.fit
-        row = {}
-        for k in kernels:
-            cfg = dict(type=k, mix=True) if k == 'synthesizer' else k
-            if _try(cls, dict(tiny, attn_cfg=cfg), size)[0]:
-                row[k] = 'yes'
-            elif fit is not None and _try(cls, dict(tiny, attn_cfg=cfg, **fit[1]), size)[0]:
-                row[k] = fit[0]
-            else:
-                row[k] = 'no'
-        table[name] = row
-    return table
+    return {name: {k: setup(FAMILIES[name], k, size)[0] for k in kernels} for name in families or list(FAMILIES)}
 
 
 def markdown(table: Dict[str, Dict[str, str]]) -> str:

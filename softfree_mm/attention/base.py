@@ -13,6 +13,8 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
+from . import dispatch
+
 Scale = Union[None, float, torch.Tensor]
 
 
@@ -84,6 +86,29 @@ class AttentionKernel(nn.Module):
         elementwise activations, normalisers and sums are not counted. Kernels state their own formula; the
         tests hold each against ``torch.utils.flop_counter`` on the kernel's own forward."""
         raise NotImplementedError(f"attention kernel '{self.name}' declares no flops()")
+
+    def order_costs(self, nq: int, nk: int, d: int, dv: int, device: str = 'cpu') -> Optional[Tuple[int, int]]:
+        """``(explicit, factorised)``: weighted multiply-adds per (batch, head) of the two association orders of a
+        kernel that has two (``(phi(q) phi(k)^T) v`` and ``phi(q) (phi(k)^T v)``), for a call without mask or bias
+        on a device type; None for a kernel with one order. The work both orders share may be left out of both."""
+        return None
+
+    def order(self, nq: int, nk: int, d: int, dv: int, masked: bool = False, device: str = 'cpu') -> str:
+        """'explicit' | 'factorised': the order a call of these shapes takes (``dispatch.order``: the kernel's
+        ``impl`` or ``SOFTFREE_ATTN_IMPL``, else the cheaper one; always 'explicit' with a mask or a bias); '' for a
+        kernel with one order. ``forward`` and ``flops`` both read it."""
+        costs = self.order_costs(nq, nk, d, dv, device)
+        if costs is None:
+            return ''
+        return dispatch.order(getattr(self, 'impl', 'auto'), costs, masked)
+
+    def memory(self, nq: int, nk: int, d: int, dv: int, masked: bool = False, hw=None) -> Tuple[int, int]:
+        """``(saved, largest)`` elements per (batch, head) of one forward call on a CPU in fp32 with autograd on:
+        what the call creates and autograd keeps for backward (its inputs not counted), and the largest tensor it
+        creates. The dominant terms in (nq, nk, d, dv) for the path the call takes (``masked``: a mask or a bias is
+        given), as ``flops`` states its products; ``tests/analysis/test_analysis_kernel_memory.py`` measures every kernel
+        in every layout the support table lists against it."""
+        raise NotImplementedError(f"attention kernel '{self.name}' declares no memory()")
 
     # ------------------------------------------------------------------ to override
     def _matrix(self, q, k, hw, scale, bias, mask):

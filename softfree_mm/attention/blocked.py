@@ -30,6 +30,17 @@ def tile_shape(nq: int, nk: int) -> Tuple[int, int]:
     return max(1, min(nq, TILE_ROWS)), max(1, min(nk, TILE_COLS))
 
 
+def memory(nq: int, nk: int, dv: int, kept_per_score: int, masked: bool = False) -> Tuple[int, int]:
+    """``(saved, largest)`` elements per (batch, head) of a pointwise kernel's quadratic path on a CPU: the explicit
+    matrix keeps ``kept_per_score`` Nq x Nk tensors for backward (scores and weights, or weights alone; with a mask
+    or a bias two more: the masked scores and the keep mask as a factor); the tiles keep their output and row terms
+    beside their inputs and hold one tile at a time."""
+    if use_tiles(nq, nk):
+        rows, cols = tile_shape(nq, nk)
+        return nq * dv + nq, rows * cols
+    return (kept_per_score + (2 if masked else 0)) * nq * nk, nq * nk
+
+
 def use_tiles(nq: int, nk: int) -> bool:
     """Tiles pay off where one (batch, head) matrix is larger than a tile (global attention); small windows
     (Swin's 49 x 49, XCiT's d_h x d_h) are faster built whole, and are no larger than their activations."""

@@ -1,5 +1,14 @@
-"""Which path a call of a pointwise kernel (poly, relu, sigmoid) takes: the explicit matrix, Python tiles
-(``blocked.py``) or the fused Triton kernel (``fused_pointwise.py``).
+"""Which path a kernel's call takes: the association order of a kernel with two (``order``), and for the quadratic
+computation of a pointwise kernel (poly, relu, sigmoid) the explicit matrix, Python tiles (``blocked.py``) or the
+fused Triton kernel (``fused_pointwise.py``).
+
+The association rule (every kernel with a factorised form: linear, efficient, taylor, cosformer, performer,
+flatten, InLine's linear part, poly): ``out = (phi(q) phi(k)^T) v`` (explicit order: an Nq x Nk matrix) or
+``phi(q) (phi(k)^T v)`` (factorised order: a d x dv matrix). Each kernel declares the weighted multiply-adds of both
+for (Nq, Nk, d, dv) (``AttentionKernel.order_costs``) and ``impl='auto'`` takes the smaller; a mask or a bias always
+takes the explicit order. In token attention (N >> d) that is the factorised order; in XCiT's channel attention,
+whose "tokens" are a head's d_h channels and whose "head_dim" is the image's N tokens, the explicit one (an N x N
+``k^T v`` otherwise). ``impl='explicit'`` / ``'factorised'`` force an order; FLOPs follow the same rule.
 
 ``impl='auto'`` (every kernel's default): on CPU as always, the explicit matrix up to ``blocked.TILE_ELEMENTS``
 scores a (batch, head) pair and tiles beyond. On CUDA the explicit matrix while what it holds (fp32 scores, weights
@@ -7,8 +16,11 @@ and, in backward, their gradient: 12 bytes a score over all (batch, head) pairs)
 (default: the smaller of 512 MiB and an eighth of the GPU's free memory at its first use), and the fused kernel
 beyond it. ``'explicit'``, ``'tiled'``, ``'fused'`` force that path on any device (``'fused'`` runs on CPU tensors
 under TRITON_INTERPRET=1). Wherever the fused kernel cannot take a call it says why once and the call runs in tiles
-(on CUDA: tiles of thousands of queries). The environment variable ``SOFTFREE_ATTN_IMPL`` (one of the four), when
-set, replaces every kernel's ``impl``. This file imports torch only.
+(on CUDA: tiles of thousands of queries). The environment variable ``SOFTFREE_ATTN_IMPL`` (one of ``IMPLS``), when
+set, replaces every kernel's ``impl``: 'explicit' / 'factorised' force that order on every kernel with two (poly's
+'explicit' is its explicit matrix; a kernel or a call without a factorised order takes 'factorised' as 'auto'),
+'tiled' / 'fused' force that quadratic path on the pointwise kernels and leave the order of the others to the rule.
+This file imports torch only.
 """
 import os
 from typing import Dict, Optional, Tuple
@@ -17,7 +29,10 @@ import torch
 
 from .blocked import use_tiles
 
-IMPLS = ('auto', 'explicit', 'tiled', 'fused')
+IMPLS = ('auto', 'explicit', 'tiled', 'fused', 'factorised')
+ORDERS = ('explicit', 'factorised')
+# the impl values of a kernel whose only choice is its association order (no tiled or fused quadratic path)
+ORDER_IMPLS = ('auto',) + ORDERS
 IMPL_ENV = 'SOFTFREE_ATTN_IMPL'
 DEFAULT_EXPLICIT_MIB = 512
 EXPLICIT_BYTES_PER_SCORE = 12
@@ -29,10 +44,36 @@ GPU_TILE_COLS = 4096
 _BUDGETS: Dict[str, int] = {}
 
 
-def check_impl(name: str, impl) -> str:
-    if impl not in IMPLS:
-        raise ValueError(f"{name}: impl must be one of {', '.join(repr(i) for i in IMPLS)}, got {impl!r}")
+def check_impl(name: str, impl, factorised: bool = False) -> str:
+    """``impl`` of a pointwise kernel: 'auto', 'explicit', 'tiled', 'fused', and 'factorised' where the kernel has a
+    factorised order (``factorised=True``: poly)."""
+    valid = IMPLS if factorised else tuple(i for i in IMPLS if i != 'factorised')
+    if impl not in valid:
+        raise ValueError(f"{name}: impl must be one of {', '.join(repr(i) for i in valid)}, got {impl!r}")
     return impl
+
+
+def check_order_impl(name: str, impl) -> str:
+    """``impl`` of a kernel whose only choice is its association order: 'auto', 'explicit' or 'factorised'."""
+    if impl not in ORDER_IMPLS:
+        raise ValueError(f"{name}: impl must be one of {', '.join(repr(i) for i in ORDER_IMPLS)} (the association "
+                         f'order; auto: the cheaper one for the shapes at hand), got {impl!r}')
+    return impl
+
+
+def order(impl: str, costs, masked: bool) -> str:
+    """'explicit' | 'factorised': the association order of one call of a kernel with two, from its ``impl``
+    (``SOFTFREE_ATTN_IMPL`` replaces it when set), its declared ``costs`` ``(explicit, factorised)`` and whether a
+    mask or a bias is given (then always 'explicit'). 'auto', and 'tiled' / 'fused' (ways to compute a pointwise
+    matrix, which leave the order to the rule), take the order with fewer weighted multiply-adds; a tie takes the
+    factorised one."""
+    if masked:
+        return 'explicit'
+    impl = resolve(impl)
+    if impl in ORDERS:
+        return impl
+    explicit, factorised = costs
+    return 'explicit' if explicit < factorised else 'factorised'
 
 
 def check_explicit_mib(name: str, mib):
@@ -93,6 +134,8 @@ def choose(impl: str, q, k, explicit_mib: Optional[float] = None) -> str:
     ``torch.jit.trace`` (ONNX export, FLOP counters) no Triton launch can be recorded: 'fused' becomes 'tiled' and
     'auto' follows the CPU rule on any device."""
     tracing = torch.jit.is_tracing()
+    if impl == 'factorised':  # a call that has no factorised order (a pointwise kernel, a mask, a bias)
+        impl = 'auto'
     if impl != 'auto':
         return 'tiled' if tracing and impl == 'fused' else impl
     dev = q.device

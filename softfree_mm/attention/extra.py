@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import ATTENTION
+from . import ATTENTION, dispatch
 from .base import AttentionKernel, default_scale, no_autocast, resolve_hw, upcast
 from .inline import local_conv, neighbour_onehot
 from .score_map import row_normalised_map
@@ -76,6 +76,13 @@ class NystromAttention(AttentionKernel):
         pinv = self.pinv_iters * 4 * m ** 3  # four m x m products per step
         return means + kernels + pinv + m * nk * dv + m * m * dv + nq * m * dv
 
+    def memory(self, nq, nk, d, dv, masked=False, hw=None):
+        m = min(self.num_landmarks, nq, nk)
+        # the three softmax blocks (scores and weights), their products with v, and the inverse's steps (autograd
+        # runs through them: about six m x m matrices a step)
+        blocks = 2 * (nq * m + m * m + m * nk) + m * dv + m * dv
+        return blocks + 6 * self.pinv_iters * m * m, max(nq * m, nk * m, m * m, nq * dv)
+
     def _factors(self, q, k, scale):
         q, k = upcast(q, k)
         s = default_scale(scale, q.shape[-1], q)
@@ -122,8 +129,10 @@ class PerformerAttention(AttentionKernel):
 
     complexity = 'linear'
 
-    def __init__(self, num_heads=None, head_dim=None, num_features=None, seed=0, eps=1e-6):
+    def __init__(self, num_heads=None, head_dim=None, num_features=None, seed=0, eps=1e-6, impl='auto'):
         super().__init__(num_heads, head_dim)
+        self.impl = dispatch.check_order_impl('performer', impl)
+        dispatch.forced()
         if head_dim is None:
             raise ValueError('performer: the random projection needs head_dim (got head_dim=None); pass it')
         if num_features is None:
@@ -139,9 +148,22 @@ class PerformerAttention(AttentionKernel):
     def extra_repr(self) -> str:
         return f'{super().extra_repr()}, num_features={self.num_features}, seed={self.seed}'
 
+    def order_costs(self, nq, nk, d, dv, device='cpu'):
+        m = self.num_features  # the projections (nq + nk) d m are the same in both orders
+        return nq * nk * (m + dv + 1), (nk + nq) * m * dv + nq * m
+
     def flops(self, nq, nk, d, dv, masked=False, hw=None):
         m = self.num_features
+        if self.order(nq, nk, d, dv, masked) == 'explicit':
+            return (nq + nk) * d * m + nq * nk * (m + dv)  # projections, phi(q) phi(k)^T, A @ v
         return (nq + nk) * d * m + nq * m + (nk + nq) * m * dv  # projections, normaliser, kv and its use
+
+    def memory(self, nq, nk, d, dv, masked=False, hw=None):
+        m = self.num_features
+        feats = 3 * (nq + nk) * m  # projections, exponents, features
+        if self.order(nq, nk, d, dv, masked) == 'explicit':
+            return feats + 2 * nq * nk + nq * dv, max(nq * nk, max(nq, nk) * max(m, dv))
+        return feats + m * dv + nq * dv + nq, max(nq, nk) * max(m, dv)
 
     def features(self, x, scale, is_query):
         """phi(x) (B, h, N, m) up to a factor that cancels in A: the stabiliser (row max for queries, the
@@ -171,8 +193,11 @@ class PerformerAttention(AttentionKernel):
         with no_autocast(q):  # exponentials and sums in fp32
             fq, fk = self._feats(q, k, scale)
             fq, fk, vv = _to_common(fq, fk, *upcast(v))
-            den = fq @ fk.sum(2, keepdim=True).transpose(-2, -1) + self.eps
-            out = (fq @ (fk.transpose(-2, -1) @ vv)) / den
+            if self.order(q.shape[2], k.shape[2], q.shape[3], v.shape[3], False, q.device.type) == 'explicit':
+                out = row_normalised_map(fq @ fk.transpose(-2, -1), None, eps=self.eps).matrix() @ vv
+            else:
+                den = fq @ fk.sum(2, keepdim=True).transpose(-2, -1) + self.eps
+                out = (fq @ (fk.transpose(-2, -1) @ vv)) / den
         return out.to(v.dtype)
 
 
@@ -186,14 +211,27 @@ class CosFormerAttention(AttentionKernel):
 
     complexity = 'linear'
 
-    def __init__(self, num_heads=None, head_dim=None, eps=1e-6):
+    def __init__(self, num_heads=None, head_dim=None, eps=1e-6, impl='auto'):
         super().__init__(num_heads, head_dim)
         if not isinstance(eps, (int, float)) or isinstance(eps, bool) or eps < 0:
             raise ValueError(f'cosformer: eps must be a float >= 0, got {eps!r}')
         self.eps = float(eps)
+        self.impl = dispatch.check_order_impl('cosformer', impl)
+        dispatch.forced()
+
+    def order_costs(self, nq, nk, d, dv, device='cpu'):
+        return nq * nk * (2 * d + dv + 1), 2 * (nk + nq) * d * dv + 2 * nq * d
 
     def flops(self, nq, nk, d, dv, masked=False, hw=None):
+        if self.order(nq, nk, d, dv, masked) == 'explicit':
+            return nq * nk * (2 * d + dv)  # the cos and the sin scores, A @ v
         return 2 * (nk + nq) * d * dv  # the cos and the sin halves
+
+    def memory(self, nq, nk, d, dv, masked=False, hw=None):
+        feats = 3 * (nq + nk) * d  # relu(q), relu(k) and their cos and sin halves
+        if self.order(nq, nk, d, dv, masked) == 'explicit':
+            return feats + 2 * nq * nk + nq * dv, max(nq * nk, max(nq, nk) * max(d, dv))
+        return feats + 2 * d * dv + 2 * nq * dv, max(nq, nk) * max(d, dv)
 
     def _feats(self, q, k):
         q, k = upcast(q, k)
@@ -220,6 +258,9 @@ class CosFormerAttention(AttentionKernel):
         with no_autocast(q):  # sums in fp32
             (qc, qs), (kc, ks) = self._feats(q, k)
             qc, qs, kc, ks, vv = _to_common(qc, qs, kc, ks, *upcast(v))
+            if self.order(q.shape[2], k.shape[2], q.shape[3], v.shape[3], False, q.device.type) == 'explicit':
+                s = qc @ kc.transpose(-2, -1) + qs @ ks.transpose(-2, -1)
+                return (row_normalised_map(s, None, eps=self.eps).matrix() @ vv).to(v.dtype)
             num = qc @ (kc.transpose(-2, -1) @ vv) + qs @ (ks.transpose(-2, -1) @ vv)
             den = (qc * kc.sum(2, keepdim=True)).sum(-1, keepdim=True) + \
                 (qs * ks.sum(2, keepdim=True)).sum(-1, keepdim=True) + self.eps
@@ -240,8 +281,10 @@ class FocusedLinearAttention(AttentionKernel):
     complexity = 'linear'
     needs_hw = True
 
-    def __init__(self, num_heads=None, head_dim=None, focusing_power=3, local_conv=True, eps=1e-6):
+    def __init__(self, num_heads=None, head_dim=None, focusing_power=3, local_conv=True, eps=1e-6, impl='auto'):
         super().__init__(num_heads, head_dim)
+        self.impl = dispatch.check_order_impl('flatten', impl)
+        dispatch.forced()
         if num_heads is None or head_dim is None:
             raise ValueError('flatten: the learned feature scale needs num_heads and head_dim '
                              f'(got num_heads={num_heads}, head_dim={head_dim}); pass both')
@@ -259,8 +302,21 @@ class FocusedLinearAttention(AttentionKernel):
     def extra_repr(self) -> str:
         return f'{super().extra_repr()}, focusing_power={self.focusing_power}, local_conv={self.local_conv}'
 
+    def order_costs(self, nq, nk, d, dv, device='cpu'):
+        return nq * nk * (d + dv + 1), (nk + nq) * d * dv + nq * d
+
     def flops(self, nq, nk, d, dv, masked=False, hw=None):
-        return (nk + nq) * d * dv + (9 * nq * dv if self.local_conv else 0)  # + the 3x3 depthwise conv on v
+        conv = 9 * nq * dv if self.local_conv else 0  # the 3x3 depthwise conv on v
+        if self.order(nq, nk, d, dv, masked) == 'explicit':
+            return nq * nk * (d + dv) + conv
+        return (nk + nq) * d * dv + conv
+
+    def memory(self, nq, nk, d, dv, masked=False, hw=None):
+        feats = 6 * (nq + nk) * d  # the focusing map's steps on q and k
+        conv = 2 * nq * dv if self.local_conv else 0
+        if self.order(nq, nk, d, dv, masked) == 'explicit':
+            return feats + 2 * nq * nk + nq * dv + conv, max(nq * nk, max(nq, nk) * max(d, dv))
+        return feats + d * dv + 2 * nq * dv + conv, max(nq, nk) * max(d, dv)
 
     def features(self, x):
         x = (F.relu(x) + 1e-6) / F.softplus(self.scale.to(x.dtype))
@@ -296,8 +352,11 @@ class FocusedLinearAttention(AttentionKernel):
         with no_autocast(q):  # powers, norms and sums in fp32
             fq, fk = self.features(q), self.features(k)
             fq, fk, vv = _to_common(fq, fk, vv)
-            den = (fq * fk.sum(2, keepdim=True)).sum(-1, keepdim=True) + self.eps
-            out = (fq @ (fk.transpose(-2, -1) @ vv)) / den
+            if self.order(q.shape[2], k.shape[2], q.shape[3], v.shape[3], False, q.device.type) == 'explicit':
+                out = row_normalised_map(fq @ fk.transpose(-2, -1), None, eps=self.eps).matrix() @ vv
+            else:
+                den = (fq * fk.sum(2, keepdim=True)).sum(-1, keepdim=True) + self.eps
+                out = (fq @ (fk.transpose(-2, -1) @ vv)) / den
             if self.local_conv:
                 out = out + local_conv(vv, self.conv_weight.to(vv.dtype).view(1, -1, 1, 9), grid)
         return out.to(v.dtype)

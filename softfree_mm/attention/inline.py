@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import ATTENTION
+from . import ATTENTION, dispatch
 from .base import AttentionKernel, default_scale, resolve_hw, upcast, work_dtype, no_autocast
 from .score_map import ScoreMap
 
@@ -124,6 +124,8 @@ class InLineAttention(AttentionKernel):
             Both need ``Nq == Nk == H*W`` and the grid (``hw``, or a square grid when N is a perfect square), and
             ``num_heads`` and ``head_dim`` for their weights ``residual.{0,2}`` (the official names and shapes for
             ``'channel'``: ``Conv1d(C, C, 1, groups=h)``, ``Conv1d(C, 9C, 1, groups=h)``, C = h x head_dim).
+        impl ('auto' | 'explicit' | 'factorised'): the association order of the linear part (``dispatch.order``):
+            'auto' takes the cheaper one for the call's shapes. SOFTFREE_ATTN_IMPL overrides it.
 
     ``context`` (forward argument, ``'channel'`` only): (B, C) or (B, h, head_dim), the summary the kernels are
     predicted from. The backbones pass the official one (Swin, PVT: the mean over the window's / image's tokens
@@ -141,8 +143,10 @@ class InLineAttention(AttentionKernel):
     needs_hw = True
 
     def __init__(self, num_heads=None, head_dim=None, feature_map='identity',
-                 local_residual: Union[bool, str] = 'channel'):
+                 local_residual: Union[bool, str] = 'channel', impl='auto'):
         super().__init__(num_heads, head_dim)
+        self.impl = dispatch.check_order_impl('inline', impl)
+        dispatch.forced()  # a bad SOFTFREE_ATTN_IMPL is refused at build time
         if feature_map not in FEATURE_MAPS:
             raise ValueError(f"inline: unknown feature_map {feature_map!r}; valid feature maps: "
                              f"{', '.join(FEATURE_MAPS)}")
@@ -167,7 +171,22 @@ class InLineAttention(AttentionKernel):
                 nn.Conv1d(c, c, 1, groups=num_heads), nn.GELU(), nn.Conv1d(c, out, 1, groups=num_heads))
 
     def extra_repr(self) -> str:
-        return f'{super().extra_repr()}, feature_map={self.feature_map!r}, local_residual={self.local_residual!r}'
+        extra = '' if self.impl == 'auto' else f', impl={self.impl!r}'
+        return (f'{super().extra_repr()}, feature_map={self.feature_map!r}, local_residual={self.local_residual!r}'
+                + extra)
+
+    def order_costs(self, nq, nk, d, dv, device='cpu'):
+        # the linear part: phi(q) phi(k)^T and A @ v, or k^T v and q @ (k^T v); the residual is the same in both
+        return nq * nk * (d + dv), (nk + nq) * d * dv
+
+    def memory(self, nq, nk, d, dv, masked=False, hw=None):
+        feats = 0 if self.feature_map == 'identity' else (nq + nk) * d  # phi(q), phi(k)
+        res = nq * dv if self.local_residual else 0  # v on the grid for the 3x3 conv
+        if masked:  # the explicit path with per-row means: A and its pieces, the per-row mean keys
+            return 4 * nq * nk + 4 * nq * d + feats + res, max(nq * nk, nq * dv)
+        if self.order(nq, nk, d, dv) == 'explicit':
+            return 2 * nq * nk + feats + res + nq, max(nq * nk, nq * dv)
+        return d * dv + feats + res + nq, max(nq, nk) * max(d, dv)
 
     def flops(self, nq, nk, d, dv, masked=False, hw=None):
         """Without a mask: k^T v and q @ (k^T v), the residual's two grouped 1x1 convs once per sample and the 3x3
@@ -175,7 +194,7 @@ class InLineAttention(AttentionKernel):
         per query row (without a context) and its 3x3 neighbourhood."""
         res = self.local_residual
         if not masked:
-            total = (nk + nq) * d * dv
+            total = (nk + nq) * d * dv if self.order(nq, nk, d, dv) == 'factorised' else nq * nk * (d + dv)
             if res == 'channel':
                 total += 10 * d * d + 9 * nq * dv
             elif res == 'head':
@@ -313,10 +332,13 @@ class InLineAttention(AttentionKernel):
             s = default_scale(scale, q.shape[-1], q)
             fq, fk = _feature(q, self.feature_map), _feature(k, self.feature_map)
             n = k.shape[2]
-            kv = fk.transpose(-2, -1) @ v  # (B, h, d, dv)
             kbar_phi = fk.mean(2, keepdim=True)  # (B, h, 1, d)
-            vbar = v.mean(2, keepdim=True)  # (B, h, 1, dv)
-            out = (fq @ kv) * (s / n) + (1.0 - s * (fq * kbar_phi).sum(-1, keepdim=True)) * vbar
+            offset = 1.0 - s * (fq * kbar_phi).sum(-1, keepdim=True)  # (B, h, Nq, 1)
+            if self.order(q.shape[2], n, q.shape[3], v.shape[3], False, q.device.type) == 'factorised':
+                kv = fk.transpose(-2, -1) @ v  # (B, h, d, dv)
+                out = (fq @ kv) * (s / n) + offset * v.mean(2, keepdim=True)
+            else:  # A = (s phi(q) phi(k)^T + offset) / N built (XCiT's channel attention: d_h x d_h)
+                out = ((fq @ fk.transpose(-2, -1)) * s + offset) @ (v / n)
             if self.local_residual == 'head':
                 r = self._residual_weights(k.mean(2, keepdim=True))  # (B, h, 1, 9)
                 out = out + local_conv(v, r, grid)

@@ -1,9 +1,12 @@
 """Factorised (linear-complexity) kernels: ``linear`` (phi(q) phi(k)^T), ``efficient`` (Shen et al.) and
 ``taylor`` (first-order Taylor expansion of exp, 1 + q^.k^).
 
-Without a mask each computes ``A @ v`` in O(N d dv) through ``k^T @ v`` and never builds ``A``. With a mask
-(Swin's shifted windows, padded keys) it builds ``A`` explicitly, O(Nq Nk d), with sums and normalisers taken
-over the valid keys of each row only, so a masked key gives exactly the output of deleting that key. None of
+Each has two association orders (``dispatch.order``): the factorised one computes ``A @ v`` in O(N d dv) through
+``k^T @ v`` and never builds ``A``; the explicit one builds ``A``, O(Nq Nk (d + dv)). Without a mask the call takes
+the cheaper for its shapes: the factorised order in token attention (N >> d), the explicit one in XCiT's channel
+attention (a d_h x d_h matrix, where ``k^T v`` would be N x N). With a mask (Swin's shifted windows, padded keys)
+it is the explicit one, with sums and normalisers taken over the valid keys of each row only, so a masked key gives
+exactly the output of deleting that key. None of
 them can take an additive score bias (a clear error).
 
 The score scale: these kernels have none. The ``scale`` argument of ``forward`` / ``attention_matrix`` is
@@ -13,7 +16,7 @@ their feature maps, taylor L2-normalises q and k).
 import torch
 import torch.nn.functional as F
 
-from . import ATTENTION
+from . import ATTENTION, dispatch
 from .base import AttentionKernel, upcast, work_dtype, no_autocast
 from .score_map import row_normalised_map
 
@@ -25,15 +28,31 @@ class _FactorisedAttention(AttentionKernel):
     supports_mask = True  # through the explicit O(Nq Nk) path
     complexity = 'linear'
 
-    def __init__(self, num_heads=None, head_dim=None):
+    def __init__(self, num_heads=None, head_dim=None, impl='auto'):
         super().__init__(num_heads, head_dim)
+        self.impl = dispatch.check_order_impl(self.name, impl)
+        dispatch.forced()  # a bad SOFTFREE_ATTN_IMPL is refused at build time
 
     normaliser_products = 1  # the row normaliser q @ sum_j k_j: a (N, d) x (d, 1) product (efficient: none)
 
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ('' if self.impl == 'auto' else f', impl={self.impl!r}')
+
+    def order_costs(self, nq, nk, d, dv, device='cpu'):
+        # explicit: phi(q) phi(k)^T, its row sums, A @ v; factorised: k^T v, q @ (k^T v), the normaliser
+        return nq * nk * (d + dv + 1), (nk + nq) * d * dv + self.normaliser_products * nq * d
+
     def flops(self, nq, nk, d, dv, masked=False, hw=None):
-        if masked:
+        if self.order(nq, nk, d, dv, masked) == 'explicit':
             return nq * nk * (d + dv)  # the explicit A and A @ v
         return (nk + nq) * d * dv + self.normaliser_products * nq * d  # k^T v, q @ (k^T v), the normaliser
+
+    def memory(self, nq, nk, d, dv, masked=False, hw=None):
+        if self.order(nq, nk, d, dv, masked) == 'explicit':
+            # phi(q), phi(k), the scores and the weights kept (with a mask: the masked scores and the mask too)
+            return (nq + nk) * d + (4 if masked else 2) * nq * nk, max(nq * nk, max(nq, nk) * max(d, dv))
+        # phi(q), phi(k), k^T v and the output kept; no temporary beyond an (N, d) or (N, dv) one
+        return (nq + nk) * d + d * dv + nq * dv, max(nq, nk) * max(d, dv)
 
     def _fast(self, q, k, v):
         """``A @ v`` without a mask, in O(N d dv); inputs in the working dtype."""
@@ -64,7 +83,8 @@ class _FactorisedAttention(AttentionKernel):
         dtype, wd = v.dtype, work_dtype(v)
         with no_autocast(v):  # sums and normalisers in fp32 (fp64 for fp64 inputs)
             q, k, v = q.to(wd), k.to(wd), v.to(wd)
-            if mask is None:
+            if self.order(q.shape[2], k.shape[2], q.shape[3], v.shape[3], mask is not None,
+                          q.device.type) == 'factorised':
                 out = self._fast(q, k, v)
             else:
                 out = self._explicit(q, k, mask) @ v
@@ -77,12 +97,14 @@ class LinearAttention(_FactorisedAttention):
 
     Args:
         feature_map ('elu+1' | 'relu'): phi.
+        impl ('auto' | 'explicit' | 'factorised'): the association order (``dispatch.order``); 'auto' takes the
+            cheaper one for the call's shapes. SOFTFREE_ATTN_IMPL overrides it.
     """
 
     eps = 1e-6
 
-    def __init__(self, num_heads=None, head_dim=None, feature_map='elu+1'):
-        super().__init__(num_heads, head_dim)
+    def __init__(self, num_heads=None, head_dim=None, feature_map='elu+1', impl='auto'):
+        super().__init__(num_heads, head_dim, impl)
         if feature_map not in FEATURE_MAPS:
             raise ValueError(f'linear: feature_map must be one of {FEATURE_MAPS}, got {feature_map!r}')
         self.feature_map = feature_map
@@ -116,10 +138,12 @@ class EfficientAttention(_FactorisedAttention):
     # its normaliser runs over the keys of each channel before any pair product, so no row map of scores gives A
     no_score_map = 'A = softmax over channels of q times softmax over tokens of k: no per-pair score map'
 
+    normaliser_products = 0
+
     def flops(self, nq, nk, d, dv, masked=False, hw=None):
         if masked:  # the per-row normaliser keep @ e, the weights, A @ v
             return nq * nk * (2 * d + dv)
-        return (nk + nq) * d * dv
+        return super().flops(nq, nk, d, dv, masked, hw)
 
     def _fast(self, q, k, v):
         return torch.softmax(q, dim=-1) @ (torch.softmax(k, dim=2).transpose(-2, -1) @ v)

@@ -18,7 +18,7 @@ import torch
 
 from . import ATTENTION, dispatch
 from .base import AttentionKernel, cast_back, default_scale, key_count, scores, upcast, no_autocast, work_dtype
-from .blocked import pointwise_attention
+from .blocked import memory as blocked_memory, pointwise_attention
 from .score_map import pointwise_map
 
 
@@ -44,8 +44,14 @@ class _PointwiseAttention(AttentionKernel):
         """d activation / d s, elementwise."""
         raise NotImplementedError
 
+    # Nq x Nk tensors the explicit matrix keeps for backward: the scores and the weights (sigmoid: the weights)
+    kept_per_score = 2
+
     def flops(self, nq, nk, d, dv, masked=False, hw=None):
         return nq * nk * (d + dv)  # S = q k^T, A @ v
+
+    def memory(self, nq, nk, d, dv, masked=False, hw=None):
+        return blocked_memory(nq, nk, dv, self.kept_per_score, masked)
 
     def _tiled(self, q, k, v, scale, bias, mask):
         """``A @ v`` in tiles; inputs in the working dtype."""
@@ -115,6 +121,7 @@ class SigmoidAttention(_PointwiseAttention):
     """``A = sigmoid(S - log N) * keep``."""
 
     kind = 'sigmoid'
+    kept_per_score = 1
 
     def _row_terms(self, q, k, mask):
         return 1.0, (-math.log(k.shape[2]) if mask is None else -key_count(mask, q, k).log())

@@ -20,7 +20,7 @@ from torch.utils.checkpoint import checkpoint
 
 from . import ATTENTION, dispatch
 from .base import AttentionKernel, cast_back, default_scale, key_count, scores, work_dtype, no_autocast
-from .blocked import pointwise_attention
+from .blocked import memory as blocked_memory, pointwise_attention
 from .score_map import pointwise_map
 
 SCALE_OPTIONS = "'sqrt_n' (1/sqrt(number of keys a row may look at)) or a float > 0"
@@ -63,8 +63,10 @@ class PolyAttention(AttentionKernel):
         degree (int >= 1): the power p (3 and 1 are the paper's).
         scale ('sqrt_n' | float > 0): the constant c multiplying ``S^p``. Not the score scale ``s``, which is
             the ``scale`` argument of ``forward`` (default head_dim^-1/2).
-        impl ('auto' | 'explicit' | 'tiled' | 'fused'): the path of the quadratic computation (``dispatch.py``);
-            'auto' also takes the factorised path where it is cheaper. SOFTFREE_ATTN_IMPL overrides it.
+        impl ('auto' | 'explicit' | 'tiled' | 'fused' | 'factorised'): the path (``dispatch.py``): 'auto' takes the
+            factorised order where it is cheaper (the association rule) and else chooses the quadratic path;
+            'factorised' forces that order wherever there is no bias and no mask; the others force that quadratic
+            path. SOFTFREE_ATTN_IMPL overrides it.
         explicit_mib (None | float > 0): on CUDA with 'auto', the memory the explicit matrix may take (MiB);
             None: the smaller of 512 MiB and an eighth of the free GPU memory.
     """
@@ -75,7 +77,7 @@ class PolyAttention(AttentionKernel):
 
     def __init__(self, num_heads=None, head_dim=None, degree=3, scale='sqrt_n', impl='auto', explicit_mib=None):
         super().__init__(num_heads, head_dim)
-        self.impl = dispatch.check_impl('poly', impl)
+        self.impl = dispatch.check_impl('poly', impl, factorised=True)
         self.explicit_mib = dispatch.check_explicit_mib('poly', explicit_mib)
         dispatch.forced()  # a bad SOFTFREE_ATTN_IMPL is refused at build time
         if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
@@ -107,17 +109,30 @@ class PolyAttention(AttentionKernel):
         factorised = weight * (nq + nk) * m * (p - 1) + nk * m * dv + nq * m * dv
         return explicit, factorised
 
+    def order_costs(self, nq, nk, d, dv, device='cpu'):
+        return self.path_costs(nq, nk, d, dv, device)
+
+    def order(self, nq, nk, d, dv, masked=False, device='cpu'):
+        if dispatch.resolve(self.impl) in ('tiled', 'fused'):  # forced quadratic paths: the explicit order
+            return 'explicit'
+        return super().order(nq, nk, d, dv, masked, device)
+
     def flops(self, nq, nk, d, dv, masked=False, hw=None):
-        explicit, factorised = self.path_costs(nq, nk, d, dv)
-        if not masked and factorised < explicit:
+        if self.order(nq, nk, d, dv, masked) == 'factorised':
             return (nk + nq) * self.num_features(d) * dv  # phi(k)^T v, phi(q) @ kv (features: elementwise)
         return nq * nk * (d + dv)  # S = q k^T, A @ v (explicit or in tiles)
 
+    def memory(self, nq, nk, d, dv, masked=False, hw=None):
+        if self.order(nq, nk, d, dv, masked) == 'factorised':
+            # chunks recomputed in backward: kept are the key-value sum and the output; one chunk's features held
+            m = self.num_features(d)
+            rows = max(1, _CHUNK_ELEMENTS // m, -(-max(nq, nk) // _MAX_CHUNKS))
+            return m * dv + nq * dv, min(max(nq, nk), rows) * m
+        return blocked_memory(nq, nk, dv, 2, masked)  # the scores and the weights, or tiles
+
     def uses_factorised(self, q, k, v, bias=None, mask=None) -> bool:
-        if bias is not None or mask is not None:
-            return False
-        explicit, factorised = self.path_costs(q.shape[2], k.shape[2], q.shape[3], v.shape[3], q.device.type)
-        return factorised < explicit
+        return self.order(q.shape[2], k.shape[2], q.shape[3], v.shape[3], bias is not None or mask is not None,
+                          q.device.type) == 'factorised'
 
     # ------------------------------------------------------------------ paths
     def _coef(self, mask, q, k):
@@ -142,10 +157,9 @@ class PolyAttention(AttentionKernel):
 
     def path(self, q, k, v, bias=None, mask=None) -> str:
         """'factorised' | 'explicit' | 'tiled' | 'fused': the path of a call (``dispatch.py``)."""
-        impl = dispatch.resolve(self.impl)
-        if impl == 'auto' and self.uses_factorised(q, k, v, bias, mask):
+        if self.uses_factorised(q, k, v, bias, mask):
             return 'factorised'
-        return dispatch.choose(impl, q, k, self.explicit_mib)
+        return dispatch.choose(dispatch.resolve(self.impl), q, k, self.explicit_mib)
 
     def _forward(self, q, k, v, hw, scale, bias, mask):
         out_dtype = v.dtype

@@ -114,6 +114,15 @@ class SoftmaxAttention(AttentionKernel):
     def flops(self, nq, nk, d, dv, masked=False, hw=None):
         return nq * nk * (d + dv)  # S = q k^T, A @ v (SDPA's fused kernel does the same products)
 
+    def memory(self, nq, nk, d, dv, masked=False, hw=None):
+        size = nq * nk
+        if self.recompute:  # only the inputs are kept; the call's own tensors are held while it runs
+            return 0, size if size <= EXPLICIT_CPU_ELEMENTS else nq * dv
+        if size <= TINY_CPU_ELEMENTS or (masked and size <= EXPLICIT_CPU_ELEMENTS):  # explicit products (CPU)
+            return size + nq * d, size  # the weights (and a scaled q) kept
+        # SDPA: its output and log-sum-exp kept; a mask or a bias goes in as one float Nq x Nk tensor
+        return nq * dv + nq, size if masked else nq * dv
+
     def _score_map(self, q, k, hw, scale, bias, mask):
         q, k = upcast(q, k)
         with no_autocast(q):

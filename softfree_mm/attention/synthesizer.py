@@ -106,6 +106,11 @@ class SynthesizerAttention(AttentionKernel):
                   'factorized_dense': nq * (d * d + d * self.rank + self.rank * nk)}[self.mode]
         return logits + (nq * nk * d if self.mix else 0) + nq * nk * dv
 
+    def memory(self, nq, nk, d, dv, masked=False, hw=None):
+        hidden = nq * d if self.mode in ('dense', 'factorized_dense') else 0  # relu(q W1)
+        # logits and weights kept; with a mask also the logits moved to the kept keys' positions and the mask
+        return (4 if masked else 2) * nq * nk + hidden, max(nq * nk, hidden)
+
     def synthetic_logits(self, q, nk):
         """(B or 1, h, Nq, Nk) logits in q's dtype."""
         nq, dt = q.shape[2], q.dtype
