@@ -106,8 +106,8 @@ def _kernel(text, plain_products=False):
 
 def _kernel_or_layout_kernel(text):
     """A kernel spec, or one of the cost sweep's kernel names (the configs' attention names: poly3, ...)."""
-    from softfree_mm.analysis.benchmark.cost import KERNEL_CFGS
-    return text if text in KERNEL_CFGS else _kernel(text)
+    from softfree_mm.analysis.benchmark.cost import KERNEL_NAMES
+    return text if text in KERNEL_NAMES else _kernel(text)
 
 
 def _backbone(name):
@@ -255,9 +255,9 @@ def run_cost(args, out):
     if bad:
         raise BadArgs(f'--layouts: unknown layout(s) {bad}; valid: {", ".join(cost.COST_LAYOUTS)}')
     kernels = list(args.kernels or cost.COST_KERNELS)
-    bad = [k for k in kernels if not isinstance(k, str) or k not in cost.KERNEL_CFGS]
+    bad = [k for k in kernels if not isinstance(k, str) or k not in cost.KERNEL_NAMES]
     if bad:
-        raise BadArgs(f'--kernels with --layouts: unknown kernel(s) {bad}; valid: {", ".join(cost.KERNEL_CFGS)}')
+        raise BadArgs(f'--kernels with --layouts: unknown kernel(s) {bad}; valid: {", ".join(cost.KERNEL_NAMES)}')
     if args.sizes:
         raise BadArgs('--sizes is for the plain backbone mode; with --layouts give --short-sides')
     if not args.csv:
@@ -272,13 +272,14 @@ def run_cost(args, out):
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows = cost.sweep(cases, args.csv, args.time_limit, args.mem_limit, repeats=args.repeats, log=out.progress,
                       device=args.device, dtype=args.dtype)
-    table = cost.markdown(rows)
-    print(table)
+    from softfree_mm.analysis.benchmark import cost_report
+    print(cost_report.markdown(rows))
+    print(cost_report.findings(rows))
     if args.plot:
-        cost.plot(rows, args.plot)
+        cost_report.plot(rows, args.plot)
         print(f'plot: {args.plot}')
     if args.docs:
-        cost.write_docs(args.docs, table, args.plot, args)
+        cost_report.write_docs(args.docs, rows, args.plot)
     args.csv_written = True
     return rows
 

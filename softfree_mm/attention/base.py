@@ -102,6 +102,13 @@ class AttentionKernel(nn.Module):
             return ''
         return dispatch.order(getattr(self, 'impl', 'auto'), costs, masked)
 
+    def describe_path(self, q, k, v, bias=None, mask=None) -> str:
+        """The path a call with these inputs takes, in words (the dry run names it per layer): 'explicit order' /
+        'factorised order' for a kernel with two, else the kernel's own path."""
+        order = self.order(q.shape[2], k.shape[2], q.shape[3], v.shape[3], bias is not None or mask is not None,
+                           q.device.type)
+        return f'{order} order' if order else 'one path'
+
     def memory(self, nq: int, nk: int, d: int, dv: int, masked: bool = False, hw=None) -> Tuple[int, int]:
         """``(saved, largest)`` elements per (batch, head) of one forward call on a CPU in fp32 with autograd on:
         what the call creates and autograd keeps for backward (its inputs not counted), and the largest tensor it

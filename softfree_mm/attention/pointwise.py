@@ -65,6 +65,9 @@ class _PointwiseAttention(AttentionKernel):
         """'explicit' | 'tiled' | 'fused': the path of a call (``dispatch.py``)."""
         return dispatch.choose(dispatch.resolve(self.impl), q, k, self.explicit_mib)
 
+    def describe_path(self, q, k, v, bias=None, mask=None) -> str:
+        return self.path(q, k, v, bias, mask)
+
     def _score_map(self, q, k, hw, scale, bias, mask):
         q, k = upcast(q, k)
         with no_autocast(q):  # activation and normaliser in fp32 (fp64 for fp64 inputs)

@@ -161,6 +161,10 @@ class PolyAttention(AttentionKernel):
             return 'factorised'
         return dispatch.choose(dispatch.resolve(self.impl), q, k, self.explicit_mib)
 
+    def describe_path(self, q, k, v, bias=None, mask=None) -> str:
+        path = self.path(q, k, v, bias, mask)
+        return 'factorised order' if path == 'factorised' else f'explicit order ({path})'
+
     def _forward(self, q, k, v, hw, scale, bias, mask):
         out_dtype = v.dtype
         wd = work_dtype(v)

@@ -168,6 +168,9 @@ class SoftmaxAttention(AttentionKernel):
         # (PVT's spatially reduced keys) is slower than the explicit products (docs/benchmarks.md, the cost models)
         return q.device.type == 'cuda' and _few_keys_fp32_training(q, k, v)
 
+    def describe_path(self, q, k, v, bias=None, mask=None) -> str:
+        return 'explicit products' if self._explicit_route(q, k, v, bias, mask) else 'SDPA'
+
     def _recomputes(self, q, k, v, bias, scale) -> bool:
         return self.recompute and torch.is_grad_enabled() and not _tracing() and any(
             isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, bias, scale))

@@ -17,6 +17,9 @@ from .errors import UsageError, short_error
 
 _RUNS = itertools.count()
 PROBE_SIZE = (64, 64)  # the backbone forward: small, and a multiple of every stride (32)
+# the attention paths are named from a forward at the classification size: an order is chosen per call from its
+# shapes, and at 64x64 XCiT's channel attention sees fewer tokens than a head's channels, unlike at any real size
+PATH_PROBE_SIZE = (224, 224)
 
 
 def _fail(part: str, e: Exception):
@@ -51,7 +54,35 @@ def check_model(cfg: Config) -> Tuple[List[str], torch.nn.Module]:
         outs = outs if isinstance(outs, (list, tuple)) else [outs]
         shapes = ' '.join('x'.join(str(s) for s in o.shape[1:]) for o in outs if isinstance(o, torch.Tensor))
         lines.append(f'backbone {type(backbone).__name__} forward {PROBE_SIZE[0]}x{PROBE_SIZE[1]}: {shapes}')
+        paths = attention_paths(backbone, torch.zeros(1, channels, *PATH_PROBE_SIZE))
+        if paths:
+            said = ', '.join(f'{name} {path} x{n}' for (name, path), n in paths.items())
+            lines.append(f'attention paths at {PATH_PROBE_SIZE[0]}x{PATH_PROBE_SIZE[1]} (each call\'s, from its '
+                         f'shapes): {said}')
     return lines, model
+
+
+def attention_paths(backbone: torch.nn.Module, x: torch.Tensor) -> Counter:
+    """(kernel name, the path its call takes) -> how many calls, over one forward of ``backbone`` on ``x``; empty
+    when the forward fails at that size (the probe forward has said what fails)."""
+    from softfree_mm.attention import AttentionKernel
+    paths: Counter = Counter()
+
+    def record(kernel, args, kwargs):
+        given = dict(zip(('q', 'k', 'v', 'hw', 'scale', 'bias', 'mask'), args), **kwargs)
+        paths[(kernel.name, kernel.describe_path(given['q'], given['k'], given['v'], given.get('bias'),
+                                                 given.get('mask')))] += 1
+    hooks = [m.register_forward_pre_hook(record, with_kwargs=True) for m in backbone.modules()
+             if isinstance(m, AttentionKernel)]
+    try:
+        with torch.no_grad():
+            backbone.eval()(x)
+    except Exception:  # noqa: BLE001  (a size the backbone refuses: no path line)
+        return Counter()
+    finally:
+        for h in hooks:
+            h.remove()
+    return paths
 
 
 def check_pipelines(cfg: Config) -> List[str]:

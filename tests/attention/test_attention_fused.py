@@ -271,7 +271,8 @@ def test_impl_and_the_environment_switch_force_one_path(monkeypatch):
 
 
 @pytest.mark.parametrize('cfg,message', [
-    (dict(type='poly', impl='triton'), "poly: impl must be one of 'auto', 'explicit', 'tiled', 'fused', got 'triton'"),
+    (dict(type='poly', impl='triton'),
+     "poly: impl must be one of 'auto', 'explicit', 'tiled', 'fused', 'factorised', got 'triton'"),
     (dict(type='relu', impl=None), "relu: impl must be one of 'auto', 'explicit', 'tiled', 'fused', got None"),
     (dict(type='sigmoid', explicit_mib=0), 'sigmoid: explicit_mib must be None (the default budget) or a number'),
     (dict(type='poly', explicit_mib='1G'), "got '1G'"),

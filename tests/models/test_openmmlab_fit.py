@@ -247,6 +247,7 @@ def test_dry_run_checks_a_config_without_reading_or_writing_data(train_tool, cap
     assert train_tool.main([cfg, '--dry-run', '--work-dir', str(tmp_path / 'w'), *options]) == 0
     out = capsys.readouterr().out
     for part in ('model EncoderDecoder', 'attention kernels: poly x', 'backbone SoftFreeSwin forward 64x64',
+                 'attention paths at 224x224 (each call\'s, from its shapes): poly explicit order (explicit) x6',
                  'train_dataloader.dataset', 'pipeline of', 'val_evaluator: IoUMetric built', 'optim_wrapper:',
                  'config checked, no data read, nothing trained'):
         assert part in out, part
@@ -255,6 +256,20 @@ def test_dry_run_checks_a_config_without_reading_or_writing_data(train_tool, cap
     assert train_tool.main([cfg, '--dry-run', *options, 'model.backbone.attn_cfg=soft']) == 2
     err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith('[softfree_mm]')]
     assert len(err) == 1 and "attention kernel 'soft' cannot be used in stage 0" in err[0]
+
+
+def test_the_dry_run_names_the_order_each_attention_call_takes():
+    """linear attention: the factorised order over tokens (PVTv2), the explicit one in XCiT's channel attention (at
+    224x224 its kernels see 196 tokens as their head_dim, more than a head's 8 channels here)."""
+    import torch
+
+    from softfree_mm.engine.dry_run import attention_paths
+    from softfree_mm.models.backbones import SoftFreePVTv2, SoftFreeXCiT
+    x = torch.zeros(1, 3, 224, 224)
+    xcit = SoftFreeXCiT(**dict(SoftFreeXCiT.family.tiny, attn_cfg='linear'))
+    assert dict(attention_paths(xcit, x)) == {('linear', 'explicit order'): 4}
+    pvt = SoftFreePVTv2(**dict(SoftFreePVTv2.family.tiny, attn_cfg='linear', sr_ratios=(1, 1, 1, 1)))
+    assert dict(attention_paths(pvt, x)) == {('linear', 'factorised order'): sum(pvt.depths)}
 
 
 def test_tensorboard_backend_without_tensorboard_is_one_line(train_tool, capsys, monkeypatch, tmp_path):

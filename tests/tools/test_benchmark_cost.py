@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from softfree_mm.analysis.benchmark import cost
+from softfree_mm.analysis.benchmark import cost, cost_report
 
 from tests.helpers import ROOT
 
@@ -85,7 +85,7 @@ def test_the_crossover_and_the_largest_size_by_hand():
             _row('L', 'poly3', 1024, 'over the time limit'),
             _row('L', 'soft', 512, ms=90), _row('L', 'soft', 800, ms=310), _row('L', 'soft', 1024, ms=500),
             _row('L', 'relu', 512, ms=90), _row('L', 'relu', 800, 'over the time limit')]
-    got = {e['kernel']: e for e in cost.crossovers(rows)}
+    got = {e['kernel']: e for e in cost_report.crossovers(rows)}
     # soft: faster at 512 (90 < 100), slower at 800 (310 > 300): not cheaper from 512; it runs at 1024 where softmax
     # does not, so from 1024; relu: faster at 512, then over a limit where softmax ran: never
     assert got['soft']['cheaper_from'] == 1024 and got['soft']['softmax_over_from'] == 1024
@@ -95,9 +95,49 @@ def test_the_crossover_and_the_largest_size_by_hand():
     assert got['linear']['largest'] == 1024 and got['linear']['ratio_at'] == {512: 1.5, 800: 250 / 300}
     assert got['poly3']['cheaper_from'] is None and got['poly3']['largest'] == 800
     assert got['softmax']['largest'] == 800
-    table = cost.markdown(rows)
+    table = cost_report.markdown(rows)
     assert '| linear | 150 ms, 1 MiB | 250 ms, 1 MiB | 400 ms, 1 MiB | 800 | 1024 |' in table, table
     assert '| poly3 | 120 ms, 1 MiB | 350 ms, 1 MiB | over the time limit | not in the sizes run | 800 |' in table
+
+
+def test_the_tie_rule_by_hand():
+    assert [cost_report.verdict(r) for r in (0.5, 0.9, 0.91, 1.0, 1.1, 1.11, 3)] == [
+        'cheaper', 'cheaper', 'a tie', 'a tie', 'a tie', 'dearer', 'dearer']
+    # 95 ms against 100: a tie, so not "cheaper from 512" although faster; 85 ms at 800 against 100: cheaper
+    rows = [_row('L', 'softmax', 512, ms=100), _row('L', 'softmax', 800, ms=100),
+            _row('L', 'linear', 512, ms=95), _row('L', 'linear', 800, ms=85)]
+    got = {e['kernel']: e for e in cost_report.crossovers(rows)}
+    assert got['linear']['cheaper_from'] == 800
+
+
+def test_the_findings_are_made_from_the_rows_alone():
+    rows = [_row('L', 'softmax', 512, ms=100), _row('L', 'softmax', 800, ms=300),
+            _row('L', 'softmax', 1024, 'over the time limit'),
+            _row('L', 'linear', 512, ms=105), _row('L', 'linear', 800, ms=150), _row('L', 'linear', 1024, ms=400),
+            _row('L', 'poly3', 512, ms=150), _row('L', 'poly3', 800, 'over the memory limit'),
+            _row('L', 'soft', 512, 'does not fit')]
+    text = cost_report.findings(rows)
+    assert text.splitlines() == [
+        "- **L**, `linear`: 0.50-1.05x softmax's inference time (cheaper at 800; a tie at 512), memory 1.00x; "
+        'runs at 1024 where softmax is over the time limit.',
+        "- **L**, `poly3`: 1.50x softmax's inference time (dearer at 512), memory 1.00x; over the memory limit at 800 "
+        '(softmax ran).',
+        '- **L**: `soft` do not fit this layout.']
+
+
+def test_the_docs_section_is_what_the_committed_csv_makes():
+    """docs/benchmarks.md between the cost markers is regenerated from docs/results/cost/cost_cpu.csv: a changed
+    row, or a hand edit between the markers, fails here."""
+    rows = cost.read_rows(osp.join(ROOT, 'docs', 'results', 'cost', 'cost_cpu.csv'))
+    want = cost_report.section(rows, 'results/cost/cost_cpu.png')
+    page = open(osp.join(ROOT, 'docs', 'benchmarks.md')).read()
+    got = page[page.index(cost_report.BEGIN):page.index(cost_report.END) + len(cost_report.END)]
+    assert got == want
+    above = page[:page.index(cost_report.BEGIN)]
+    above = above[above.index('## What each kernel costs as images grow'):]
+    prose = [ln for ln in above.splitlines() if ln and not ln.startswith(('```', 'python ', '#'))]
+    # the prose above the markers quotes no measured figure (sizes and limits of the method are not findings)
+    assert not [ln for ln in prose if any(t in ln for t in (' ms', 'x softmax', 'MiB,', '0.', '1.'))], prose
 
 
 @pytest.mark.parametrize('args,message', [
@@ -117,7 +157,7 @@ def test_unknown_layouts_and_kernels_list_the_known_ones(tmp_path):
         "error: --layouts: unknown layout(s) ['vit_b']; valid: xcit_s12, pvt_v2_b2, pvt_v2_b2_nosr, swin_t, cswin_t")
     proc = subprocess.run([sys.executable, TOOL, 'backbone', '--layouts', 'swin_t', '--kernels', 'poly',
                            '--csv', str(tmp_path / 'c.csv')], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2 and 'valid: softmax, poly3, linear, inline, soft' in proc.stderr
+    assert proc.returncode == 2 and 'valid: softmax, poly3, linear, inline, soft, soft-l64, soft-l256' in proc.stderr
 
 
 def _children(pid):

@@ -28,10 +28,15 @@ COST_LAYOUTS = OrderedDict(
     swin_t=('swin_t', {}),
     cswin_t=('cswin_t', {}),
 )
-COST_KERNELS = ('softmax', 'poly3', 'linear', 'inline', 'soft')
+COST_KERNELS = ('softmax', 'poly3', 'linear', 'inline', 'soft', 'soft-l64', 'soft-l256')
 KERNEL_CFGS = {'softmax': dict(type='softmax'), 'poly3': dict(type='poly', degree=3),
                'linear': dict(type='linear', feature_map='elu+1'), 'inline': dict(type='inline'),
                'soft': dict(type='soft')}
+# a form of a kernel that no config ships: (the kernel whose config it starts from, what it sets on each of that
+# kernel's entries in the config's attn_cfg). SOFT with a fixed number of landmarks is linear in N; the shipped
+# configs keep the official ratio form (m = N / ratio^2 landmarks: quadratic, its Newton steps cubic)
+KERNEL_FORMS = {'soft-l64': ('soft', dict(num_landmarks=64)), 'soft-l256': ('soft', dict(num_landmarks=256))}
+KERNEL_NAMES = tuple(KERNEL_CFGS) + tuple(KERNEL_FORMS)  # what --kernels takes with --layouts
 COCO_ASPECT = 1333 / 800
 SHORT_SIDES = (512, 800, 1024)
 LARGE_SIDE = 1600  # for the kernels still within the limits at the largest of SHORT_SIDES
@@ -78,14 +83,17 @@ def layout_backbone(layout: str, kernel: str) -> Tuple[Optional[dict], str, str]
     from ...registry import MODELS
     if layout not in COST_LAYOUTS:
         raise ValueError(f'unknown layout {layout!r}; valid: {", ".join(COST_LAYOUTS)}')
-    if kernel not in KERNEL_CFGS:
-        raise ValueError(f'unknown kernel {kernel!r}; valid: {", ".join(KERNEL_CFGS)}')
+    if kernel not in KERNEL_NAMES:
+        raise ValueError(f'unknown kernel {kernel!r}; valid: {", ".join(KERNEL_NAMES)}')
+    base, form = KERNEL_FORMS.get(kernel, (kernel, None))
     bb, extra = COST_LAYOUTS[layout]
-    own = osp.join(_root(), 'configs', f'maskrcnn_{bb}_{kernel}.py')
+    own = osp.join(_root(), 'configs', f'maskrcnn_{bb}_{base}.py')
     source = own if osp.isfile(own) else osp.join(_root(), 'configs', f'maskrcnn_{bb}_softmax.py')
     cfg = _plain(Config.fromfile(source).model.backbone)
     if source != own:
-        cfg['attn_cfg'] = dict(KERNEL_CFGS[kernel])
+        cfg['attn_cfg'] = dict(KERNEL_CFGS[base])
+    if form is not None:
+        cfg['attn_cfg'] = _with_form(cfg['attn_cfg'], KERNEL_CFGS[base]['type'], form)
     cfg.update(extra)
     try:
         with DefaultScope.overwrite_default_scope('softfree_mm'):
@@ -93,6 +101,14 @@ def layout_backbone(layout: str, kernel: str) -> Tuple[Optional[dict], str, str]
     except (ValueError, TypeError, KeyError) as e:
         return None, osp.relpath(source, _root()), (str(e).splitlines() or [type(e).__name__])[0]
     return cfg, osp.relpath(source, _root()), ''
+
+
+def _with_form(attn_cfg, kernel_type: str, form: dict):
+    """``attn_cfg`` (one entry or a list of them) with ``form`` set on every entry of ``kernel_type``."""
+    if isinstance(attn_cfg, (list, tuple)):
+        return type(attn_cfg)(_with_form(c, kernel_type, form) for c in attn_cfg)
+    entry = dict(type=attn_cfg) if isinstance(attn_cfg, str) else dict(attn_cfg)
+    return dict(entry, **form) if entry.get('type') == kernel_type else attn_cfg
 
 
 def model_config(task: str, backbone: str, kernel: str):
@@ -353,151 +369,6 @@ def sweep(cases: List[dict], csv_path: str, time_limit: float, mem_limit_gib: fl
         if log:
             log(row)
     return rows
-
-
-# ---------------------------------------------------------------------------------------------- the summary
-def _num(v):
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return None
-
-
-def crossovers(rows: List[dict], reference: str = 'softmax') -> List[dict]:
-    """Per layout and kernel (but the reference): over the COCO-aspect inference rows, the smallest short side from
-    which the kernel is cheaper than softmax at every size measured, that one and each above it ('cheaper_from':
-    faster where both ran, or running where softmax is over a limit; a kernel faster at one size and slower at a
-    larger one has none); where softmax is over a limit and the kernel is not ('softmax_over_from', never an
-    extrapolated figure); the largest short side the kernel ran within the limits ('largest')."""
-    out = []
-    coco = [r for r in rows if r.get('what') == 'backbone' and r.get('pass') == 'fwd' and
-            r.get('size') != 'x'.join(map(str, SEG_SIZE))]
-    for layout in dict.fromkeys(r['layout'] for r in coco):
-        ref = {int(r['short_side']): r for r in coco if r['layout'] == layout and r['kernel'] == reference}
-        for kernel in dict.fromkeys(r['kernel'] for r in coco if r['layout'] == layout):
-            mine = {int(r['short_side']): r for r in coco if r['layout'] == layout and r['kernel'] == kernel}
-            ok = sorted(s for s, r in mine.items() if r.get('status') == 'ok')
-            e = dict(layout=layout, kernel=kernel, largest=ok[-1] if ok else None,
-                     status=next((r['status'] for r in mine.values() if r.get('status') != 'ok'), 'ok'))
-            if kernel != reference:
-                over = [s for s in ok if _over(ref.get(s))]
-                verdicts = {}  # side -> True (cheaper) / False (not); sides neither ran are left out
-                for s in sorted(set(mine) | set(ref)):
-                    a, b = mine.get(s, {}), ref.get(s, {})
-                    if a.get('status') == 'ok' and b.get('status') == 'ok':
-                        verdicts[s] = _num(a['ms']) < _num(b['ms'])
-                    elif a.get('status') == 'ok' and _over(b):
-                        verdicts[s] = True
-                    elif _over(a) and b.get('status') == 'ok':
-                        verdicts[s] = False
-                sides = sorted(verdicts)
-                stable = [s for i, s in enumerate(sides) if all(verdicts[t] for t in sides[i:])]
-                e.update(cheaper_from=stable[0] if stable else None,
-                         softmax_over_from=over[0] if over else None,
-                         ratio_at={s: _num(mine[s]['ms']) / _num(ref[s]['ms']) for s in ok
-                                   if ref.get(s, {}).get('status') == 'ok'})
-            out.append(e)
-    return out
-
-
-def _over(row: Optional[dict]) -> bool:
-    """A case that was run and exceeded a limit (not 'not run', not a fit error, not a failure)."""
-    return bool(row) and str(row.get('status', '')).startswith('over the')
-
-
-def markdown(rows: List[dict]) -> str:
-    """A table per layout: a row per kernel, a column per size (inference ms and the memory the pass adds), the
-    forward + backward and segmentation columns, and the crossover and largest size; then the whole models."""
-    lines = []
-    cross = {(e['layout'], e['kernel']): e for e in crossovers(rows)}
-    back = [r for r in rows if r.get('what') == 'backbone']
-    for layout in dict.fromkeys(r['layout'] for r in back):
-        mine = [r for r in back if r['layout'] == layout]
-        cols = list(dict.fromkeys((r['pass'], r['size']) for r in mine))
-        head = [f"{'fwd+bwd' if p == 'fwdbwd' else 'fwd'} {s}" for p, s in cols]
-        lines += [f'#### {layout}', '', '| kernel | ' + ' | '.join(head) + ' | cheaper than softmax from | largest |',
-                  '|---' * (len(cols) + 3) + '|']
-        for kernel in dict.fromkeys(r['kernel'] for r in mine):
-            cells = []
-            for c in cols:
-                r = next((x for x in mine if x['kernel'] == kernel and (x['pass'], x['size']) == c), None)
-                cells.append(_cell(r))
-            e = cross.get((layout, kernel), {})
-            if kernel == 'softmax':
-                cheaper = 'reference'
-            elif e.get('cheaper_from'):
-                cheaper = f"{e['cheaper_from']}"
-            elif e.get('softmax_over_from'):
-                cheaper = f"softmax over the limit from {e['softmax_over_from']}"
-            else:
-                cheaper = 'not in the sizes run' if e.get('largest') else ''
-            lines.append(f'| {kernel} | ' + ' | '.join(cells) + f" | {cheaper} | {e.get('largest') or ''} |")
-        lines.append('')
-    whole = [r for r in rows if r.get('what') != 'backbone']
-    if whole:
-        lines += ['#### Whole models (inference)', '', '| model | kernel | size | inference | backbone share |',
-                  '|---|---|---|---|---|']
-        for r in whole:
-            bb = next((x for x in back if x['layout'] == r['layout'] and x['kernel'] == r['kernel'] and
-                       x['pass'] == 'fwd' and x['size'] == r['size'] and x.get('status') == 'ok'), None)
-            share = (f"{_num(bb['ms']) / _num(r['ms']):.0%}" if bb and r.get('status') == 'ok' and _num(r['ms'])
-                     else '')
-            lines.append(f"| {r['what']} {r['layout']} | {r['kernel']} | {r['size']} | {_cell(r)} | {share} |")
-        lines.append('')
-    return '\n'.join(lines)
-
-
-def _cell(r: Optional[dict]) -> str:
-    if r is None:
-        return ''
-    if r.get('status') == 'ok':
-        return f"{_num(r['ms']):.0f} ms, {_num(r['peak_MiB']):.0f} MiB"
-    return {'does not fit': 'does not fit', 'not run': '-'}.get(r.get('status'), r.get('status') or '')
-
-
-def plot(rows: List[dict], path: str) -> str:
-    """Inference ms against the short side, one line per kernel, one panel per layout (log scale); a cross at the
-    top of a panel where a kernel went over a limit."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-
-    from .. import plots
-    coco = [r for r in rows if r.get('what') == 'backbone' and r.get('pass') == 'fwd' and
-            r.get('size') != 'x'.join(map(str, SEG_SIZE))]
-    layouts = list(dict.fromkeys(r['layout'] for r in coco))
-    kernels = list(dict.fromkeys(r['kernel'] for r in coco))
-    fig, axes = plt.subplots(1, len(layouts), figsize=(3.6 * len(layouts), 3.4), squeeze=False)
-    for ax, layout in zip(axes[0], layouts):
-        for i, k in enumerate(kernels):
-            pts = sorted((int(r['short_side']), _num(r['ms'])) for r in coco if r['layout'] == layout and
-                         r['kernel'] == k and r.get('status') == 'ok')
-            if pts:
-                ax.plot(*zip(*pts), marker='o', color=f'C{i}', label=k)
-            over = [int(r['short_side']) for r in coco if r['layout'] == layout and r['kernel'] == k and
-                    r.get('status', '').startswith('over')]
-            for s in over:
-                ax.scatter([s], [1], marker='x', color=f'C{i}', transform=ax.get_xaxis_transform(), clip_on=False)
-        ax.set_yscale('log')
-        ax.set_title(layout, fontsize=9)
-        ax.set_xlabel('short side (1333:800)')
-        ax.grid(True, alpha=0.3)
-    axes[0][0].set_ylabel('inference ms (x: over a limit)')
-    axes[0][-1].legend(fontsize=7)
-    return plots.save(fig, path)
-
-
-BEGIN, END = '<!-- cost: made by tools/benchmark.py backbone --layouts, do not edit by hand -->', '<!-- cost: end -->'
-
-
-def write_docs(path: str, table: str, plot_path: Optional[str], args) -> None:
-    """The table (and the plot) between the markers of ``path`` (appended under a heading when it has none)."""
-    lines = [BEGIN, '', table.rstrip(), '']
-    if plot_path:
-        lines += [f'![inference time against image size]({osp.relpath(plot_path, osp.dirname(path))})', '']
-    lines.append(END)
-    from ..docs_section import write_section
-    write_section(path, '\n'.join(lines), BEGIN, END, 'What each kernel costs as images grow')
 
 
 if __name__ == '__main__':

@@ -1,0 +1,242 @@
+"""The cost sweep's report (``tools/benchmark.py backbone --layouts``): from its CSV rows, per layout and kernel the
+crossover with softmax and the largest size run, a table, a plot, and the findings, all written between the markers
+of a docs page, so no figure of the sweep is typed by hand.
+
+One rule says "cheaper" and "a tie": a kernel's inference time over softmax's at the same size is a tie within
+``[1 / TIE, TIE]`` (timings repeat within a few per cent on the sweep's machine), cheaper below, dearer above; a
+size where softmax went over a limit and the kernel ran counts as cheaper, the reverse as dearer.
+"""
+import os.path as osp
+from typing import Dict, List, Optional
+
+from .cost import SEG_SIZE
+
+TIE = 1.1
+
+
+def verdict(ratio: float) -> str:
+    """'cheaper' | 'a tie' | 'dearer' for a kernel's time (or memory) over softmax's."""
+    if ratio < 1 / TIE:
+        return 'cheaper'
+    return 'dearer' if ratio > TIE else 'a tie'
+
+
+def _num(v):
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def crossovers(rows: List[dict], reference: str = 'softmax') -> List[dict]:
+    """Per layout and kernel (but the reference): over the COCO-aspect inference rows, the smallest short side from
+    which the kernel is cheaper than softmax at every size measured, that one and each above it ('cheaper_from':
+    cheaper by the tie rule where both ran, or running where softmax is over a limit; a kernel cheaper at one size
+    and a tie or dearer at a larger one has none); where softmax is over a limit and the kernel is not ('softmax_over_from', never an
+    extrapolated figure); the largest short side the kernel ran within the limits ('largest')."""
+    out = []
+    coco = [r for r in rows if r.get('what') == 'backbone' and r.get('pass') == 'fwd' and
+            r.get('size') != 'x'.join(map(str, SEG_SIZE))]
+    for layout in dict.fromkeys(r['layout'] for r in coco):
+        ref = {int(r['short_side']): r for r in coco if r['layout'] == layout and r['kernel'] == reference}
+        for kernel in dict.fromkeys(r['kernel'] for r in coco if r['layout'] == layout):
+            mine = {int(r['short_side']): r for r in coco if r['layout'] == layout and r['kernel'] == kernel}
+            ok = sorted(s for s, r in mine.items() if r.get('status') == 'ok')
+            e = dict(layout=layout, kernel=kernel, largest=ok[-1] if ok else None,
+                     status=next((r['status'] for r in mine.values() if r.get('status') != 'ok'), 'ok'))
+            if kernel != reference:
+                over = [s for s in ok if _over(ref.get(s))]
+                verdicts = {}  # side -> True (cheaper) / False (not); sides neither ran are left out
+                for s in sorted(set(mine) | set(ref)):
+                    a, b = mine.get(s, {}), ref.get(s, {})
+                    if a.get('status') == 'ok' and b.get('status') == 'ok':
+                        verdicts[s] = verdict(_num(a['ms']) / _num(b['ms'])) == 'cheaper'
+                    elif a.get('status') == 'ok' and _over(b):
+                        verdicts[s] = True
+                    elif _over(a) and b.get('status') == 'ok':
+                        verdicts[s] = False
+                sides = sorted(verdicts)
+                stable = [s for i, s in enumerate(sides) if all(verdicts[t] for t in sides[i:])]
+                e.update(cheaper_from=stable[0] if stable else None,
+                         softmax_over_from=over[0] if over else None,
+                         ratio_at={s: _num(mine[s]['ms']) / _num(ref[s]['ms']) for s in ok
+                                   if ref.get(s, {}).get('status') == 'ok'})
+            out.append(e)
+    return out
+
+
+def _over(row: Optional[dict]) -> bool:
+    """A case that was run and exceeded a limit (not 'not run', not a fit error, not a failure)."""
+    return bool(row) and str(row.get('status', '')).startswith('over the')
+
+
+def _span(values) -> str:
+    lo, hi = f'{min(values):.2f}', f'{max(values):.2f}'
+    return f'{lo}x' if lo == hi else f'{lo}-{hi}x'
+
+
+def _sides(sides) -> str:
+    return ', '.join(str(s) for s in sides)
+
+
+def _limit(row) -> str:
+    return 'the memory limit' if 'memory' in str(row.get('status')) else 'the time limit'
+
+
+def findings(rows: List[dict], reference: str = 'softmax') -> str:
+    """One line per layout and kernel, from the rows alone: the time ratio to softmax at each COCO-aspect size both
+    ran (its span and which sizes are cheaper, ties or dearer by the tie rule), where either went over a limit, the
+    memory ratio's span, forward + backward and the segmentation size; then the whole models."""
+    out = []
+    back = [r for r in rows if r.get('what') == 'backbone']
+    seg = 'x'.join(map(str, SEG_SIZE))
+    for layout in dict.fromkeys(r['layout'] for r in back):
+        mine = [r for r in back if r['layout'] == layout]
+        ref = {(r['pass'], r['size']): r for r in mine if r['kernel'] == reference}
+        misfits = []
+        for kernel in dict.fromkeys(r['kernel'] for r in mine if r['kernel'] != reference):
+            kr = [r for r in mine if r['kernel'] == kernel]
+            if all(r.get('status') == 'does not fit' for r in kr):
+                misfits.append(kernel)
+                continue
+            coco = sorted((int(r['short_side']), r) for r in kr if r['pass'] == 'fwd' and r['size'] != seg)
+            groups: Dict[str, List[int]] = {}
+            times, mems, parts = [], [], []
+            for side, r in coco:
+                b = ref.get(('fwd', r['size']), {})
+                if r.get('status') == 'ok' and b.get('status') == 'ok':
+                    t = _num(r['ms']) / _num(b['ms'])
+                    times.append(t)
+                    mems.append(_num(r['peak_MiB']) / max(_num(b['peak_MiB']), 1e-9))
+                    groups.setdefault(verdict(t), []).append(side)
+                elif r.get('status') == 'ok' and _over(b):
+                    parts.append(f'runs at {side} where softmax is over {_limit(b)}')
+                elif _over(r):
+                    parts.append(f'over {_limit(r)} at {side}' + (' (softmax ran)' if b.get('status') == 'ok' else ''))
+            if times:
+                said = '; '.join(f'{v} at {_sides(groups[v])}' for v in ('cheaper', 'a tie', 'dearer') if v in groups)
+                parts.insert(0, f'{_span(times)} softmax\'s inference time ({said}), memory {_span(mems)}')
+            for what, key in (('forward + backward', 'fwdbwd'), ('at 512x2048', 'fwd')):
+                r = next((x for x in kr if x['pass'] == key and (key == 'fwdbwd' or x['size'] == seg)), None)
+                b = ref.get((key, r['size'])) if r else None
+                if r and b and r.get('status') == 'ok' and b.get('status') == 'ok':
+                    t = _num(r['ms']) / _num(b['ms'])
+                    parts.append(f"{what} {t:.2f}x ({verdict(t)})" + (f" at {r['size']}" if key == 'fwdbwd' else ''))
+            out.append(f"- **{layout}**, `{kernel}`: " + '; '.join(parts) + '.')
+        if misfits:
+            out.append(f"- **{layout}**: {', '.join(f'`{k}`' for k in misfits)} do not fit this layout.")
+    whole = [r for r in rows if r.get('what') != 'backbone' and r.get('status') == 'ok']
+    for model in dict.fromkeys((r['what'], r['layout']) for r in whole):
+        ref = {r['size']: r for r in whole if (r['what'], r['layout']) == model and r['kernel'] == reference}
+        for kernel in dict.fromkeys(r['kernel'] for r in whole if (r['what'], r['layout']) == model
+                                    and r['kernel'] != reference):
+            pts = [(r['size'], _num(r['ms']) / _num(ref[r['size']]['ms'])) for r in whole
+                   if (r['what'], r['layout']) == model and r['kernel'] == kernel and r['size'] in ref]
+            if pts:
+                out.append(f"- **{model[0]} {model[1]}** (whole model), `{kernel}`: "
+                           + ', '.join(f'{t:.2f}x at {s} ({verdict(t)})' for s, t in pts) + '.')
+    return '\n'.join(out)
+
+
+def markdown(rows: List[dict]) -> str:
+    """A table per layout: a row per kernel, a column per size (inference ms and the memory the pass adds), the
+    forward + backward and segmentation columns, and the crossover and largest size; then the whole models."""
+    lines = []
+    cross = {(e['layout'], e['kernel']): e for e in crossovers(rows)}
+    back = [r for r in rows if r.get('what') == 'backbone']
+    for layout in dict.fromkeys(r['layout'] for r in back):
+        mine = [r for r in back if r['layout'] == layout]
+        cols = list(dict.fromkeys((r['pass'], r['size']) for r in mine))
+        head = [f"{'fwd+bwd' if p == 'fwdbwd' else 'fwd'} {s}" for p, s in cols]
+        lines += [f'#### {layout}', '', '| kernel | ' + ' | '.join(head) + ' | cheaper than softmax from | largest |',
+                  '|---' * (len(cols) + 3) + '|']
+        for kernel in dict.fromkeys(r['kernel'] for r in mine):
+            cells = []
+            for c in cols:
+                r = next((x for x in mine if x['kernel'] == kernel and (x['pass'], x['size']) == c), None)
+                cells.append(_cell(r))
+            e = cross.get((layout, kernel), {})
+            if kernel == 'softmax':
+                cheaper = 'reference'
+            elif e.get('cheaper_from'):
+                cheaper = f"{e['cheaper_from']}"
+            elif e.get('softmax_over_from'):
+                cheaper = f"softmax over the limit from {e['softmax_over_from']}"
+            else:
+                cheaper = 'not in the sizes run' if e.get('largest') else ''
+            lines.append(f'| {kernel} | ' + ' | '.join(cells) + f" | {cheaper} | {e.get('largest') or ''} |")
+        lines.append('')
+    whole = [r for r in rows if r.get('what') != 'backbone']
+    if whole:
+        lines += ['#### Whole models (inference)', '', '| model | kernel | size | inference | backbone share |',
+                  '|---|---|---|---|---|']
+        for r in whole:
+            bb = next((x for x in back if x['layout'] == r['layout'] and x['kernel'] == r['kernel'] and
+                       x['pass'] == 'fwd' and x['size'] == r['size'] and x.get('status') == 'ok'), None)
+            share = (f"{_num(bb['ms']) / _num(r['ms']):.0%}" if bb and r.get('status') == 'ok' and _num(r['ms'])
+                     else '')
+            lines.append(f"| {r['what']} {r['layout']} | {r['kernel']} | {r['size']} | {_cell(r)} | {share} |")
+        lines.append('')
+    return '\n'.join(lines)
+
+
+def _cell(r: Optional[dict]) -> str:
+    if r is None:
+        return ''
+    if r.get('status') == 'ok':
+        return f"{_num(r['ms']):.0f} ms, {_num(r['peak_MiB']):.0f} MiB"
+    return {'does not fit': 'does not fit', 'not run': '-'}.get(r.get('status'), r.get('status') or '')
+
+
+def plot(rows: List[dict], path: str) -> str:
+    """Inference ms against the short side, one line per kernel, one panel per layout (log scale); a cross at the
+    top of a panel where a kernel went over a limit."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    from .. import plots
+    coco = [r for r in rows if r.get('what') == 'backbone' and r.get('pass') == 'fwd' and
+            r.get('size') != 'x'.join(map(str, SEG_SIZE))]
+    layouts = list(dict.fromkeys(r['layout'] for r in coco))
+    kernels = list(dict.fromkeys(r['kernel'] for r in coco))
+    fig, axes = plt.subplots(1, len(layouts), figsize=(3.6 * len(layouts), 3.4), squeeze=False)
+    for ax, layout in zip(axes[0], layouts):
+        for i, k in enumerate(kernels):
+            pts = sorted((int(r['short_side']), _num(r['ms'])) for r in coco if r['layout'] == layout and
+                         r['kernel'] == k and r.get('status') == 'ok')
+            if pts:
+                ax.plot(*zip(*pts), marker='o', color=f'C{i}', label=k)
+            over = [int(r['short_side']) for r in coco if r['layout'] == layout and r['kernel'] == k and
+                    r.get('status', '').startswith('over')]
+            for s in over:
+                ax.scatter([s], [1], marker='x', color=f'C{i}', transform=ax.get_xaxis_transform(), clip_on=False)
+        ax.set_yscale('log')
+        ax.set_title(layout, fontsize=9)
+        ax.set_xlabel('short side (1333:800)')
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel('inference ms (x: over a limit)')
+    axes[0][-1].legend(fontsize=7)
+    return plots.save(fig, path)
+
+
+BEGIN, END = '<!-- cost: made by tools/benchmark.py backbone --layouts, do not edit by hand -->', '<!-- cost: end -->'
+
+
+def section(rows: List[dict], plot_link: Optional[str] = None) -> str:
+    """The generated part of the docs page: the markers, the findings, the table and the plot's link
+    (``plot_link``: relative to the page)."""
+    lines = [BEGIN, '', 'What holds, by the tie rule:', '', findings(rows), '', markdown(rows).rstrip(), '']
+    if plot_link:
+        lines += [f'![inference time against image size]({plot_link})', '']
+    lines.append(END)
+    return '\n'.join(lines)
+
+
+def write_docs(path: str, rows: List[dict], plot_path: Optional[str]) -> None:
+    """The section between the markers of ``path`` (appended under a heading when it has none)."""
+    link = osp.relpath(plot_path, osp.dirname(path)) if plot_path else None
+    from ..docs_section import write_section
+    write_section(path, section(rows, link), BEGIN, END, 'What each kernel costs as images grow')
+
+
