@@ -88,6 +88,20 @@ def test_the_fit_rules_and_the_support_table_read_its_declared_abilities(example
     assert support_matrix(kernels=['relu2'], families=['SoftFreeSwin']) == {'SoftFreeSwin': {'relu2': 'global windows'}}
 
 
+def test_its_calls_create_what_its_memory_declaration_says(example, monkeypatch):
+    from softfree_mm.analysis.kernel_memory import KernelMemory, problems
+    model = _swin()
+    with KernelMemory(model) as probe:
+        model(torch.randn(1, 3, 67, 93))
+    assert probe.calls and all(c['type'] == 'relu2' for c in probe.calls)
+    assert not [p for c in probe.calls for p in problems(c)]
+    # a declaration that forgets the scores it keeps is found
+    monkeypatch.setattr(example[0].Relu2Attention, 'memory', lambda self, nq, nk, *a, **kw: (nq, nk))
+    with KernelMemory(model) as probe:
+        model(torch.randn(1, 3, 67, 93))
+    assert any('keeps for backward' in p for c in probe.calls for p in problems(c))
+
+
 def test_the_norms_hook_takes_its_jacobian_from_the_declared_score_map(example):
     from softfree_mm.engine.hooks import AttentionStatsHook
     from softfree_mm.engine.hooks.matrix_norms import call_stats

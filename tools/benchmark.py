@@ -200,6 +200,7 @@ def build_parser(default_device):
             b.add_argument('--no-models', action='store_true', help='no whole-model points')
             b.add_argument('--plot', default=None, help='the cost plot (PNG)')
             b.add_argument('--docs', default=None, help='write the table and plot into this page\'s section')
+            b.add_argument('--readme', default=None, help='with --docs: write the headline into this page too')
         b.set_defaults(handler=handler)
     c = modes.add_parser('compare', parents=[common], help='our softmax backbones against the references')
     c.add_argument('--backbones', nargs='+', default=None)
@@ -279,7 +280,7 @@ def run_cost(args, out):
         cost_report.plot(rows, args.plot)
         print(f'plot: {args.plot}')
     if args.docs:
-        cost_report.write_docs(args.docs, rows, args.plot)
+        cost_report.write_docs(args.docs, rows, args.plot, readme=args.readme)
     args.csv_written = True
     return rows
 

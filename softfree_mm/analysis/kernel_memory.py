@@ -10,7 +10,10 @@ autograd keeps for backward. Per call:
   call's inputs, which the layer holds anyway, are not counted);
 
 both divided by the call's (batch, head) pairs, beside the kernel's ``memory(nq, nk, d, dv, masked, hw)`` for the
-call's shapes.
+call's shapes. :func:`problems` holds a call to its declaration: within ``FACTOR`` either way, give or take the size
+of the call's inputs (copies of q, k, v that a caller's memory layout may or may not force: a permuted v made
+contiguous), a margin linear in the tokens, so a kernel that keeps an Nq x Nk or an N x N matrix it does not
+declare fails once N exceeds a few times the head width.
 
 >>> with KernelMemory(model) as probe:
 ...     model(x)
@@ -25,6 +28,26 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..attention import AttentionKernel
+
+
+FACTOR = 2
+
+
+def slack(call: dict) -> int:
+    """Elements per (batch, head) of the call's inputs q, k, v (the margin of :func:`problems`)."""
+    return (call['nq'] + 2 * call['nk']) * max(call['d'], call['dv'])
+
+
+def problems(call: dict) -> List[str]:
+    """What in ``call`` (a row of ``KernelMemory.calls``) breaks its declaration; [] when nothing does."""
+    out, s = [], slack(call)
+    for what, key in (('keeps for backward', 'saved'), ('holds in its largest tensor', 'largest')):
+        got, declared = call[key], call[f'declared_{key}']
+        if not (got <= FACTOR * declared + s and declared <= FACTOR * got + s):
+            out.append(f"{call['type']} ({call['name']}: Nq={call['nq']} Nk={call['nk']} d={call['d']} "
+                       f"dv={call['dv']} masked={call['masked']}) {what} {got:.0f} elements a (batch, head), "
+                       f'declares {declared}')
+    return out
 
 
 def _storage(t: torch.Tensor):

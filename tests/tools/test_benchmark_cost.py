@@ -126,13 +126,17 @@ def test_the_findings_are_made_from_the_rows_alone():
 
 
 def test_the_docs_section_is_what_the_committed_csv_makes():
-    """docs/benchmarks.md between the cost markers is regenerated from docs/results/cost/cost_cpu.csv: a changed
-    row, or a hand edit between the markers, fails here."""
+    """docs/benchmarks.md between the cost markers, and the README's headline between its own, are regenerated from
+    docs/results/cost/cost_cpu.csv: a changed row, or a hand edit between the markers, fails here."""
     rows = cost.read_rows(osp.join(ROOT, 'docs', 'results', 'cost', 'cost_cpu.csv'))
     want = cost_report.section(rows, 'results/cost/cost_cpu.png')
     page = open(osp.join(ROOT, 'docs', 'benchmarks.md')).read()
     got = page[page.index(cost_report.BEGIN):page.index(cost_report.END) + len(cost_report.END)]
     assert got == want
+    readme = open(osp.join(ROOT, 'README.md')).read()
+    got = readme[readme.index(cost_report.HEADLINE_BEGIN):readme.index(cost_report.HEADLINE_END)
+                 + len(cost_report.HEADLINE_END)]
+    assert got == cost_report.headline(rows)
     above = page[:page.index(cost_report.BEGIN)]
     above = above[above.index('## What each kernel costs as images grow'):]
     prose = [ln for ln in above.splitlines() if ln and not ln.startswith(('```', 'python ', '#'))]

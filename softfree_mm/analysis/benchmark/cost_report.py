@@ -223,6 +223,32 @@ def plot(rows: List[dict], path: str) -> str:
 BEGIN, END = '<!-- cost: made by tools/benchmark.py backbone --layouts, do not edit by hand -->', '<!-- cost: end -->'
 
 
+HEADLINE_BEGIN = '<!-- cost headline: made by tools/benchmark.py backbone --layouts --readme, do not edit by hand -->'
+HEADLINE_END = '<!-- cost headline: end -->'
+
+
+def headline(rows: List[dict], link: str = 'docs/benchmarks.md#what-each-kernel-costs-as-images-grow') -> str:
+    """The README's bullet: per layout, the kernels cheaper than softmax by the tie rule and from which short side
+    (with the ratio at the largest size both ran, or where softmax went over a limit), between its markers."""
+    parts = []
+    for layout in dict.fromkeys(e['layout'] for e in crossovers(rows)):
+        said = []
+        for e in crossovers(rows):
+            if e['layout'] != layout or e['kernel'] == 'softmax' or not e.get('cheaper_from'):
+                continue
+            ratios = e.get('ratio_at') or {}
+            top = max(ratios) if ratios else None
+            at = f'{ratios[top]:.2f}x at {top}' if top else 'runs where softmax does not'
+            over = (f', runs at {e["softmax_over_from"]} where softmax is over a limit'
+                    if e.get('softmax_over_from') else '')
+            said.append(f'`{e["kernel"]}` from {e["cheaper_from"]} ({at}{over})')
+        parts.append(f'{layout}: ' + ('; '.join(said) if said else 'none'))
+    text = ('- **What each kernel costs as images grow** (CPU, backbones in their detection layouts, 512 to 1600 short '
+            'side; kernels cheaper than softmax by the tie rule, from which size): ' + ' | '.join(parts)
+            + f'. [{link.split("#")[0]}]({link})')
+    return '\n'.join([HEADLINE_BEGIN, text, HEADLINE_END])
+
+
 def section(rows: List[dict], plot_link: Optional[str] = None) -> str:
     """The generated part of the docs page: the markers, the findings, the table and the plot's link
     (``plot_link``: relative to the page)."""
@@ -233,10 +259,14 @@ def section(rows: List[dict], plot_link: Optional[str] = None) -> str:
     return '\n'.join(lines)
 
 
-def write_docs(path: str, rows: List[dict], plot_path: Optional[str]) -> None:
-    """The section between the markers of ``path`` (appended under a heading when it has none)."""
+def write_docs(path: str, rows: List[dict], plot_path: Optional[str], readme: Optional[str] = None) -> None:
+    """The section between the markers of ``path`` (appended under a heading when it has none); the headline between
+    its markers in ``readme`` when given."""
     link = osp.relpath(plot_path, osp.dirname(path)) if plot_path else None
     from ..docs_section import write_section
     write_section(path, section(rows, link), BEGIN, END, 'What each kernel costs as images grow')
+    if readme:
+        anchor = osp.relpath(path, osp.dirname(osp.abspath(readme))) + '#what-each-kernel-costs-as-images-grow'
+        write_section(readme, headline(rows, anchor), HEADLINE_BEGIN, HEADLINE_END, 'Headline figures')
 
 
