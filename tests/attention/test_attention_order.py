@@ -111,3 +111,17 @@ def test_flops_count_the_order_that_runs(cfg):
 def test_an_impl_the_kernel_has_not_is_refused_at_build_naming_the_valid_ones(name, bad):
     with pytest.raises(ValueError, match=rf"{name}: impl must be one of .*'explicit'.*got {bad!r}"):
         build_attention(dict(type=name, impl=bad), num_heads=2, head_dim=8)
+
+
+@pytest.mark.parametrize('cfg', [dict(type='inline'), dict(type='inline', local_residual='head'),
+                                 dict(type='flatten', local_conv=True)], ids=['channel', 'head', 'flatten_conv'])
+def test_the_local_terms_are_added_in_either_order(cfg):
+    """InLine's residuals and FLatten's conv do not depend on the order: both orders still agree with them on."""
+    q, k, v = _qkv(36, 36, 8)
+    kern = build_attention(cfg, num_heads=2, head_dim=8).double()  # one set of learned weights for both orders
+    outs = []
+    for impl in dispatch.ORDERS:
+        kern.impl = impl
+        assert kern.order(36, 36, 8, 8) == impl
+        outs.append(kern(q, k, v, hw=(6, 6)))
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-9, atol=1e-9)
