@@ -44,7 +44,7 @@ SEG_SIZE = (512, 2048)
 MODELS = (('maskrcnn', 'swin_t', 'softmax'), ('maskrcnn', 'swin_t', 'linear'), ('semfpn', 'swin_t', 'softmax'),
           ('semfpn', 'swin_t', 'linear'))
 COLUMNS = ('what', 'layout', 'kernel', 'config', 'pass', 'size', 'short_side', 'status', 'ms', 'peak_MiB',
-           'rss_MiB', 'error')
+           'rss_MiB', 'error', 'tensor_MiB')
 
 
 def coco_size(short: int) -> Tuple[int, int]:
@@ -149,7 +149,7 @@ def measure_case(spec: dict) -> dict:
 
     import softfree_mm  # noqa: F401
 
-    from .timing import DTYPES, timed
+    from .timing import DTYPES, peak_memory, timed
     torch.manual_seed(0)
     h, w = spec['size']
     passes = spec['pass']
@@ -193,7 +193,10 @@ def measure_case(spec: dict) -> dict:
     times = [timed(run, device) for _ in range(spec['repeats'])]
     peak = _rss_kib(os.getpid(), 'VmHWM')
     added = (torch.cuda.max_memory_allocated() - before) / 2 ** 20 if cuda else max(0, peak - base) / 1024
-    return dict(ms=statistics.median(times) * 1e3, peak_MiB=added, rss_MiB=peak / 1024,
+    # on a CPU the resident set moves with the allocator's habits (+-20 % between runs of one case); one more pass,
+    # untimed, under torch's profiler: the peak of the bytes its tensors hold, exact
+    tensors = added if cuda else peak_memory(run, device) / 2 ** 20
+    return dict(ms=statistics.median(times) * 1e3, peak_MiB=added, rss_MiB=peak / 1024, tensor_MiB=tensors,
                 threads=torch.get_num_threads())
 
 
@@ -290,6 +293,15 @@ def read_rows(path: str) -> List[dict]:
 def _append(path: str, row: dict) -> None:
     import csv
     new = not osp.isfile(path)
+    if not new:  # a CSV of an older sweep without this sweep's columns: written again with them (left empty)
+        with open(path, newline='') as f:
+            header = next(csv.reader(f), [])
+        if tuple(header) != COLUMNS:
+            rows = read_rows(path)
+            with open(path, 'w', newline='') as f:
+                w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction='ignore')
+                w.writeheader()
+                w.writerows({k: r.get(k) or '' for k in COLUMNS} for r in rows)
     with open(path, 'a', newline='') as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction='ignore')
         if new:

@@ -9,7 +9,7 @@ size where softmax went over a limit and the kernel ran counts as cheaper, the r
 import os.path as osp
 from typing import Dict, List, Optional
 
-from .cost import SEG_SIZE
+from .cost import COST_KERNELS, COST_LAYOUTS, SEG_SIZE
 
 TIE = 1.1
 
@@ -19,6 +19,17 @@ def verdict(ratio: float) -> str:
     if ratio < 1 / TIE:
         return 'cheaper'
     return 'dearer' if ratio > TIE else 'a tie'
+
+
+def ordered(rows: List[dict]) -> List[dict]:
+    """The rows in the sweep's order, whatever order the CSV holds them in (a later run appends): the backbones by
+    layout and kernel as ``COST_LAYOUTS`` and ``COST_KERNELS`` list them (others after, as they come), then the whole
+    models."""
+    def key(r):
+        lay, ker = list(COST_LAYOUTS), list(COST_KERNELS)
+        return (r.get('what') != 'backbone', lay.index(r['layout']) if r.get('layout') in lay else len(lay),
+                ker.index(r['kernel']) if r.get('kernel') in ker else len(ker))
+    return sorted(rows, key=key)
 
 
 def _num(v):
@@ -34,6 +45,7 @@ def crossovers(rows: List[dict], reference: str = 'softmax') -> List[dict]:
     cheaper by the tie rule where both ran, or running where softmax is over a limit; a kernel cheaper at one size
     and a tie or dearer at a larger one has none); where softmax is over a limit and the kernel is not ('softmax_over_from', never an
     extrapolated figure); the largest short side the kernel ran within the limits ('largest')."""
+    rows = ordered(rows)
     out = []
     coco = [r for r in rows if r.get('what') == 'backbone' and r.get('pass') == 'fwd' and
             r.get('size') != 'x'.join(map(str, SEG_SIZE))]
@@ -83,10 +95,24 @@ def _limit(row) -> str:
     return 'the memory limit' if 'memory' in str(row.get('status')) else 'the time limit'
 
 
+def _memory(r: dict) -> float:
+    """The memory a row's pass added: its tensors' peak where measured (exact), else the resident set's."""
+    return _num(r.get('tensor_MiB')) if _num(r.get('tensor_MiB')) is not None else _num(r['peak_MiB'])
+
+
+def _memory_ratio(r: dict, b: dict) -> float:
+    """``r``'s memory over ``b``'s, by one instrument: the tensors' peak where both rows have it, else the resident
+    set's."""
+    if _num(r.get('tensor_MiB')) is not None and _num(b.get('tensor_MiB')) is not None:
+        return _num(r['tensor_MiB']) / max(_num(b['tensor_MiB']), 1e-9)
+    return _num(r['peak_MiB']) / max(_num(b['peak_MiB']), 1e-9)
+
+
 def findings(rows: List[dict], reference: str = 'softmax') -> str:
     """One line per layout and kernel, from the rows alone: the time ratio to softmax at each COCO-aspect size both
     ran (its span and which sizes are cheaper, ties or dearer by the tie rule), where either went over a limit, the
     memory ratio's span, forward + backward and the segmentation size; then the whole models."""
+    rows = ordered(rows)
     out = []
     back = [r for r in rows if r.get('what') == 'backbone']
     seg = 'x'.join(map(str, SEG_SIZE))
@@ -107,7 +133,7 @@ def findings(rows: List[dict], reference: str = 'softmax') -> str:
                 if r.get('status') == 'ok' and b.get('status') == 'ok':
                     t = _num(r['ms']) / _num(b['ms'])
                     times.append(t)
-                    mems.append(_num(r['peak_MiB']) / max(_num(b['peak_MiB']), 1e-9))
+                    mems.append(_memory_ratio(r, b))
                     groups.setdefault(verdict(t), []).append(side)
                 elif r.get('status') == 'ok' and _over(b):
                     parts.append(f'runs at {side} where softmax is over {_limit(b)}')
@@ -141,6 +167,7 @@ def findings(rows: List[dict], reference: str = 'softmax') -> str:
 def markdown(rows: List[dict]) -> str:
     """A table per layout: a row per kernel, a column per size (inference ms and the memory the pass adds), the
     forward + backward and segmentation columns, and the crossover and largest size; then the whole models."""
+    rows = ordered(rows)
     lines = []
     cross = {(e['layout'], e['kernel']): e for e in crossovers(rows)}
     back = [r for r in rows if r.get('what') == 'backbone']
@@ -184,13 +211,14 @@ def _cell(r: Optional[dict]) -> str:
     if r is None:
         return ''
     if r.get('status') == 'ok':
-        return f"{_num(r['ms']):.0f} ms, {_num(r['peak_MiB']):.0f} MiB"
+        return f"{_num(r['ms']):.0f} ms, {_memory(r):.0f} MiB"
     return {'does not fit': 'does not fit', 'not run': '-'}.get(r.get('status'), r.get('status') or '')
 
 
 def plot(rows: List[dict], path: str) -> str:
     """Inference ms against the short side, one line per kernel, one panel per layout (log scale); a cross at the
     top of a panel where a kernel went over a limit."""
+    rows = ordered(rows)
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
@@ -246,7 +274,9 @@ def headline(rows: List[dict], link: str = 'docs/benchmarks.md#what-each-kernel-
     text = ('- **What each kernel costs as images grow** (CPU, backbones in their detection layouts, 512 to 1600 short '
             'side; kernels cheaper than softmax by the tie rule, from which size): ' + ' | '.join(parts)
             + f'. [{link.split("#")[0]}]({link})')
-    return '\n'.join([HEADLINE_BEGIN, text, HEADLINE_END])
+    import textwrap
+    lines = textwrap.wrap(text, 118, subsequent_indent='  ', break_long_words=False, break_on_hyphens=False)
+    return '\n'.join([HEADLINE_BEGIN, *lines, HEADLINE_END])
 
 
 def section(rows: List[dict], plot_link: Optional[str] = None) -> str:
