@@ -56,33 +56,47 @@ def check_model(cfg: Config) -> Tuple[List[str], torch.nn.Module]:
         lines.append(f'backbone {type(backbone).__name__} forward {PROBE_SIZE[0]}x{PROBE_SIZE[1]}: {shapes}')
         paths = attention_paths(backbone, torch.zeros(1, channels, *PATH_PROBE_SIZE))
         if paths:
-            said = ', '.join(f'{name} {path} x{n}' for (name, path), n in paths.items())
             lines.append(f'attention paths at {PATH_PROBE_SIZE[0]}x{PATH_PROBE_SIZE[1]} (each call\'s, from its '
-                         f'shapes): {said}')
+                         f'shapes): {describe_paths(paths)}')
     return lines, model
 
 
-def attention_paths(backbone: torch.nn.Module, x: torch.Tensor) -> Counter:
-    """(kernel name, the path its call takes) -> how many calls, over one forward of ``backbone`` on ``x``; empty
-    when the forward fails at that size (the probe forward has said what fails)."""
+def attention_paths(backbone: torch.nn.Module, x: torch.Tensor) -> List[Tuple[str, str, str]]:
+    """(layer, kernel name, the path its first call takes) for every attention layer, in call order, over one forward
+    of ``backbone`` on ``x``; empty when the forward fails at that size (the probe forward has said what fails)."""
     from softfree_mm.attention import AttentionKernel
-    paths: Counter = Counter()
+    paths = {}
 
-    def record(kernel, args, kwargs):
-        given = dict(zip(('q', 'k', 'v', 'hw', 'scale', 'bias', 'mask'), args), **kwargs)
-        paths[(kernel.name, kernel.describe_path(given['q'], given['k'], given['v'], given.get('bias'),
-                                                 given.get('mask')))] += 1
-    hooks = [m.register_forward_pre_hook(record, with_kwargs=True) for m in backbone.modules()
-             if isinstance(m, AttentionKernel)]
+    def record(name):
+        def hook(kernel, args, kwargs):
+            given = dict(zip(('q', 'k', 'v', 'hw', 'scale', 'bias', 'mask'), args), **kwargs)
+            paths.setdefault(name, (kernel.name, kernel.describe_path(given['q'], given['k'], given['v'],
+                                                                      given.get('bias'), given.get('mask'))))
+        return hook
+    hooks = [m.register_forward_pre_hook(record(n[:-len('.kernel')] if n.endswith('.kernel') else n),
+                                         with_kwargs=True)
+             for n, m in backbone.named_modules() if isinstance(m, AttentionKernel)]
     try:
         with torch.no_grad():
             backbone.eval()(x)
     except Exception:  # noqa: BLE001  (a size the backbone refuses: no path line)
-        return Counter()
+        return []
     finally:
         for h in hooks:
             h.remove()
-    return paths
+    return [(name, kernel, path) for name, (kernel, path) in paths.items()]
+
+
+def describe_paths(paths: List[Tuple[str, str, str]]) -> str:
+    """Runs of consecutive layers that take the same kernel and path: 'first..last (n layers): kernel path'."""
+    runs: List[list] = []
+    for name, kernel, path in paths:
+        if runs and runs[-1][2:4] == [kernel, path]:
+            runs[-1][1], runs[-1][4] = name, runs[-1][4] + 1
+        else:
+            runs.append([name, name, kernel, path, 1])
+    return '; '.join((f'{a}' if n == 1 else f'{a}..{b} ({n} layers)') + f': {kernel} {path}'
+                     for a, b, kernel, path, n in runs)
 
 
 def check_pipelines(cfg: Config) -> List[str]:
