@@ -9,16 +9,13 @@ and the small-scale grid (digits), the named list :data:`SCALE_DIFFERENCES` and 
 the recipe through ``configs/_base_/transfer/recipe_<name>.py``, written by :func:`recipe_config_text` (a test checks
 the committed files are current); the grid writes its child configs with the same function at the digits scale.
 
-**The chain** (:func:`chain`): a det / seg / cls config of a kernel without a release starts its backbone from a
-stage's work dir (``init_cfg.checkpoint='work_dirs/finetune_<pair>'``: its last checkpoint); that stage's config is
-the config of that name beside it, whose own start names the stage before; stage 1 starts from the release. The
-configs declare the chain; ``tools/warm_start.py`` reads it.
+The chain the configs declare is :mod:`softfree_mm.engine.chain`; what of it runs, :mod:`softfree_mm.engine.chain_run`
+(``tools/warm_start.py``).
 """
-import os
 import os.path as osp
 import textwrap
-from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass, field, replace
+from typing import Dict, List, Optional, Tuple
 
 from .errors import UsageError
 
@@ -105,6 +102,22 @@ SCALES: Dict[str, Scale] = {
     # 25 % of the kernel study's 300 iterations at 32 digit crops (the grid also runs 10 %: iters=30)
     'digits': Scale('digits', scratch_lr=1e-3, iters=75, batch=32, checkpoint_every=0, log_every=5, val_every=0),
 }
+BATCH_RULES = ('linear', 'keep')  # --batch-scale: what a launch of another batch does with the scale's counts
+
+
+def at_batch(scale: Scale, batch: int, rule: str) -> Scale:
+    """``scale`` run at ``batch`` images a step: 'linear' scales the lr by batch / scale.batch and the iterations (and
+    what is counted in them) by its inverse, so the run sees as many images; 'keep' keeps the lr and iterations."""
+    if rule not in BATCH_RULES:
+        raise UsageError(f'--batch-scale {rule!r}: known rules are {", ".join(BATCH_RULES)}')
+    if rule == 'keep' or batch == scale.batch:
+        return replace(scale, batch=batch)
+    f = scale.batch / batch
+    count = lambda n: max(1, round(n * f)) if n else 0  # noqa: E731
+    return replace(scale, scratch_lr=scale.scratch_lr / f, iters=count(scale.iters), batch=batch,
+                   checkpoint_every=count(scale.checkpoint_every), val_every=count(scale.val_every))
+
+
 # What may differ between a grid config and the shipped config of the same backbone x kernel, by what it is (the keys
 # a run reads; fnmatch patterns): everything else, the recipe, is the same at both scales.
 SCALE_DIFFERENCES = {
@@ -131,7 +144,7 @@ RUN_KEYS = ('model', 'train_cfg', 'val_cfg', 'test_cfg', 'optim_wrapper', 'param
             'test_evaluator', 'data_preprocessor', 'randomness', 'auto_scale_lr', 'load_from', 'resume', 'work_dir')
 
 
-def _schedule(peak: float, floor: float, iters: int, recipe: Recipe) -> List[dict]:
+def _schedule(floor: float, iters: int, recipe: Recipe) -> List[dict]:
     warm = max(1, round(iters * recipe.warmup))
     return [dict(type='LinearLR', start_factor=recipe.warmup_start, by_epoch=False, begin=0, end=warm),
             dict(type='CosineAnnealingLR', eta_min=floor, by_epoch=False, begin=warm, end=iters)]
@@ -150,7 +163,7 @@ def finetune_settings(recipe: Recipe, scale: Scale, n: int) -> dict:
         head=recipe.head,
         train_cfg=dict(_delete_=True, type='IterBasedTrainLoop', max_iters=n, val_interval=scale.val_every or n),
         optim_wrapper=dict(optimizer=dict(lr=lr)),
-        param_scheduler=_schedule(lr, floor, n, recipe),
+        param_scheduler=_schedule(floor, n, recipe),
         default_hooks=_hooks(scale, n),
         log_processor=dict(by_epoch=False))
 
@@ -167,7 +180,7 @@ def stage_settings(recipe: Recipe, scale: Scale, total: Optional[int] = None) ->
         train_cfg=dict(_delete_=True, type='IterBasedTrainLoop', max_iters=n1),
         optim_wrapper=dict(_delete_=True, type='OptimWrapper', optimizer=dict(recipe.stage1_optimizer, lr=lr1),
                            clip_grad=dict(max_norm=recipe.stage1_clip)),
-        param_scheduler=_schedule(lr1, floor, n1, recipe),
+        param_scheduler=_schedule(floor, n1, recipe),
         default_hooks=hooks(n1),
         log_processor=dict(by_epoch=False))
     return dict(stage1=stage1, stage2=finetune_settings(recipe, scale, n2))
@@ -242,204 +255,3 @@ def write_recipe_configs(root: str) -> List[str]:
                 f.write(recipe_config_text(recipe, SCALES[scale]))
             out.append(path)
     return out
-
-
-# ---------------------------------------------------------------------------------------------- the chain
-@dataclass
-class Stage:
-    """One run of the chain: its config, its work dir, the start it reads (the previous stage's work dir, or the
-    release) and the option that points it there."""
-
-    name: str
-    config: str
-    work_dir: str
-    reads: str
-    read_key: str
-    options: List[str] = field(default_factory=list)
-    kind: str = 'stage'  # 'stage' (stage 1 or 2) or 'main'
-
-    def as_dict(self):
-        return asdict(self)
-
-
-TASKS = {'ImageClassifier': 'cls', 'EncoderDecoder': 'seg', 'CascadeEncoderDecoder': 'seg'}
-
-
-def task_of(cfg) -> Optional[str]:
-    """'cls', 'seg' or 'det' from the model's type (mmdet's detectors are every other type of its registry);
-    None for anything else (stage 1's AttentionTransfer, a model of no task)."""
-    model_type = str(cfg.model.get('type', '')).split('.')[-1]
-    if model_type in TASKS:
-        return TASKS[model_type]
-    if model_type == 'AttentionTransfer':
-        return None
-    try:
-        from mmdet.registry import MODELS
-        from mmdet.utils import register_all_modules
-        register_all_modules(init_default_scope=False)
-        if MODELS.get(model_type) is not None:
-            return 'det'
-    except ImportError:
-        pass
-    return None
-
-
-def _start(cfg) -> Tuple[Optional[str], Optional[str]]:
-    """(init_cfg.checkpoint of the backbone, and of the teacher for a stage-1 config)."""
-    init = cfg.model.get('backbone', {}).get('init_cfg') or {}
-    teacher = (cfg.model.get('teacher') or {}).get('init_cfg') or {}
-    return (init.get('checkpoint') if init.get('type') == 'Pretrained' else None,
-            teacher.get('checkpoint') if teacher.get('type') == 'Pretrained' else None)
-
-
-def _stage_config(reference: str, config_dir: str, root: str) -> Optional[str]:
-    """The config a start names by its work dir ('work_dirs/finetune_xcit_s12_poly3' -> finetune_xcit_s12_poly3.py
-    beside the config, else under the repository's configs/), or None when the start is a file or a URL."""
-    if not isinstance(reference, str) or '://' in reference or reference.endswith('.pth'):
-        return None
-    name = osp.basename(osp.normpath(reference))
-    for folder in (config_dir, osp.join(root, 'configs'), osp.join(root, 'configs', 'demo')):
-        path = osp.join(folder, name + '.py')
-        if osp.isfile(path):
-            return path
-    return None
-
-
-def chain(config: str, work_root: str = 'work_dirs', root: Optional[str] = None,
-          options: Optional[Dict[str, Sequence[str]]] = None) -> List[Stage]:
-    """The runs from the release to ``config``: stage 1, stage 2, then the config itself (for a classification config,
-    its warm start's stage 2 is the classifier: the chain ends there). Each run's work dir is ``work_root/<config
-    name>``; each reads the previous one's (``--cfg-options <its start key>=<that work dir>``). ``options``: extra
-    --cfg-options per run ('stage1', 'stage2', 'main'). Bad input is a UsageError naming it."""
-    from mmengine.config import Config
-    root = root or osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-    options = options or {}
-    if not osp.isfile(config):
-        raise UsageError(f'{config}: no such config file')
-    cfg = Config.fromfile(config)
-    task = task_of(cfg)
-    if task is None:
-        raise UsageError(f'{config}: a {cfg.model.get("type")} config; the warm start runs before a detection, '
-                         'segmentation or classification config (det / seg / cls)')
-    name = osp.splitext(osp.basename(config))[0]
-    runs = []
-    start, _ = _start(cfg)
-    stage_cfg = _stage_config(start, osp.dirname(config), root) if start else None
-    if task == 'cls' and stage_cfg is None:
-        # a classifier from scratch: its warm start is the fine-tune config of the same pair
-        pair = name[len('cls_'):] if name.startswith('cls_') else None
-        candidate = pair and _stage_config(f'finetune_{pair}', osp.dirname(config), root)
-        if not candidate:
-            raise UsageError(f'{config}: no warm start leads to this classifier (no finetune_{pair or name}.py beside '
-                             'it or under configs/); train it with tools/train.py')
-        return chain(candidate, work_root, root, options)
-    if stage_cfg is None:
-        what = f'starts from {start}' if start else 'starts from no checkpoint'
-        raise UsageError(f'{config}: nothing to warm-start: its backbone {what} (a release, or its own); train it '
-                         f'with `python tools/train.py {config}`')
-    # the config itself: a det / seg one is the main job, a classifier from a stage is stage 2
-    runs.append(Stage(name, config, osp.join(work_root, name), osp.join(work_root, _name(stage_cfg)),
-                      'model.backbone.init_cfg.checkpoint',
-                      list(options.get('stage2' if task == 'cls' else 'main', ())),
-                      kind='stage' if task == 'cls' else 'main'))
-    current = stage_cfg
-    while current is not None:
-        c = Config.fromfile(current)
-        backbone_start, teacher_start = _start(c)
-        own = _name(current)
-        if teacher_start is not None:  # stage 1: the teacher reads the release
-            runs.append(Stage(own, current, osp.join(work_root, own), teacher_start,
-                              'model.teacher.init_cfg.checkpoint', list(options.get('stage1', ()))))
-            break
-        prev = _stage_config(backbone_start, osp.dirname(current), root) if backbone_start else None
-        if prev is None:
-            raise UsageError(f'{current}: a warm-start stage whose backbone starts from {backbone_start!r}, not from '
-                             "stage 1's work dir (work_dirs/transfer_<pair>)")
-        runs.append(Stage(own, current, osp.join(work_root, own), osp.join(work_root, _name(prev)),
-                          'model.backbone.init_cfg.checkpoint', list(options.get('stage2', ()))))
-        current = prev
-    runs.reverse()
-    if len(runs) - (task != 'cls') != 2:
-        raise UsageError(f'{config}: its chain has {len(runs) - (task != "cls")} stages, the warm start two '
-                         '(transfer, then fine-tune)')
-    return runs
-
-
-def _name(config: str) -> str:
-    return osp.splitext(osp.basename(config))[0]
-
-
-def stage_state(stage: Stage, max_iters: Optional[int]) -> Tuple[str, Optional[str], Optional[int]]:
-    """('done' | 'partial' | 'missing', its last checkpoint, the iteration it holds)."""
-    import torch
-
-    from softfree_mm.models.converters import checkpoints_in
-    found = checkpoints_in(stage.work_dir) if osp.isdir(stage.work_dir) else []
-    if not found:
-        return 'missing', None, None
-    meta = torch.load(found[0], map_location='cpu', weights_only=False).get('meta', {})
-    it = meta.get('iter')
-    return ('done' if max_iters is not None and it is not None and it >= max_iters else 'partial'), found[0], it
-
-
-def check_release(stage1_cfg) -> Optional[str]:
-    """Before any run: stage 1's release, where it is here (a local file or work dir, a release in torch hub's
-    cache), holds the teacher's architecture; a file of another one is a UsageError naming both. Returns what was
-    checked (None: nothing here to check yet)."""
-    from mmengine.registry import DefaultScope
-
-    from ..registry import MODELS
-    from .dry_run import _fits, _start_file
-    init = (stage1_cfg.model.get('teacher') or {}).get('init_cfg') or {}
-    path, _ = _start_file(init.get('checkpoint'))
-    if path is None:
-        return None
-    teacher = dict(stage1_cfg.model.teacher.to_dict() if hasattr(stage1_cfg.model.teacher, 'to_dict')
-                   else stage1_cfg.model.teacher)
-    teacher.pop('init_cfg', None)
-    with DefaultScope.overwrite_default_scope('softfree_mm'):
-        model = MODELS.build(teacher)
-    return _fits(model, init['checkpoint'], path, dict(init), 'the release (stage 1\'s teacher)')
-
-
-def checkpoint_pair(path: str) -> Optional[dict]:
-    """The backbone (type, arch, attention) the checkpoint at ``path`` was trained with, from the config text
-    mmengine saves in its meta (None when it holds none)."""
-    import torch
-    from mmengine.config import Config
-    meta = torch.load(path, map_location='cpu', weights_only=False).get('meta', {})
-    text = meta.get('cfg')
-    if not isinstance(text, str):
-        return None
-    try:
-        cfg = Config.fromstring(text, '.py')
-    except Exception:  # noqa: BLE001  (a config that needs files no longer there)
-        return None
-    return backbone_pair(cfg)
-
-
-def backbone_pair(cfg) -> dict:
-    bb = cfg.model.get('backbone', {})
-    attn = bb.get('attn_cfg')
-    return dict(type=bb.get('type'), arch=bb.get('arch'), attn_cfg=_plain(attn))
-
-
-def _plain(value):
-    if hasattr(value, 'to_dict'):
-        value = value.to_dict()
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items() if k != '_delete_'}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
-def describe_pair(pair: dict) -> str:
-    attn = pair.get('attn_cfg')
-    if isinstance(attn, dict):  # its type first, the options in name order
-        attn = ', '.join(f'{k}={attn[k]}' for k in sorted(attn, key=lambda k: (k != 'type', k)))
-    return f"{pair.get('type')} {pair.get('arch')} with {attn}"
-
-
-def work_root_of(path: str) -> str:
-    return os.path.abspath(path)

@@ -6,13 +6,16 @@ of the same backbone x kernel differ exactly in the named list (SCALE_DIFFERENCE
 lists the chain of a Mask R-CNN, an UperNet and a PVTv2-b2 InLine config (also with another --work-root and another
 length); a stage's work dir holding another pair's checkpoint, a config with a release, a config of no det / seg /
 cls task, bad options: one line, exit status 2; the chain runs end to end at demo scale (a softmax demo classifier as
-the release, stage 1, stage 2, the detector) and, killed in stage 2, resumes there without running stage 1 again;
-ReleaseHead loads a release's classifier in both layouts and refuses one of another shape.
+the release, stage 1, stage 2, the detector) and, killed in stage 2, resumes there without running stage 1 again and
+ends with the weights of an uninterrupted stage 2; ReleaseHead loads a release's classifier in both layouts and
+refuses one of another shape. What the chain decides from its work dirs (fingerprints, adoption, the batch, the lock,
+the release) is tests/engine/test_warm_start_chain_run.py.
 """
 import fnmatch
 import os
 import os.path as osp
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +32,7 @@ from tests.helpers import ROOT
 TOOL = osp.join(ROOT, 'tools', 'warm_start.py')
 STUDY = osp.join(ROOT, 'configs', 'demo', 'study_xcit_t12_digits.py')
 STUDY_PVT = osp.join(ROOT, 'configs', 'demo', 'study_pvt_v2_b0_digits.py')
+IMAGENET = ['--launcher', 'pytorch', '--gpus', '8']  # the ImageNet recipe's batch: 8 x 128
 
 
 def _flat(d, pre=''):
@@ -161,7 +165,7 @@ def tool(capsys, monkeypatch):
     ('configs/semfpn_pvt_v2_b2_inline.py', 'pvt_v2_b2_inline'),
 ])
 def test_dry_run_lists_the_chain_with_its_work_dirs_reads_and_writes(config, pair, tmp_path, tool):
-    status, out, err = tool(config, '--dry-run')
+    status, out, err = tool(config, '--dry-run', *IMAGENET)
     assert status == 0, err[-2000:]
     name = osp.splitext(osp.basename(config))[0]
     for line in (f'[warm-start] 1/3 stage 1 (transfer): configs/transfer_{pair}.py',
@@ -174,7 +178,7 @@ def test_dry_run_lists_the_chain_with_its_work_dirs_reads_and_writes(config, pai
         assert line in out, (line, out)
     # another work root and another length: every run's folder there, the recipe's split of the new length
     root = str(tmp_path / 'elsewhere')
-    status, out, err = tool(config, '--dry-run', '--work-root', root, '--iters', '300')
+    status, out, err = tool(config, '--dry-run', '--work-root', root, '--iters', '300', *IMAGENET)
     assert status == 0, err[-2000:]
     assert f'work dir {root}/transfer_{pair}; reads https://' in out and 'after 100 iters; not started' in out
     assert f'work dir {root}/finetune_{pair}; reads {root}/transfer_{pair} (missing); writes its last checkpoint ' \
@@ -182,7 +186,7 @@ def test_dry_run_lists_the_chain_with_its_work_dirs_reads_and_writes(config, pai
     assert f'work dir {root}/{name}; reads {root}/finetune_{pair} (missing)' in out
     if pair != 'xcit_s12_poly3':
         return  # a stage's own options are the tool's, not the config's: one config shows them
-    status, out, _ = tool(config, '--dry-run', '--stage1-options', 'train_cfg.max_iters=7')
+    status, out, _ = tool(config, '--dry-run', '--stage1-options', 'train_cfg.max_iters=7', *IMAGENET)
     assert status == 0 and 'stage 1 (transfer)' in out and 'after 7 iters' in out
 
 
@@ -285,13 +289,24 @@ def test_the_demo_chain_runs_end_to_end_and_resumes_in_stage_2_after_a_kill(tmp_
     done = subprocess.run(cmd, cwd=str(tmp_path), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert sorted(os.listdir(stage1)) == first  # stage 1 not run again: no new run folder, no new checkpoint
-    assert 'stage 1 (transfer)' in done.stdout and f'done: {stage1}' in done.stdout
+    assert 'stage 1 (transfer)' in done.stdout and 'not needed: stage 2 (fine-tune) resumes' in done.stdout
     assert 'stopped at iter' in done.stdout and 'resumes from' in done.stdout
     logs = sorted(p for p in stage2.iterdir() if p.is_dir())
     assert at_kill in (2, 3) and len(logs) == 2 and \
         re.search(rf'resumed epoch: 0, iter: {at_kill}\b', open(next(logs[-1].glob('*.log'))).read())
     assert (stage2 / 'iter_4.pth').exists() and (root / 'maskrcnn_xcit_t12_poly3_warm_demo' / 'iter_2.pth').exists()
     assert 'every run of the chain is done' in done.stdout
+    # resumed, not restarted: stage 2 ends with the weights of an uninterrupted stage 2 (the chain of its classifier
+    # config on a copy of stage 1, the same options)
+    again = tmp_path / 'again'
+    shutil.copytree(stage1, again / stage1.name)
+    ref = subprocess.run([sys.executable, TOOL, osp.join(ROOT, 'configs', 'demo', 'finetune_xcit_t12_poly3_demo.py'),
+                          '--work-root', str(again), *cmd[cmd.index('--release'):cmd.index('--cfg-options')]],
+                         cwd=str(tmp_path), capture_output=True, text=True, timeout=900)
+    assert ref.returncode == 0 and 'not needed' not in ref.stdout, ref.stdout[-3000:] + ref.stderr[-3000:]
+    resumed, whole = (torch.load(d / 'iter_4.pth', map_location='cpu', weights_only=True)['state_dict']
+                      for d in (stage2, again / stage2.name))
+    assert resumed.keys() == whole.keys() and all(torch.equal(resumed[k], whole[k]) for k in whole)
 
 
 @pytest.mark.parametrize('layout', ['official', 'mmpretrain'])

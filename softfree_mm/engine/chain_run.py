@@ -1,0 +1,384 @@
+"""What of the warm-start chain runs, and running it: plan, probe, report, execute (``tools/warm_start.py``).
+
+- :func:`plan`: the chain's runs (:func:`softfree_mm.engine.chain.chain`), each with its config as the run reads it
+  (the recipe's options, ``--recipe`` / ``--iters`` / ``--batch-scale linear`` included) and the fingerprint of the run
+  this command would make (:mod:`softfree_mm.engine.run_fingerprint`).
+- :func:`probe`: decided from the end: the last run that is done and is this chain's; only what comes after it runs
+  (a stopped one resumes, a missing one starts). Each run looked at must be this command's run (its fingerprint, or
+  one adopted from its checkpoint's saved config); another is one line, before any process starts.
+- :func:`check_launch`: each stage that runs sees the scale's batch (world size x per-GPU batch), or the user chose
+  ``--batch-scale linear|keep``.
+- :func:`report`: the lines the tool prints; :func:`execute`: the runs, one process each, under the chain's lock
+  (:mod:`softfree_mm.engine.chain_release` holds the lock and the release).
+"""
+import os
+import os.path as osp
+import re
+import shlex
+import sys
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+from . import run_fingerprint as fingerprint
+from . import warm_start as ws
+from .chain import ROLE_NAMES, Stage, chain
+from .errors import UsageError
+
+LAUNCHERS = ('none', 'pytorch', 'slurm')
+
+
+@dataclass
+class Request:
+    """What the user asked for (tools/warm_start.py's options)."""
+
+    config: str
+    work_root: str = 'work_dirs'
+    release: Optional[str] = None
+    iters: Optional[int] = None
+    recipe: Optional[str] = None
+    options: Dict[str, List[str]] = field(default_factory=dict)  # 'stage1', 'stage2', 'main': --cfg-options
+    launcher: str = 'none'
+    gpus: Optional[int] = None
+    nnodes: int = 1
+    partition: Optional[str] = None
+    job_name: str = 'warm_start'
+    train_args: str = ''
+    batch_scale: Optional[str] = None
+
+    def world_size(self) -> int:
+        """Processes of each run: one; --gpus per node (pytorch, on NNODES nodes); --gpus (8) x --nnodes (slurm)."""
+        if self.launcher == 'pytorch':
+            return (self.gpus or 1) * int(os.environ.get('NNODES') or 1)
+        if self.launcher == 'slurm':
+            return (self.gpus or 8) * self.nnodes
+        return 1
+
+
+@dataclass
+class Plan:
+    request: Request
+    root: str
+    runs: List[Stage]
+    cfgs: list
+    fingerprints: List[Dict]
+    release: str  # the chain's release as the user or the config names it (a URL, a file, a work dir)
+    recipe: Optional[str] = None
+    scale: Optional[str] = None
+
+
+@dataclass
+class RunState:
+    """'done' | 'partial' | 'missing', its last checkpoint, (unit, count reached, count it ends at)."""
+
+    state: str
+    checkpoint: Optional[str] = None
+    at: tuple = ()
+    adopted: Optional[Dict] = None  # a fingerprint derived from the checkpoint, to write before the chain goes on
+
+
+@dataclass
+class Probe:
+    states: List[Optional[RunState]]  # None: not looked at (a later run is done)
+    first: int  # the first run that runs; len(runs): none
+
+
+# ---------------------------------------------------------------------------------------------------- plan
+def run_config(stage: Stage, reads: Optional[str] = None, extra=()):
+    """The stage's config with its options, as its run reads them (``tools/train.py --cfg-options``)."""
+    import argparse
+
+    from mmengine.config import DictAction
+
+    from .chain import load_config
+    cfg = load_config(stage.config)
+    opts = [f'{stage.read_key}={reads or stage.reads}', *stage.options, *extra]
+    p = argparse.ArgumentParser()
+    p.add_argument('--o', nargs='+', action=DictAction)
+    cfg.merge_from_dict(p.parse_args(['--o', *opts]).o)
+    return cfg
+
+
+def _declared(request: Request, stage1_cfg, what: str):
+    """(recipe name, scale name) the stage configs take, checked; UsageError when ``what`` needs them."""
+    declared = stage1_cfg.get('warm_start') or {}
+    if declared.get('recipe') in ws.RECIPES and declared.get('scale') in ws.SCALES:
+        return request.recipe or declared['recipe'], declared['scale']
+    if what:
+        raise UsageError(f'{what}: the stage configs take no recipe base (configs/_base_/transfer/recipe_*.py), '
+                         "so their scale is not known; set the stages' keys with --stage1-options and "
+                         '--stage2-options')
+    return None, None
+
+
+def _recipe_options(request: Request, runs: List[Stage], recipe: str, scale: str) -> Dict[str, List[str]]:
+    """The options --recipe, --iters and --batch-scale linear give each stage (none when none is asked for)."""
+    linear = request.batch_scale == 'linear'
+    if not (request.recipe or request.iters or linear):
+        return {}
+    out = {}
+    for stage in runs[:2]:
+        s = ws.SCALES[scale]
+        total = request.iters or s.iters
+        if linear:
+            batch = request.world_size() * int(run_config(stage).train_dataloader.batch_size)
+            s = ws.at_batch(s, batch, 'linear')
+            total = max(2, round(total * ws.SCALES[scale].batch / batch))
+        make = ws.recipe_options if request.recipe or linear else ws.length_options
+        out[stage.role] = make(ws.RECIPES[recipe], s, total)[stage.role]
+        if request.recipe:
+            out[stage.role].append(f'warm_start.recipe={recipe}')
+    return out
+
+
+def head_reads_release(cfg) -> bool:
+    """Whether stage 2 reads the release (its head is the release's classifier)."""
+    return fingerprint.head_start(cfg) == 'release'
+
+
+def _release_fields(reference: str, local: Optional[str]) -> Dict:
+    sha = fingerprint.sha256_of(local) if local and osp.isfile(local) else None
+    return dict(release=fingerprint.reference_name(reference), release_sha256=sha)
+
+
+def _finish_configs(runs: List[Stage], release: str):
+    """Each run's config; stage 2 reads the release for its head when its head is the release's."""
+    cfgs = []
+    for r in runs:
+        cfg = run_config(r)
+        if r.role == 'stage2' and head_reads_release(cfg):
+            cfg = run_config(r, extra=[f'model.head.init_cfg.checkpoint={release}'])
+        cfgs.append(cfg)
+    return cfgs
+
+
+def plan(request: Request, root: str) -> Plan:
+    """The chain's runs with their configs and fingerprints (nothing on disk is read but configs and the release)."""
+    from .chain_release import local_release
+    if request.recipe is not None and request.recipe not in ws.RECIPES:
+        raise UsageError(f'--recipe {request.recipe!r} is no recipe; known: {", ".join(ws.RECIPES)}')
+    if request.batch_scale is not None and request.batch_scale not in ws.BATCH_RULES:
+        raise UsageError(f'--batch-scale {request.batch_scale!r}: known rules are {", ".join(ws.BATCH_RULES)}')
+    options = {k: list(v) for k, v in request.options.items()}
+    runs = chain(request.config, request.work_root, root, options)
+    if request.release:
+        runs[0].reads = request.release
+    release = runs[0].reads
+    what = ('--iters' if request.iters else '--recipe' if request.recipe else
+            '--batch-scale linear' if request.batch_scale == 'linear' else '')
+    recipe, scale = _declared(request, run_config(runs[0]), what)
+    for role, extra in (_recipe_options(request, runs, recipe, scale) if recipe else {}).items():
+        stage = next(r for r in runs if r.role == role)
+        stage.options[:0] = extra
+    cfgs = _finish_configs(runs, release)
+    rel = _release_fields(release, local_release(release, request.work_root))
+    launch = dict(recipe=recipe, scale=scale, world_size=request.world_size(), batch_scale=request.batch_scale)
+    fps = [fingerprint.make(c, r.role, r.config, release if r.role == 'stage1' else r.reads, rel, launch)
+           for r, c in zip(runs, cfgs)]
+    return Plan(request, root, runs, cfgs, fps, release, recipe, scale)
+
+
+# --------------------------------------------------------------------------------------------------- probe
+_CKPT = re.compile(r'^(iter|epoch)_(\d+)\.pth$')
+
+
+def target(cfg):
+    """('iter' | 'epoch', the count the run ends at)."""
+    loop = cfg.get('train_cfg', {}) or {}
+    if loop.get('max_iters') is not None:
+        return 'iter', int(loop['max_iters'])
+    return 'epoch', int(loop.get('max_epochs') or 0)
+
+
+def progress(path: str, unit: str) -> Optional[int]:
+    """The count a checkpoint reached: from its name (iter_N.pth, epoch_N.pth), else from its meta read with
+    ``weights_only=True`` (nothing is executed)."""
+    m = _CKPT.match(osp.basename(path))
+    if m and m.group(1) == unit:
+        return int(m.group(2))
+    import torch
+
+    import softfree_mm.compat  # noqa: F401  (mmengine's own types in the weights-only unpickler)
+    try:
+        at = (torch.load(path, map_location='cpu', weights_only=True, mmap=True).get('meta') or {}).get(unit)
+    except Exception:  # noqa: BLE001  (a checkpoint that is not mmengine's: its count is not known)
+        return None
+    return int(at) if at is not None else None
+
+
+def run_state(stage: Stage, cfg, ours: Dict) -> RunState:
+    """A run's state; a work dir whose checkpoint another command made is a UsageError (one line)."""
+    from softfree_mm.models.converters import checkpoints_in
+    found = checkpoints_in(stage.work_dir) if osp.isdir(stage.work_dir) else []
+    if not found:
+        return RunState('missing')
+    theirs, source, adopted = fingerprint.read(stage.work_dir), fingerprint.FILE, None
+    if theirs is None:
+        theirs = adopted = fingerprint.from_checkpoint(found[0], stage.role)
+        source = osp.basename(found[0])
+    if theirs is None:
+        raise UsageError(f'{stage.work_dir} holds {osp.basename(found[0])}, which says nothing of what made it (no '
+                         f'{fingerprint.FILE}, no saved config): give the chain another --work-root, or move that '
+                         'folder away')
+    keys = fingerprint.differences(theirs, ours)
+    if keys:
+        raise UsageError(fingerprint.refusal(stage.work_dir, theirs, ours, keys, source))
+    unit, end = target(cfg)
+    at = progress(found[0], unit)
+    state = 'done' if at is not None and at >= end else 'partial'
+    return RunState(state, found[0], (unit, at, end), adopted)
+
+
+def probe(p: Plan) -> Probe:
+    """From the end: the first run (last first) that is done ends the search, and what follows it runs; one that
+    stopped runs (resumed) with what follows it; the runs before are not looked at."""
+    states: List[Optional[RunState]] = [None] * len(p.runs)
+    for i in reversed(range(len(p.runs))):
+        states[i] = run_state(p.runs[i], p.cfgs[i], p.fingerprints[i])
+        if states[i].state == 'done':
+            return Probe(states, i + 1)
+        if states[i].state == 'partial':
+            return Probe(states, i)
+    return Probe(states, 0)
+
+
+def reads_release(p: Plan, pr: Probe) -> bool:
+    """Whether a run that runs reads the release: stage 1 (its teacher), stage 2 when its head is the release's."""
+    return any(r.role == 'stage1' or (r.role == 'stage2' and head_reads_release(c))
+               for r, c in zip(p.runs[pr.first:], p.cfgs[pr.first:]))
+
+
+def check_launch(p: Plan, pr: Probe) -> None:
+    """Each stage that runs: world size x per-GPU batch against the scale's batch, unless --batch-scale says what
+    to do (the main job keeps mmdet / mmseg's own auto_scale_lr convention)."""
+    if p.scale is None or p.request.batch_scale is not None:
+        return
+    want, world = ws.SCALES[p.scale].batch, p.request.world_size()
+    for r, c in zip(p.runs[pr.first:], p.cfgs[pr.first:]):
+        per_gpu = int(c.train_dataloader.batch_size)
+        if r.role != 'main' and world * per_gpu != want:
+            n = want // per_gpu if want % per_gpu == 0 else None
+            launch = (f'launch {n} processes (--launcher pytorch --gpus {n}, or slurm with --gpus x --nnodes = {n})'
+                      if n else f'launch {want} images a step')
+            raise UsageError(
+                f'{r.name} would run {world} x {per_gpu} = {world * per_gpu} images a step, the {p.recipe} recipe at '
+                f'the {p.scale} scale counts its lr and iterations for {want}: {launch}, or choose --batch-scale '
+                f'linear (lr x {world * per_gpu}/{want}, iterations x {want}/{world * per_gpu}) or --batch-scale keep '
+                '(the recipe\'s lr and iterations as they are)')
+
+
+# -------------------------------------------------------------------------------------------------- report
+def _where(path: str, work_root: str) -> str:
+    from softfree_mm.models.converters import checkpoints_in
+
+    from .chain_release import local_release
+    if '://' in path:
+        local = local_release(path, work_root)
+        return (f'downloaded: {local}' if local else
+                f'not downloaded yet: the tool fetches it into {osp.join(work_root, "releases")} first')
+    if osp.isdir(path):
+        return 'here' if checkpoints_in(path) else 'holds no checkpoint yet'
+    return 'here' if osp.isfile(path) else 'missing'
+
+
+def _now(p: Plan, pr: Probe, i: int) -> str:
+    st = pr.states[i]
+    if st is None:
+        later = next(j for j in range(i + 1, len(p.runs)) if pr.states[j] is not None)
+        how = 'is done' if pr.states[later].state == 'done' else 'resumes'
+        return f'not needed: {ROLE_NAMES[p.runs[later].role]} {how} (not looked at)'
+    if st.state == 'done':
+        return f'done: {st.checkpoint}' + (' (adopted: its saved config is this run\'s)' if st.adopted else '')
+    if st.state == 'partial':
+        return f'stopped at {st.at[0]} {st.at[1]} of {st.at[2]}: resumes from {st.checkpoint}'
+    return 'not started'
+
+
+def report(p: Plan, pr: Probe) -> List[str]:
+    """The lines the tool prints before it runs anything (the whole output of --dry-run)."""
+    lines = []
+    if p.recipe:
+        lines.append(f'[warm-start] recipe {p.recipe} at the {p.scale} scale (softfree_mm/engine/warm_start.py)')
+    n = len(p.runs)
+    for i, (r, c) in enumerate(zip(p.runs, p.cfgs)):
+        unit, end = target(c)
+        shown = osp.relpath(r.config, p.root) if r.config.startswith(p.root) else r.config
+        lines.append(f'[warm-start] {i + 1}/{n} {ROLE_NAMES[r.role]}: {shown}\n    work dir {r.work_dir}; reads '
+                     f'{r.reads} ({_where(r.reads, p.request.work_root)}); writes its last checkpoint there after '
+                     f'{end} {unit}s; {_now(p, pr, i)}')
+    return lines
+
+
+# ------------------------------------------------------------------------------------------------- execute
+def command(p: Plan, i: int, resume: bool, release: Optional[str] = None):
+    """(argv, extra environment) of run ``i``: started as a user starts one (tools/train.py, dist_train.sh,
+    slurm_train.sh), its start and options as --cfg-options. A resumed run whose start is gone reads its own work
+    dir (the resumed checkpoint replaces those weights anyway)."""
+    from softfree_mm.models.converters import checkpoints_in
+    r, req = p.runs[i], p.request
+    reads = release if (r.role == 'stage1' and release) else r.reads
+    if resume and r.role != 'stage1' and not (osp.isdir(reads) and checkpoints_in(reads)):
+        reads = r.work_dir
+    head = ([f'model.head.init_cfg.checkpoint={release or p.release}']
+            if r.role == 'stage2' and head_reads_release(p.cfgs[i]) else [])
+    opts = ['--cfg-options', f'{r.read_key}={reads}', *r.options, *head]
+    extra = [*shlex.split(req.train_args), *(['--resume'] if resume else []), *opts]
+    tools = osp.join(p.root, 'tools')
+    if req.launcher == 'pytorch':
+        return ['bash', osp.join(tools, 'dist_train.sh'), r.config, str(req.gpus or 1), '--work-dir', r.work_dir,
+                *extra], {}
+    if req.launcher == 'slurm':
+        per_node = req.gpus or 8
+        env = dict(GPUS=str(per_node * req.nnodes), GPUS_PER_NODE=str(per_node))
+        return ['bash', osp.join(tools, 'slurm_train.sh'), req.partition, f'{req.job_name}_{r.name}', r.config,
+                r.work_dir, *extra], env
+    return [sys.executable, osp.join(tools, 'train.py'), r.config, '--work-dir', r.work_dir, *extra], {}
+
+
+def _launch(cmd, env):
+    import subprocess
+    return subprocess.run(cmd, cwd=os.getcwd(), env=dict(os.environ, **env)).returncode
+
+
+def execute(p: Plan, pr: Probe, release: Optional[str] = None, launch: Optional[Callable] = None, say=print) -> int:
+    """Run what the probe left, in order: each run's fingerprint first (an adopted one too), then its process
+    (``launch(argv, env) -> exit status``; default: a subprocess). Returns the first non-zero exit status, else 0; a
+    run that ends without its last checkpoint stops the chain."""
+    launch = launch or _launch
+    for st, r in zip(pr.states, p.runs):
+        if st is not None and st.adopted is not None:
+            fingerprint.write(r.work_dir, dict(st.adopted, version=fingerprint.VERSION))
+    n = len(p.runs)
+    for i in range(pr.first, n):
+        r, fp = p.runs[i], p.fingerprints[i]
+        resume = pr.states[i] is not None and pr.states[i].state == 'partial'
+        if release and fp.get('release_sha256') is None:
+            fp = dict(fp, release_sha256=fingerprint.sha256_of(release) if osp.isfile(release) else None)
+        if not resume or fingerprint.read(r.work_dir) is None:
+            fingerprint.write(r.work_dir, fp)
+        cmd, env = command(p, i, resume, release)
+        say(f'[warm-start] {i + 1}/{n} {r.name}: {" ".join(shlex.quote(x) for x in cmd)}')
+        status = launch(cmd, env)
+        if status:
+            say(f'[warm-start] {r.name} stopped with exit status {status}; the same command resumes the chain',
+                file=sys.stderr)
+            return status
+        st = run_state(r, p.cfgs[i], fp)
+        if st.state != 'done' and p.request.launcher != 'slurm':
+            raise UsageError(f'{r.name} ended without its last checkpoint in {r.work_dir} ({st.state}): the chain '
+                             'stops')
+    say(f'[warm-start] {p.request.config}: every run of the chain is done')
+    return 0
+
+
+def release_for(p: Plan, pr: Probe, fetch_it: bool) -> Optional[str]:
+    """The release file of the runs that run (None when none reads it, or, without ``fetch_it``, when it is not here
+    yet), checked against stage 1's teacher when stage 1 runs: another architecture is one line before any run."""
+    from .chain import check_release
+    from .chain_release import fetch, local_release
+    if not reads_release(p, pr):
+        return None
+    work_root = p.request.work_root
+    local = fetch(p.release, work_root) if fetch_it else local_release(p.release, work_root)
+    if local is not None and pr.first == 0:
+        check_release(run_config(p.runs[0], reads=local))
+    return local

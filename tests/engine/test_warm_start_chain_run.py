@@ -1,0 +1,338 @@
+"""The warm-start chain knows what each of its runs is (softfree_mm/engine/chain_run.py, run_fingerprint.py,
+chain_release.py; issue 48), on the shipped XCiT-S12 x poly3 chain with fake tiny checkpoints written here.
+
+Guards: decided from the end (a done stage 2 leaves stage 1 and the release alone); a work dir of another start,
+recipe, release or length is one line naming what it holds and what this command would make, also when it would be
+resumed; a launch of another batch is one line naming both and the choices, and --batch-scale linear / keep is what
+the runs get and what their fingerprints record; the release is fetched once into the work root and every run reads
+that file, no network is one line naming --release FILE; no checkpoint is unpickled to read a state; transfer-newhead
+with --release is no traceback; a pre-fingerprint work dir is adopted when its saved config is this run's; a second
+invocation stops with one line (--wait waits); each recipe gives each stage the config it defines, read as
+tools/train.py reads its command line.
+"""
+import os
+import os.path as osp
+import sys
+import threading
+import urllib.error
+
+import pytest
+import torch
+
+from softfree_mm.engine import chain_release, chain_run
+from softfree_mm.engine import run_fingerprint as fingerprint
+from softfree_mm.engine import warm_start as ws
+from softfree_mm.engine.errors import UsageError
+
+from tests.helpers import ROOT, load_tool
+
+CONFIG = osp.join(ROOT, 'configs', 'maskrcnn_xcit_s12_poly3.py')
+URL = 'https://dl.fbaipublicfiles.com/xcit/xcit_small_12_p16_224.pth'
+IMAGENET = ['--launcher', 'pytorch', '--gpus', '8']
+
+
+def _request(tmp_path, **kw):
+    kw = dict(dict(launcher='pytorch', gpus=8), **kw)
+    return chain_run.Request(CONFIG, str(tmp_path / 'w'), **kw)
+
+
+def _release(tmp_path, content=b'PK fake release'):
+    path = tmp_path / 'xcit_small_12_p16_224.pth'
+    path.write_bytes(content)
+    return str(path)
+
+
+def _write_run(p, i, at=None, fp=None, payload=None):
+    """Run ``i`` of the plan on disk: a checkpoint at ``at`` (default: its end) and its fingerprint (``fp``; False:
+    none, as a run made before fingerprints)."""
+    r = p.runs[i]
+    unit, end = chain_run.target(p.cfgs[i])
+    os.makedirs(r.work_dir, exist_ok=True)
+    path = osp.join(r.work_dir, f'{unit}_{at or end}.pth')
+    torch.save(payload if payload is not None else {'meta': {unit: at or end}, 'state_dict': {}}, path)
+    with open(osp.join(r.work_dir, 'last_checkpoint'), 'w') as f:
+        f.write(path)
+    if fp is not False:
+        fingerprint.write(r.work_dir, fp or p.fingerprints[i])
+    return path
+
+
+def _fake_launch(p, ran):
+    """A launch that records the command and leaves the run done, as tools/train.py would."""
+    def launch(cmd, env):
+        work_dir = cmd[cmd.index('--work-dir') + 1]
+        i = next(i for i, r in enumerate(p.runs) if r.work_dir == work_dir)
+        ran.append((p.runs[i].name, cmd))
+        _write_run(p, i, fp=False)
+        return 0
+    return launch
+
+
+@pytest.fixture
+def tool(capsys, monkeypatch):
+    """tools/warm_start.py's main() in this process, as its command line wraps it: (status, stdout, stderr)."""
+    monkeypatch.chdir(ROOT)
+    module = load_tool('warm_start')
+
+    def call(*args):
+        try:
+            status = module.main(list(args))
+        except UsageError as e:
+            print(f'error: {e}', file=sys.stderr)
+            status = 2
+        out, err = capsys.readouterr()
+        return status, out, err
+    return call
+
+
+def _one_error(err):
+    lines = [ln for ln in err.strip().splitlines() if ln.startswith('error:')]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+# ------------------------------------------------------------------------------------------------- case 1
+def test_a_done_stage_2_leaves_stage_1_and_the_release_alone(tmp_path, monkeypatch):
+    """Stage 2 done, stage 1's work dir deleted: only the main job runs, and the release is neither checked nor
+    fetched (its URL cannot be reached here)."""
+    p = chain_run.plan(_request(tmp_path), ROOT)
+    _write_run(p, 1)
+    pr = chain_run.probe(p)
+    assert pr.first == 2 and pr.states[0] is None
+    monkeypatch.setattr(torch.hub, 'download_url_to_file', lambda *a, **k: pytest.fail('the release was fetched'))
+    assert chain_run.release_for(p, pr, fetch_it=True) is None
+    ran = []
+    assert chain_run.execute(p, pr, launch=_fake_launch(p, ran), say=lambda *a, **k: None) == 0
+    assert [name for name, _ in ran] == ['maskrcnn_xcit_s12_poly3']
+    assert not osp.exists(p.runs[0].work_dir) and not osp.exists(tmp_path / 'w' / 'releases')
+    assert fingerprint.read(p.runs[2].work_dir) == p.fingerprints[2]
+
+
+def test_the_dry_run_says_stage_1_is_not_needed_after_a_done_stage_2(tmp_path, tool):
+    p = chain_run.plan(_request(tmp_path), ROOT)
+    _write_run(p, 1)
+    status, out, err = tool(CONFIG, '--dry-run', '--work-root', str(tmp_path / 'w'), *IMAGENET)
+    assert status == 0, err
+    assert 'not needed: stage 2 (fine-tune) is done' in out and 'the main job' in out and 'not started' in out
+
+
+# ------------------------------------------------------------------------------------------------- case 2
+def test_a_main_job_started_from_the_swapped_release_is_refused_by_name(tmp_path, tool):
+    """A pre-fingerprint detector in the main job's work dir that started from the softmax release with the kernel
+    swapped (tools/train.py's other start) is not the chain's main job: one line, whichever state it is in."""
+    from mmengine.config import Config
+    cfg = Config.fromfile(CONFIG)
+    cfg.merge_from_dict({'model.backbone.init_cfg.checkpoint': cfg.softmax_release})
+    p = chain_run.plan(_request(tmp_path), ROOT)
+    _write_run(p, 2, fp=False, payload={'meta': {'epoch': 36, 'cfg': cfg.pretty_text}, 'state_dict': {}})
+    status, out, err = tool(CONFIG, '--dry-run', '--work-root', str(tmp_path / 'w'), *IMAGENET)
+    assert status == 2 and out == '', out
+    assert _one_error(err) == (
+        f'error: {p.runs[2].work_dir} holds a checkpoint of SoftFreeXCiT s12 with type=poly, degree=3 '
+        f"(start={osp.basename(cfg.softmax_release)}), not of this run's SoftFreeXCiT s12 with type=poly, degree=3 "
+        '(start=finetune_xcit_s12_poly3) (epoch_36.pth): give the chain another --work-root, or move that folder away')
+
+
+@pytest.mark.parametrize('change,named', [
+    (['--recipe', 'transfer-final'], 'recipe=transfer'),
+    (['--release', 'OTHER'], 'release_sha256='),
+])
+def test_stages_of_another_recipe_or_release_are_refused(change, named, tmp_path, tool):
+    """Both stages done with the default recipe and one release: another --recipe or another --release is not their
+    chain (the old tool marked every stage done and ran nothing)."""
+    release = _release(tmp_path)
+    p = chain_run.plan(_request(tmp_path, release=release), ROOT)
+    _write_run(p, 0)
+    _write_run(p, 1)
+    other = tmp_path / 'other'
+    other.mkdir()
+    change = [str(_release(other, b'PK another')) if c == 'OTHER' else c for c in change]
+    args = ['--release', release, *change] if change[0] != '--release' else change
+    status, out, err = tool(CONFIG, '--dry-run', '--work-root', str(tmp_path / 'w'), *IMAGENET, *args)
+    line = _one_error(err)
+    assert status == 2 and f'{p.runs[1].work_dir} holds a checkpoint of SoftFreeXCiT s12' in line, line
+    assert named in line and "not of this run's" in line and 'another --work-root' in line, line
+
+
+# ------------------------------------------------------------------------------------------------- case 3
+def test_a_resume_with_another_length_is_refused_not_run_at_the_old_schedule(tmp_path, tool):
+    """Stage 1 begun with --iters 3000 and stopped: the same command without --iters is refused by name (mmengine
+    would restore the old schedule and run the rest at its floor lr)."""
+    p = chain_run.plan(_request(tmp_path, iters=3000), ROOT)
+    _write_run(p, 0, at=500)
+    status, out, err = tool(CONFIG, '--dry-run', '--work-root', str(tmp_path / 'w'), *IMAGENET)
+    line = _one_error(err)
+    assert status == 2 and 'length=1000 iters' in line and 'length=12510 iters' in line, line
+    status, out, err = tool(CONFIG, '--dry-run', '--work-root', str(tmp_path / 'w'), *IMAGENET, '--iters', '3000')
+    assert status == 0 and 'stopped at iter 500 of 1000: resumes from' in out, err
+
+
+# ------------------------------------------------------------------------------------------------- case 4
+def test_a_launch_of_another_batch_is_one_line_naming_both_and_the_choices(tmp_path, tool):
+    status, out, err = tool(CONFIG, '--dry-run', '--work-root', str(tmp_path / 'w'))
+    assert status == 2 and out == ''
+    assert _one_error(err) == (
+        'error: transfer_xcit_s12_poly3 would run 1 x 128 = 128 images a step, the transfer recipe at the imagenet '
+        'scale counts its lr and iterations for 1024: launch 8 processes (--launcher pytorch --gpus 8, or slurm with '
+        '--gpus x --nnodes = 8), or choose --batch-scale linear (lr x 128/1024, iterations x 1024/128) or '
+        "--batch-scale keep (the recipe's lr and iterations as they are)")
+
+
+def test_batch_scale_linear_rescales_lr_and_iterations_and_both_rules_are_recorded(tmp_path):
+    keep = chain_run.plan(_request(tmp_path, launcher='none', batch_scale='keep'), ROOT)
+    linear = chain_run.plan(_request(tmp_path, launcher='none', batch_scale='linear'), ROOT)
+    for p, rule in ((keep, 'keep'), (linear, 'linear')):
+        assert [fp['batch_scale'] for fp in p.fingerprints] == [rule] * 3
+        assert [fp['world_size'] for fp in p.fingerprints] == [1] * 3
+    k1, l1 = keep.cfgs[0], linear.cfgs[0]
+    assert k1.train_cfg.max_iters == 12510 and k1.optim_wrapper.optimizer.lr == pytest.approx(3e-3)
+    assert l1.train_cfg.max_iters == 8 * 12510 and l1.optim_wrapper.optimizer.lr == pytest.approx(3e-3 / 8)
+    assert linear.cfgs[1].train_cfg.max_iters == 8 * 25020
+    assert linear.cfgs[1].optim_wrapper.optimizer.lr == pytest.approx(1e-4 / 8)
+    assert linear.cfgs[2].train_cfg == keep.cfgs[2].train_cfg  # the main job keeps mmdet's own convention
+    chain_run.check_launch(linear, chain_run.probe(linear))  # chosen: no refusal
+
+
+# ------------------------------------------------------------------------------------------------- case 5
+def test_the_release_is_fetched_once_into_the_work_root_and_every_run_reads_that_file(tmp_path, monkeypatch):
+    calls = []
+
+    def download(url, dst, progress=True):
+        calls.append(url)
+        with open(dst, 'wb') as f:
+            f.write(b'PK downloaded')
+    monkeypatch.setattr(torch.hub, 'download_url_to_file', download)
+    work_root = str(tmp_path / 'w')
+    local = chain_release.fetch(URL, work_root)
+    assert local == osp.join(work_root, 'releases', 'xcit_small_12_p16_224.pth') and calls == [URL]
+    assert chain_release.fetch(URL, work_root) == local and calls == [URL]  # once
+    p = chain_run.plan(_request(tmp_path), ROOT)
+    stage1, _ = chain_run.command(p, 0, False, local)
+    stage2, _ = chain_run.command(p, 1, False, local)
+    assert f'model.teacher.init_cfg.checkpoint={local}' in stage1
+    assert f'model.head.init_cfg.checkpoint={local}' in stage2
+    assert p.fingerprints[0]['release_sha256'] == fingerprint.sha256_of(local)  # it is here now: its hash counts
+
+
+def test_no_network_is_one_line_naming_release_file(tmp_path, monkeypatch, tool):
+    def offline(*a, **k):
+        raise urllib.error.URLError('[Errno -3] Temporary failure in name resolution')
+    monkeypatch.setattr(torch.hub, 'download_url_to_file', offline)
+    status, out, err = tool(CONFIG, '--work-root', str(tmp_path / 'w'), *IMAGENET)
+    line = _one_error(err)
+    assert status == 2 and f'the release {URL} could not be downloaded here' in line, line
+    assert 'pass --release FILE' in line and osp.join(str(tmp_path / 'w'), 'releases') in line, line
+    assert not osp.exists(tmp_path / 'w' / 'transfer_xcit_s12_poly3')  # nothing ran
+
+
+# ------------------------------------------------------------------------------------------------- case 6
+class _Trap:
+    """A pickled object whose loading would write a file: it must never be unpickled."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, 'w'))
+
+
+@pytest.mark.parametrize('fingerprinted', [True, False])
+def test_states_are_read_without_unpickling(fingerprinted, tmp_path, tool):
+    marker = tmp_path / 'unpickled'
+    p = chain_run.plan(_request(tmp_path), ROOT)
+    _write_run(p, 1, fp=None if fingerprinted else False,
+               payload={'meta': {'iter': 25020, 'trap': _Trap(str(marker))}, 'state_dict': {}})
+    status, out, err = tool(CONFIG, '--dry-run', '--work-root', str(tmp_path / 'w'), *IMAGENET)
+    assert not marker.exists()
+    if fingerprinted:  # its state from the fingerprint and the file's name
+        assert status == 0 and f'done: {p.runs[1].work_dir}' in out, err
+    else:  # weights-only reading refuses the file: it cannot be adopted, and says so
+        assert status == 2 and 'which says nothing of what made it' in _one_error(err)
+
+
+# ------------------------------------------------------------------------------------------------- case 7
+def test_transfer_newhead_with_a_release_is_no_traceback(tmp_path, tool):
+    release = str(tmp_path / 'not_here_yet.pth')
+    status, out, err = tool(CONFIG, '--dry-run', '--work-root', str(tmp_path / 'w'), *IMAGENET,
+                            '--recipe', 'transfer-newhead', '--release', release)
+    assert status == 0, err
+    assert 'recipe transfer-newhead' in out and f'reads {release} (missing)' in out
+
+
+# ---------------------------------------------------------------------------------------- the adoption rule
+def test_a_pre_fingerprint_work_dir_is_adopted_when_its_saved_config_is_this_runs(tmp_path):
+    p = chain_run.plan(_request(tmp_path), ROOT)
+    _write_run(p, 1, fp=False, payload={'meta': {'iter': 25020, 'cfg': p.cfgs[1].pretty_text}, 'state_dict': {}})
+    pr = chain_run.probe(p)
+    assert pr.first == 2 and pr.states[1].adopted['adopted_from'] == 'iter_25020.pth'
+    ran = []
+    chain_run.execute(p, pr, launch=_fake_launch(p, ran), say=lambda *a, **k: None)
+    written = fingerprint.read(p.runs[1].work_dir)  # derived once: the next probe reads the JSON
+    assert written['adopted_from'] == 'iter_25020.pth' and written['start'] == 'transfer_xcit_s12_poly3'
+    assert [name for name, _ in ran] == ['maskrcnn_xcit_s12_poly3']
+
+
+def test_a_pre_fingerprint_work_dir_of_another_length_is_refused_by_name(tmp_path):
+    p = chain_run.plan(_request(tmp_path), ROOT)
+    other = chain_run.plan(_request(tmp_path, iters=3000), ROOT)
+    _write_run(p, 1, at=100, fp=False, payload={'meta': {'iter': 100, 'cfg': other.cfgs[1].pretty_text}})
+    with pytest.raises(UsageError, match=r"\(length=2000 iters, lr=.*\), not of this run's .*\(length=25020 iters"):
+        chain_run.probe(p)
+
+
+# ------------------------------------------------------------------------------------------------ the lock
+def test_a_second_invocation_of_the_chain_stops_with_one_line_or_waits(tmp_path, tool, monkeypatch):
+    p = chain_run.plan(_request(tmp_path), ROOT)
+    _write_run(p, 0)
+    _write_run(p, 1)
+    args = (CONFIG, '--work-root', str(tmp_path / 'w'), *IMAGENET)
+    held, free = threading.Event(), threading.Event()
+
+    def first():
+        with chain_release.chain_lock(str(tmp_path / 'w'), p.runs[0].name, say=lambda s: None):
+            held.set()
+            free.wait(30)
+    holder = threading.Thread(target=first)
+    holder.start()
+    held.wait(30)
+    ran = []
+    monkeypatch.setattr(chain_run, '_launch', _fake_launch(p, ran))
+    status, out, err = tool(*args)
+    line = _one_error(err)
+    assert status == 2 and 'this chain is running already (pid' in line and 'add --wait' in line, line
+    assert ran == []
+    threading.Timer(0.3, free.set).start()
+    status, out, err = tool(*args, '--wait')
+    holder.join(30)
+    assert status == 0 and 'waiting for it to end' in out, err
+    assert [name for name, _ in ran] == ['maskrcnn_xcit_s12_poly3']
+
+
+# ------------------------------------------------------------------- test hole: the recipe each stage gets
+@pytest.mark.parametrize('name', ['transfer-final', 'transfer-newhead'])
+def test_each_recipe_gives_each_stage_the_config_it_defines_as_the_run_reads_it(name, tmp_path):
+    """Through the commands the chain starts, parsed by tools/train.py and merged as its run merges them."""
+    from mmengine.config import Config
+    train = load_tool('train')
+    release = str(tmp_path / 'release.pth')
+    p = chain_run.plan(_request(tmp_path, launcher='none', recipe=name, release=release), ROOT)
+    recipe = ws.RECIPES[name]
+    want = ws.stage_settings(recipe, ws.SCALES['imagenet'])
+    seen = []
+    for i, stage in enumerate(('stage1', 'stage2')):
+        cmd, _ = chain_run.command(p, i, False, release)
+        args = train.parse_args(cmd[2:])
+        cfg = Config.fromfile(args.config)
+        cfg.merge_from_dict(args.cfg_options)
+        assert cfg.optim_wrapper.optimizer.lr == pytest.approx(want[stage]['optim_wrapper']['optimizer']['lr'])
+        assert cfg.param_scheduler[1].eta_min == pytest.approx(want[stage]['param_scheduler'][1]['eta_min'])
+        assert cfg.train_cfg.max_iters == want[stage]['train_cfg']['max_iters']
+        seen.append(cfg)
+    s1, s2 = seen
+    assert (s1.model.loss, list(s1.model.train)) == (recipe.loss, list(recipe.groups))
+    assert s1.model.teacher.init_cfg.checkpoint == release
+    if recipe.head == 'new':
+        assert s2.model.head.init_cfg is None
+    else:
+        assert (s2.model.head.init_cfg.type, s2.model.head.init_cfg.checkpoint) == ('ReleaseHead', release)
+    assert s2.model.backbone.init_cfg.checkpoint == p.runs[0].work_dir
