@@ -61,6 +61,8 @@ def test_auto_takes_the_factorised_order_over_tokens_and_the_explicit_one_over_c
 def test_both_orders_give_the_same_output_and_the_forced_one_runs(cfg, geo, monkeypatch):
     if cfg['type'] in ('performer', 'flatten') and geo is CHANNELS:
         pytest.skip('built with a fixed head_dim, so it does not fit channel attention (the support table says no)')
+    if cfg['type'] == 'poly' and geo is CHANNELS:
+        cfg = dict(cfg, degree=1)  # degree 3 over 144 "channels" would build C(146, 3) features a row: seconds
     q, k, v = _qkv(geo['nq'], geo['nk'], geo['d'])
     outs = {}
     for impl in dispatch.ORDERS:
