@@ -1,0 +1,98 @@
+"""The warm-start recipe rule, version 2: which recipe a backbone layout takes, from the recipes grid's top-1.
+
+Stated before any grid run it judges (its commit precedes them), because version 1 (``choose_default`` in
+``warm_start_report.py``) treated the (kernel, seed) pairs as independent although the kernels of a seed share that
+seed's softmax teacher, and took a recipe on the strength of any one kernel:
+
+* the unit of analysis is the seed: for each seed, the candidate's top-1 minus the layout's current default's,
+  paired by (kernel, seed), averaged over the layout's kernels; a 95 % t-interval over the seeds (df = seeds - 1);
+* the candidate replaces the current default when that interval lies above zero, and still does with any one kernel
+  left out and with any one seed left out (the default is applied to kernels and layouts beyond those measured, so a
+  verdict that one kernel or one seed carries is not taken);
+* otherwise the current default stays; of several candidates that replace it, the one with the largest mean.
+
+Variants are measured against the layout's current default (the one the grid's runs were made beside).
+"""
+from typing import Dict, Iterable, List, Optional, Tuple
+
+from .stats import Interval, differences, paired
+
+RULE_VERSION = 2
+UNIT = 'seeds'
+
+
+def _by_seed(candidate: Dict[Tuple[str, int], float], base: Dict[Tuple[str, int], float]) -> Interval:
+    return paired(candidate, base, UNIT, unit_of=lambda key: key[1])
+
+
+def _above_zero(i: Interval) -> bool:
+    return i.half is not None and i.low > 0
+
+
+def verdict(candidate: Dict[Tuple[str, int], float], base: Dict[Tuple[str, int], float]) -> dict:
+    """The rule on one candidate: ``candidate`` and ``base`` map (kernel, seed) to top-1. Returns the interval over
+    seeds, each kernel's own interval over its seeds (for the record: the rule does not read them), the intervals
+    with one kernel or one seed left out, and whether the candidate replaces the default."""
+    pairs = differences(candidate, base)
+    kernels = sorted({k for k, _ in pairs})
+    seeds = sorted({s for _, s in pairs})
+    overall = _by_seed(candidate, base)
+    drop_kernel = {k: _by_seed({key: v for key, v in candidate.items() if key[0] != k}, base) for k in kernels}
+    drop_seed = {s: _by_seed({key: v for key, v in candidate.items() if key[1] != s}, base) for s in seeds}
+    per_kernel = {k: _by_seed({key: v for key, v in candidate.items() if key[0] == k}, base) for k in kernels}
+    robust = [*drop_kernel.values(), *drop_seed.values()]
+    replaces = _above_zero(overall) and bool(robust) and all(_above_zero(i) for i in robust)
+    return dict(interval=overall, per_kernel=per_kernel, drop_kernel=drop_kernel, drop_seed=drop_seed,
+                kernels=kernels, seeds=seeds, replaces=replaces)
+
+
+def grid_scores(rows: Iterable[dict], backbone: str, recipe: str, budget: int,
+                default: str) -> Dict[Tuple[str, int], float]:
+    """(kernel, seed) -> top-1 of the grid's warm starts of ``backbone`` with ``recipe`` at ``budget`` iterations,
+    trained with the recipe's own stage-1 groups (the groups comparison's other rows left out); rows without a recipe
+    name are ``default``'s."""
+    from .warm_start_report import own_groups
+    out = {}
+    for r in rows:
+        if r.get('backbone') != backbone or r.get('start') != 'transfer' or int(r.get('iters') or 0) != budget:
+            continue
+        if (r.get('recipe') or default) != recipe or r.get('top1') in (None, '') or r.get('status') != 'ok':
+            continue
+        if own_groups(r, default):
+            out[(r['kernel'], int(r['seed']))] = float(r['top1'])
+    return out
+
+
+def choose(rows: List[dict], budget: int, defaults: Dict[str, str],
+           candidates: Optional[Dict[str, List[str]]] = None) -> Dict[str, dict]:
+    """Per backbone of ``defaults`` (backbone -> its layout's current default): every other recipe the grid holds
+    (or ``candidates[backbone]``) judged against that default at ``budget``; the chosen recipe."""
+    out = {}
+    for bb, default in defaults.items():
+        recipes = (candidates or {}).get(bb) or sorted({r.get('recipe') or default for r in rows
+                                                        if r.get('backbone') == bb and r.get('start') == 'transfer'})
+        base = grid_scores(rows, bb, default, budget, default)
+        verdicts = {rec: verdict(grid_scores(rows, bb, rec, budget, default), base)
+                    for rec in recipes if rec != default}
+        winners = sorted((v['interval'].mean, rec) for rec, v in verdicts.items() if v['replaces'])
+        out[bb] = dict(default=default, chosen=winners[-1][1] if winners else default, verdicts=verdicts,
+                       budget=budget, rule=RULE_VERSION)
+    return out
+
+
+def lines(result: Dict[str, dict], names: Optional[Dict[str, str]] = None) -> List[str]:
+    """One line per backbone and candidate: the interval over seeds, the weakest interval with a kernel or a seed
+    left out, and the verdict."""
+    out = []
+    for bb, res in result.items():
+        label = (names or {}).get(bb, bb)
+        for rec, v in res['verdicts'].items():
+            left = [*(('kernel ' + k, i) for k, i in v['drop_kernel'].items()),
+                    *((f'seed {s}', i) for s, i in v['drop_seed'].items())]
+            weakest = min(left, key=lambda x: (x[1].low if x[1].low is not None else float('-inf')), default=None)
+            weak = f'; weakest with one left out: without {weakest[0]} {weakest[1].text()}' if weakest else ''
+            out.append(f"- {label}: `{rec}` against `{res['default']}` at {res['budget']} iterations: "
+                       f"{v['interval'].text()}{weak}: {'replaces it' if v['replaces'] else 'does not replace it'}.")
+        out.append(f"- {label}: the rule (version {res['rule']}) keeps `{res['chosen']}`." if res['chosen'] ==
+                   res['default'] else f"- {label}: the rule (version {res['rule']}) takes `{res['chosen']}`.")
+    return out
