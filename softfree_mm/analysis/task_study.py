@@ -9,9 +9,7 @@ again, so the same command resumes a stopped study. XCiT's detector rows can be 
 detectors.csv instead of run again (``det_from``).
 """
 import csv
-import math
 import os.path as osp
-import statistics
 from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence
 
@@ -19,7 +17,7 @@ from ..engine.warm_start import RECIPES as RECIPES_BY_NAME
 from .study import error_cell
 from .sweep import safe_name
 from .warm_start import Plan, Runner, kernel_cfg, kernel_config, top1
-from .warm_start_report import t95
+from .stats import interval, mean_std
 
 TASKS = ('det', 'seg')
 METRICS = {'det': ('bbox_mAP', 'segm_mAP', 'bbox_mAP_50', 'segm_mAP_50'), 'seg': ('mIoU', 'aAcc', 'mAcc')}
@@ -265,13 +263,6 @@ def read_rows(path: str) -> List[dict]:
 
 
 # ---------------------------------------------------------------------------------------------- the table
-def _mean_std(vals):
-    vals = [v for v in vals if v is not None]
-    if not vals:
-        return None, None, 0
-    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None), len(vals)
-
-
 def summarise(rows: List[dict], reference: str = REFERENCE) -> List[dict]:
     """One entry per (layout, task, kernel, start, recipe), in row order: n (seeds with a result), the failed and unfit
     seeds, each metric's mean and sample std, the classifier's mean top-1; per primary metric the paired difference to
@@ -287,9 +278,9 @@ def summarise(rows: List[dict], reference: str = REFERENCE) -> List[dict]:
         e = dict(layout=layout, task=task, kernel=kernel, start=start, recipe=recipe, n=len(ok),
                  failed=sum(r['status'] == 'failed' for r in rs), unfit=sum(r['status'] == 'unfit' for r in rs),
                  error=next((r['error'] for r in rs if r['status'] != 'ok'), ''))
-        e['cls_top1'] = _mean_std([r.get('cls_top1') for r in ok])[0]
+        e['cls_top1'] = mean_std([r.get('cls_top1') for r in ok])[0]
         for m in METRICS[task]:
-            e[m], e[m + '_std'], _ = _mean_std([r.get(m) for r in ok])
+            e[m], e[m + '_std'], _ = mean_std([r.get(m) for r in ok])
         e['by_seed'] = {r['seed']: r for r in ok}
         out.append(e)
     for e in out:
@@ -299,12 +290,11 @@ def summarise(rows: List[dict], reference: str = REFERENCE) -> List[dict]:
             d = [] if ref is None or ref is e else [
                 e['by_seed'][s][m] - ref['by_seed'][s][m] for s in sorted(e['by_seed'])
                 if s in ref['by_seed'] and e['by_seed'][s].get(m) is not None and ref['by_seed'][s].get(m) is not None]
-            mean, std, n = _mean_std(d)
-            half = t95(n - 1) * std / math.sqrt(n) if n > 1 and std is not None else None
-            e[f'd_{m}'], e[f'd_{m}_std'], e[f'd_{m}_n'] = mean, std, n
-            e[f'd_{m}_ci'] = None if half is None else (mean - half, mean + half)
+            i = interval(d, 'seeds')  # the seed is the unit: a seed's runs share its data order and start
+            e[f'd_{m}'], e[f'd_{m}_std'], e[f'd_{m}_n'] = i.mean, mean_std(d)[1], i.n
+            e[f'd_{m}_ci'] = None if i.half is None else (i.low, i.high)
             e[f'd_{m}_above'] = sum(x > 0 for x in d)
-            e[f'd_{m}_within'] = None if half is None else (mean - half <= 0 <= mean + half)
+            e[f'd_{m}_within'] = i.holds_zero
     return out
 
 
@@ -318,7 +308,7 @@ def _paired_cell(e: dict, m: str, digits: int) -> str:
     if e[f'd_{m}'] is None:
         return ''
     ci = e[f'd_{m}_ci']
-    text = f"{_pm(e[f'd_{m}'], e[f'd_{m}_std'], digits)}, {e[f'd_{m}_above']} of {e[f'd_{m}_n']} above"
+    text = f"{_pm(e[f'd_{m}'], e[f'd_{m}_std'], digits)}, {e[f'd_{m}_above']} of {e[f'd_{m}_n']} seeds above"
     if ci is not None:
         text += f"; 95 % [{ci[0]:+.{digits}f}, {ci[1]:+.{digits}f}]" + (' within' if e[f'd_{m}_within'] else '')
     return text

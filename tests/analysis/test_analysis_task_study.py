@@ -45,26 +45,26 @@ def test_paired_differences_intervals_and_table_by_hand_with_a_failed_seed_and_a
     assert (poly['n'], poly['failed']) == (2, 1)
     assert poly['bbox_mAP'] == pytest.approx((.46 + .47) / 2)
     assert poly['d_bbox_mAP'] == pytest.approx(mean) and poly['d_bbox_mAP_std'] == pytest.approx(std)
-    half = 12.706 * std / math.sqrt(2)
-    assert poly['d_bbox_mAP_ci'] == pytest.approx((mean - half, mean + half))
+    half = 12.7062 * std / math.sqrt(2)  # t(0.975, 1)
+    assert poly['d_bbox_mAP_ci'] == pytest.approx((mean - half, mean + half), rel=1e-5)
     assert poly['d_bbox_mAP_within'] is True and poly['d_bbox_mAP_above'] == 1 and poly['d_bbox_mAP_n'] == 2
     assert poly['cls_top1'] == pytest.approx((70.0 + 72.0) / 2)
     lin = next(e for e in summary if e['kernel'] == 'linear')
     d = [-5.0, -5.0, -4.0]
     mean = sum(d) / 3
     std = math.sqrt(sum((x - mean) ** 2 for x in d) / 2)
-    half = 4.303 * std / math.sqrt(3)
-    assert lin['d_mIoU'] == pytest.approx(mean) and lin['d_mIoU_ci'] == pytest.approx((mean - half, mean + half))
+    half = 4.3027 * std / math.sqrt(3)  # t(0.975, 2)
+    assert lin['d_mIoU'] == pytest.approx(mean) and lin['d_mIoU_ci'] == pytest.approx((mean - half, mean + half), rel=1e-5)
     assert lin['d_mIoU_within'] is False and lin['d_mIoU_above'] == 0
     soft = next(e for e in summary if e['kernel'] == 'soft:landmark_ratio=2')
     assert (soft['n'], soft['unfit'], soft['failed']) == (0, 3, 0)
 
     table = ts.markdown(summary)
     assert '| `poly:degree=3` | scratch | scratch-300 | 2 (1 failed) | 71.0 | 0.465 ± 0.007 | 0.305 ± 0.007 | ' \
-           f'{mean_cell(-0.01, poly_std)}, 1 of 2 above; 95 % [{-0.01 - half_of(poly_std, 2):+.3f}, ' \
+           f'{mean_cell(-0.01, poly_std)}, 1 of 2 seeds above; 95 % [{-0.01 - half_of(poly_std, 2):+.3f}, ' \
            f'{-0.01 + half_of(poly_std, 2):+.3f}] within | ' in table, table
     assert '| `soft:landmark_ratio=2` | scratch | scratch-300 | 0 | does not fit: boom: it broke |' in table
-    assert '| `linear` | scratch | scratch-300 | 3 | 71.0 | 55.3 ± 1.5 | -4.7 ± 0.6, 0 of 3 above; 95 % ' \
+    assert '| `linear` | scratch | scratch-300 | 3 | 71.0 | 55.3 ± 1.5 | -4.7 ± 0.6, 0 of 3 seeds above; 95 % ' \
            '[-6.1, -3.2] |' in table
     lines = ts.within_and_extremes(summary)
     assert any(line.startswith('pvt seg mIoU: within the spread of softmax: none; outside: linear (scratch) -4.67')
@@ -86,7 +86,7 @@ def mean_cell(mean, std):
 
 
 def half_of(std, n):
-    return {1: 12.706, 2: 4.303, 3: 3.182}[n - 1] * std / math.sqrt(n)  # the t table for 2 to 4 seeds
+    return {1: 12.7062, 2: 4.3027, 3: 3.1824}[n - 1] * std / math.sqrt(n)  # the t table for 2 to 4 seeds
 
 
 def test_outputs_csv_summary_plot_and_the_docs_section_between_markers(tmp_path):
