@@ -23,7 +23,7 @@ import re
 from typing import Dict, List, Optional, Sequence, Set
 
 import torch
-from mmengine.logging import print_log
+from mmengine.logging import MessageHub, print_log
 from mmengine.model import BaseModel
 from torch import nn
 
@@ -62,6 +62,19 @@ def parameter_groups(block: nn.Module) -> Dict[str, List[str]]:
         elif _PROJ.search(name):
             out['proj'].append(name)
     return out
+
+
+def training_step() -> int:
+    """The current training iteration as mmengine's runner posts it ('iter' in the message hub); 0 outside one."""
+    return int(MessageHub.get_current_instance().get_info('iter', 0) or 0)
+
+
+def attention_rows(n: int, count: int, step: int) -> torch.Tensor:
+    """``min(count, n)`` distinct query rows of ``n``, drawn for training step ``step`` with a generator of their
+    own: other rows at every step, the same ones for the same step (a resumed run draws what the uninterrupted one
+    drew), and the global random streams stay as they are."""
+    gen = torch.Generator(device='cpu').manual_seed(1_000_003 * n + step)
+    return torch.randperm(n, generator=gen)[:count]
 
 
 class AttentionTransfer(BaseModel):
@@ -380,12 +393,10 @@ class AttentionTransfer(BaseModel):
 
     def _attention_error(self, student, teacher) -> torch.Tensor:
         """Relative squared error of the student's attention weights against the teacher's on ``attn_rows``
-        query rows per call, the same rows for both (drawn with a generator of its own: the global random
-        streams stay as they are)."""
+        query rows per call, the same rows for both, drawn anew at each training step (``attention_rows``)."""
         (ks, ps), (kt, pt) = student, teacher
         n = pt['q'].shape[2]
-        gen = torch.Generator(device='cpu').manual_seed(n)
-        rows = torch.randperm(n, generator=gen)[:self.attn_rows].to(pt['q'].device)
+        rows = attention_rows(n, self.attn_rows, training_step()).to(pt['q'].device)
 
         def weights(kernel, p, grad):
             cut = {k: p.get(k) for k in ('hw', 'scale')}

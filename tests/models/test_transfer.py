@@ -351,3 +351,26 @@ def test_attention_weight_matching_is_refused_by_name_for_a_kernel_without_a_sco
                                          r"'hedgehog'"):
         AttentionTransfer(backbone=dict(base, attn_cfg='poly'), teacher=dict(base, attn_cfg='softmax'),
                           loss='hedgehog')
+
+
+def test_attention_rows_are_drawn_anew_at_each_step_and_again_on_resume():
+    """transfer-attn's sampled query rows: other rows at every training step, the same ones at the same step (so a
+    resumed run matches an uninterrupted one), distinct, and the global random stream untouched."""
+    from mmengine.logging import MessageHub
+
+    from softfree_mm.models.transfer import attention_rows, training_step
+    torch.manual_seed(0)
+    before = torch.rand(1)
+    a, b, again = attention_rows(196, 64, 0), attention_rows(196, 64, 1), attention_rows(196, 64, 0)
+    assert torch.equal(a, again) and not torch.equal(a, b)
+    assert len(set(a.tolist())) == 64 and int(a.max()) < 196
+    assert attention_rows(10, 64, 3).sort().values.tolist() == list(range(10))  # fewer rows than asked: all
+    torch.manual_seed(0)
+    assert torch.equal(torch.rand(1), before)
+    hub = MessageHub.get_current_instance()
+    was = hub.get_info('iter', 0)
+    hub.update_info('iter', 7)
+    try:
+        assert training_step() == 7
+    finally:
+        hub.update_info('iter', was)
