@@ -301,7 +301,7 @@ def test_a_second_invocation_of_the_chain_stops_with_one_line_or_waits(tmp_path,
     line = _one_error(err)
     assert status == 2 and 'this chain is running already (pid' in line and 'add --wait' in line, line
     assert ran == []
-    threading.Timer(0.3, free.set).start()
+    threading.Timer(1.0, free.set).start()  # the tool plans in well under a second, then waits
     status, out, err = tool(*args, '--wait')
     holder.join(30)
     assert status == 0 and 'waiting for it to end' in out, err
