@@ -195,11 +195,8 @@ def progress(path: str, unit: str) -> Optional[int]:
     m = _CKPT.match(osp.basename(path))
     if m and m.group(1) == unit:
         return int(m.group(2))
-    import torch
-
-    import softfree_mm.compat  # noqa: F401  (mmengine's own types in the weights-only unpickler)
     try:
-        at = (torch.load(path, map_location='cpu', weights_only=True, mmap=True).get('meta') or {}).get(unit)
+        at = fingerprint.read_meta(path).get(unit)
     except Exception:  # noqa: BLE001  (a checkpoint that is not mmengine's: its count is not known)
         return None
     return int(at) if at is not None else None

@@ -122,17 +122,26 @@ def write(work_dir: str, fp: Dict) -> str:
     return path
 
 
+def read_meta(path: str) -> Dict:
+    """A checkpoint's ``meta``, read with ``weights_only=True`` (nothing is executed; mmengine's own types are
+    allowed by softfree_mm.compat), memory-mapped where torch can (the optimiser is not read into memory)."""
+    import torch
+
+    import softfree_mm.compat  # noqa: F401  (mmengine's own types in the weights-only unpickler)
+    try:
+        ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=True)
+    except (TypeError, RuntimeError):  # a torch without mmap, a file of the legacy format
+        ckpt = torch.load(path, map_location='cpu', weights_only=True)
+    return (ckpt.get('meta') if isinstance(ckpt, dict) else None) or {}
+
+
 def from_checkpoint(path: str, role: str) -> Optional[Dict]:
     """A pre-fingerprint run's fingerprint, from the config mmengine saved in its checkpoint's meta (read with
     ``weights_only=True``, mmap'ed: nothing is executed, the optimiser is not read into memory); None when the
     checkpoint holds no config that can be read."""
-    import torch
-
-    import softfree_mm.compat  # noqa: F401  (mmengine's own types in the weights-only unpickler)
     from mmengine.config import Config
     try:
-        meta = torch.load(path, map_location='cpu', weights_only=True, mmap=True).get('meta') or {}
-        cfg = Config.fromstring(meta['cfg'], '.py')
+        cfg = Config.fromstring(read_meta(path)['cfg'], '.py')
     except Exception:  # noqa: BLE001  (no meta, a config that needs files no longer there, another format)
         return None
     init = (cfg.model.get('teacher') if role == 'stage1' else cfg.model.get('backbone')) or {}

@@ -12,6 +12,7 @@ tools/train.py reads its command line.
 """
 import os
 import os.path as osp
+import subprocess
 import sys
 import threading
 import urllib.error
@@ -176,6 +177,16 @@ def test_a_launch_of_another_batch_is_one_line_naming_both_and_the_choices(tmp_p
         'scale counts its lr and iterations for 1024: launch 8 processes (--launcher pytorch --gpus 8, or slurm with '
         '--gpus x --nnodes = 8), or choose --batch-scale linear (lr x 128/1024, iterations x 1024/128) or '
         "--batch-scale keep (the recipe's lr and iterations as they are)")
+
+
+def test_the_docs_first_command_on_one_process_stops_in_one_line_before_anything_starts(tmp_path):
+    """As a user types it (a process): exit status 2, the one line on stderr, nothing on stdout or on disk."""
+    proc = subprocess.run([sys.executable, osp.join(ROOT, 'tools', 'warm_start.py'), 'configs/maskrcnn_xcit_s12_poly3.py',
+                           '--work-root', str(tmp_path / 'w')], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 2 and proc.stdout == '', proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stderr.startswith('error: transfer_xcit_s12_poly3 would run 1 x 128 = 128 images a step') and \
+        proc.stderr.strip().count('\n') == 0, proc.stderr
+    assert not (tmp_path / 'w').exists()
 
 
 def test_batch_scale_linear_rescales_lr_and_iterations_and_both_rules_are_recorded(tmp_path):
