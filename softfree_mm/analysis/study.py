@@ -13,12 +13,12 @@ import os
 import os.path as osp
 import re
 import shutil
-import statistics
 import time
 from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence
 
 from ..attention import kernel_label
+from .stats import mean_std
 from .sweep import child_config, json_records, newest_scalars, safe_name, train_one
 
 RESULT = 'result.json'
@@ -216,13 +216,6 @@ def norm_curves(rows: List[dict], work_root: str) -> List[dict]:
 
 
 # ---------------------------------------------------------------------------------------------- summary
-def _mean_std(vals):
-    vals = [v for v in vals if v is not None]
-    if not vals:
-        return None, None
-    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None)
-
-
 def summarise(rows: List[dict], descriptions: Optional[Dict[str, str]] = None, reference: str = 'softmax'
               ) -> List[dict]:
     """One entry per (config, kernel), in study order: n (seeds that trained), failed (seeds that did not),
@@ -239,16 +232,16 @@ def summarise(rows: List[dict], descriptions: Optional[Dict[str, str]] = None, r
                  failed=len(rs) - len(ok), seeds=[r['seed'] for r in ok],
                  error=next((r['error'] for r in rs if r['status'] != 'ok'), ''))
         for key in ('top1_final', 'top1_best', 'loss_final'):
-            e[key], e[key + '_std'] = _mean_std([r[key] for r in ok])
-        e['s_per_iter'] = _mean_std([r['s_per_iter'] for r in ok])[0]
-        e['peak_mem_mib'] = _mean_std([r['peak_mem_mib'] for r in ok])[0]
+            e[key], e[key + '_std'] = mean_std([r[key] for r in ok])[:2]
+        e['s_per_iter'] = mean_std([r['s_per_iter'] for r in ok])[0]
+        e['peak_mem_mib'] = mean_std([r['peak_mem_mib'] for r in ok])[0]
         e['top1_by_seed'] = {r['seed']: r['top1_final'] for r in ok}
         out.append(e)
     for e in out:  # a seed fixes the initialisation and the data order: the same seed's runs pair up
         ref = next((r for r in out if r['config'] == e['config'] and r['kernel'] == reference), None)
         d = [] if ref is None or ref is e else [e['top1_by_seed'][s] - ref['top1_by_seed'][s]
                                                 for s in e['top1_by_seed'] if s in ref['top1_by_seed']]
-        e['delta_paired'], e['delta_paired_std'] = _mean_std(d)
+        e['delta_paired'], e['delta_paired_std'] = mean_std(d)[:2]
         e['seeds_paired'], e['seeds_above'] = len(d), sum(x > 0 for x in d)
     return out
 

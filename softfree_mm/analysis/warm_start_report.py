@@ -5,6 +5,8 @@ import os
 import os.path as osp
 from typing import Dict, List, Optional
 
+from .stats import mean_std, paired as paired_interval
+from .stats import t_quantile as t95  # noqa: F401  (the name the grid's tests read)
 from .sweep import json_records
 
 SCRATCH_ITERS = 300  # the study's recipe
@@ -48,17 +50,10 @@ def read_detectors(path: str) -> List[dict]:
     return out
 
 
-def _mean_std(vals):
-    vals = [v for v in vals if v is not None]
-    if not vals:
-        return None, None, 0
-    m = sum(vals) / len(vals)
-    s = (sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else 0.0
-    return m, s, len(vals)
-
-
 def _pm(m, s, digits=1):
-    return '' if m is None else f'{m:.{digits}f} ± {s:.{digits}f}'
+    if m is None:
+        return ''
+    return f'{m:.{digits}f}' + ('' if s is None else f' ± {s:.{digits}f}')
 
 
 def summarise(rows: List[dict]) -> List[dict]:
@@ -71,10 +66,10 @@ def summarise(rows: List[dict]) -> List[dict]:
                           []).append(r)
     out = []
     for (bb, k, start, iters, g, recipe), rs in groups.items():
-        m, s, n = _mean_std([r['top1'] for r in rs])
+        m, s, n = mean_std([r['top1'] for r in rs])
         diffs = [r['top1'] - scratch[(bb, k, r['seed'])] for r in rs
                  if r['top1'] is not None and scratch.get((bb, k, r['seed'])) is not None]
-        dm, ds, dn = _mean_std(diffs)
+        dm, ds, dn = mean_std(diffs)
         out.append(dict(backbone=bb, kernel=k, start=start, iters=iters, groups=g, recipe=recipe, n=n, top1_mean=m,
                         top1_std=s,
                         vs_scratch_mean=dm if start != 'scratch' else None,
@@ -87,18 +82,6 @@ def summarise(rows: List[dict]) -> List[dict]:
                                       r['recipe']))
 
 
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-       11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086,
-       24: 2.064, 29: 2.045, 39: 2.023, 59: 2.001}
-
-
-def t95(dof: int) -> float:
-    """The two-sided 95 % t quantile (the nearest tabulated degrees of freedom at or below; 1.96 beyond)."""
-    if dof < 1:
-        return float('nan')
-    return T95[max(d for d in T95 if d <= dof)] if dof <= 59 else 1.96
-
-
 def own_groups(r: dict, default: str) -> bool:
     """Whether a transfer row trained its recipe's own stage-1 groups (not one of the groups comparison's others)."""
     from ..engine.warm_start import RECIPES
@@ -107,11 +90,10 @@ def own_groups(r: dict, default: str) -> bool:
 
 
 def paired(values: Dict[tuple, float], against: Dict[tuple, float]):
-    """(mean, half-width of the 95 % t-interval, n) of values[key] - against[key] over the keys both hold."""
-    d = [values[k] - against[k] for k in values if k in against and values[k] is not None and
-         against[k] is not None]
-    m, s, n = _mean_std(d)
-    return m, (t95(n - 1) * s / n ** 0.5 if n > 1 else None), n
+    """(mean, half-width of the 95 % t-interval, n) of values[key] - against[key] over the keys both hold, each key
+    its own unit (rule version 1's convention; version 2, ``recipe_rule.py``, takes the seed as the unit)."""
+    i = paired_interval(values, against, 'pairs')
+    return i.mean, i.half, i.n
 
 
 def choose_default(rows: List[dict], default: str, budget: int, target: float = 1.0) -> Dict[str, dict]:
@@ -165,7 +147,8 @@ def _cell(r: Optional[dict]) -> str:
         return 'failed' if r and r['failed'] else ''
     cell = _pm(r['top1_mean'], r['top1_std'])
     if r['vs_scratch_mean'] is not None:
-        cell += f' ({r["vs_scratch_mean"]:+.1f} ± {r["vs_scratch_std"]:.1f})'
+        spread = '' if r['vs_scratch_std'] is None else f' ± {r["vs_scratch_std"]:.1f}'
+        cell += f' ({r["vs_scratch_mean"]:+.1f}{spread})'
     return cell + (f' n = {r["n"]}' if r['failed'] else '')
 
 
@@ -231,7 +214,7 @@ def markdown(summary: List[dict], detectors: List[dict], groups: dict) -> str:
         lines += ['### What stage 1 trains', '', '| groups | top-1 % after the fine-tune (both backbones, all seeds) |',
                   '|---|---|']
         for g, v in groups['scores'].items():
-            m, s, n = _mean_std(v)
+            m, s, n = mean_std(v)
             lines.append(f'| {g} | {_pm(m, s)} (n = {n}) |')
         lines += ['', f'The recipe trains {"+".join(groups["chosen"])} (its definition: this comparison, on x^3 '
                   'alone, does not choose; `transfer-blocks` is measured on every kernel by the rule).', '']
@@ -242,9 +225,9 @@ def markdown(summary: List[dict], detectors: List[dict], groups: dict) -> str:
         keys = dict.fromkeys((d['kernel'], d['start']) for d in detectors)
         for k, start in keys:
             rs = [d for d in detectors if d['kernel'] == k and d['start'] == start]
-            bm, bs, n = _mean_std([d['bbox_mAP'] for d in rs])
-            sm, ss, _ = _mean_std([d['segm_mAP'] for d in rs])
-            tm, ts, _ = _mean_std([d.get('start_top1') for d in rs])
+            bm, bs, n = mean_std([d['bbox_mAP'] for d in rs])
+            sm, ss, _ = mean_std([d['segm_mAP'] for d in rs])
+            tm, ts, _ = mean_std([d.get('start_top1') for d in rs])
             lines.append(f'| {k} | {start} | {n} | {_pm(tm, ts)} | {_pm(bm, bs, 3)} | {_pm(sm, ss, 3)} |')
         lines.append('')
     return '\n'.join(lines)
