@@ -255,7 +255,7 @@ def check_launch(p: Plan, pr: Probe) -> None:
         if r.role != 'main' and world * per_gpu != want:
             n = want // per_gpu if want % per_gpu == 0 else None
             launch = (f'launch {n} processes (--launcher pytorch --gpus {n}, or slurm with --gpus x --nnodes = {n})'
-                      if n else f'launch {want} images a step')
+                      if n else f'launch processes x train_dataloader.batch_size = {want}')
             raise UsageError(
                 f'{r.name} would run {world} x {per_gpu} = {world * per_gpu} images a step, the {p.recipe} recipe at '
                 f'the {p.scale} scale counts its lr and iterations for {want}: {launch}, or choose --batch-scale '
