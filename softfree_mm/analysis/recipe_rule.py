@@ -96,3 +96,18 @@ def lines(result: Dict[str, dict], names: Optional[Dict[str, str]] = None) -> Li
         out.append(f"- {label}: the rule (version {res['rule']}) keeps `{res['chosen']}`." if res['chosen'] ==
                    res['default'] else f"- {label}: the rule (version {res['rule']}) takes `{res['chosen']}`.")
     return out
+
+
+BEGIN = '<!-- recipe rule v2: made by tools/analysis/recipe_rule.py, do not edit by hand -->'
+END = '<!-- recipe rule v2: end -->'
+NAMES = {'pvt': 'PVTv2-b0 without spatial reduction (token attention)', 'xcit': 'XCiT-T12 (channel attention)'}
+
+
+def section(rows: List[dict], budget: int, defaults: Dict[str, str]) -> str:
+    """The docs section: the verdict lines of version 2 on ``rows``, between the markers."""
+    return '\n'.join([BEGIN, '', *lines(choose(rows, budget, defaults), NAMES), '', END])
+
+
+def write_docs(path: str, rows: List[dict], budget: int, defaults: Dict[str, str]) -> None:
+    from .docs_section import write_section
+    write_section(path, section(rows, budget, defaults), BEGIN, END, 'The recipe rule, version 2')

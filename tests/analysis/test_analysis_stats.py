@@ -101,3 +101,22 @@ def test_version_2_on_the_committed_recipes_grid():
     assert (res['pvt']['chosen'], res['xcit']['chosen']) == ('transfer', 'transfer')
     text = '\n'.join(rr.lines(res))
     assert '`transfer-final` against `transfer` at 75 iterations: +0.97 [-0.01, +1.94] (95 %, n = 5 seeds)' in text
+
+
+def test_the_docs_verdict_is_what_the_committed_grid_makes_and_the_tool_says_it():
+    """docs/warm_start.md between the v2 markers is the rule's verdict on docs/results/warm_start/classifiers.csv
+    (a changed row or a hand edit fails here); tools/analysis/recipe_rule.py prints it and refuses a missing file."""
+    import subprocess
+    import sys
+    path = osp.join(ROOT, 'docs', 'results', 'warm_start', 'classifiers.csv')
+    with open(path, newline='') as f:
+        rows = list(csv.DictReader(f))
+    want = rr.section(rows, 75, {'xcit': 'transfer', 'pvt': 'transfer'})
+    page = open(osp.join(ROOT, 'docs', 'warm_start.md')).read()
+    assert page[page.index(rr.BEGIN):page.index(rr.END) + len(rr.END)] == want
+    tool = osp.join(ROOT, 'tools', 'analysis', 'recipe_rule.py')
+    proc = subprocess.run([sys.executable, tool], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0 and "the rule (version 2) keeps `transfer`" in proc.stdout, proc.stderr
+    proc = subprocess.run([sys.executable, tool, '--csv', 'nope.csv'], capture_output=True, text=True, cwd=ROOT,
+                          timeout=300)
+    assert proc.returncode == 2 and proc.stderr.strip() == 'error: --csv nope.csv: no such file'
