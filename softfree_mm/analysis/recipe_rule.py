@@ -101,11 +101,33 @@ def lines(result: Dict[str, dict], names: Optional[Dict[str, str]] = None) -> Li
 BEGIN = '<!-- recipe rule v2: made by tools/analysis/recipe_rule.py, do not edit by hand -->'
 END = '<!-- recipe rule v2: end -->'
 NAMES = {'pvt': 'PVTv2-b0 without spatial reduction (token attention)', 'xcit': 'XCiT-T12 (channel attention)'}
+# the det / seg layouts the shipped default reaches: (backbone and layout, what its attention mixes, the grid backbone
+# measured in that very layout or None)
+LAYOUTS = (('XCiT-S12: channel attention', 'channels', 'xcit'),
+           ('PVTv2-b2 without spatial reduction (InLine, SOFT): global token attention', 'tokens', 'pvt'),
+           ('PVTv2-b2 with spatial reduction: tokens against reduced keys', 'tokens', None),
+           ('Swin-T: 7 x 7 windows, shifted', 'tokens', None),
+           ('CSWin-T: stripes', 'tokens', None))
+
+
+def layout_table(result: Dict[str, dict]) -> List[str]:
+    """Where each shipped layout default was measured: per det / seg layout, the default the package ships
+    (``LAYOUT_DEFAULTS``), the grid layout it was measured on (or that it borrows the verdict of another), and
+    version 2's choice there."""
+    from ..engine.warm_start import LAYOUT_DEFAULTS
+    measured = {mixes: bb for _, mixes, bb in LAYOUTS if bb}
+    out = ['| layout | shipped default | measured on | version 2 there |', '|---|---|---|---|']
+    for label, mixes, bb in LAYOUTS:
+        src = bb or measured[mixes]
+        where = f'{NAMES[src]}, digits scale only' if bb else f'not measured: borrows {NAMES[src]}'
+        out.append(f"| {label} | `{LAYOUT_DEFAULTS[mixes]}` | {where} | `{result[src]['chosen']}` |")
+    return out
 
 
 def section(rows: List[dict], budget: int, defaults: Dict[str, str]) -> str:
     """The docs section: the verdict lines of version 2 on ``rows``, between the markers."""
-    return '\n'.join([BEGIN, '', *lines(choose(rows, budget, defaults), NAMES), '', END])
+    result = choose(rows, budget, defaults)
+    return '\n'.join([BEGIN, '', *lines(result, NAMES), '', *layout_table(result), '', END])
 
 
 def write_docs(path: str, rows: List[dict], budget: int, defaults: Dict[str, str]) -> None:
