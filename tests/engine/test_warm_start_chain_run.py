@@ -25,7 +25,7 @@ from softfree_mm.engine import run_fingerprint as fingerprint
 from softfree_mm.engine import warm_start as ws
 from softfree_mm.engine.errors import UsageError
 
-from tests.helpers import ROOT, load_tool
+from tests.helpers import ROOT, load_tool, main_as_command
 
 CONFIG = osp.join(ROOT, 'configs', 'maskrcnn_xcit_s12_poly3.py')
 URL = 'https://dl.fbaipublicfiles.com/xcit/xcit_small_12_p16_224.pth'
@@ -73,17 +73,7 @@ def _fake_launch(p, ran):
 def tool(capsys, monkeypatch):
     """tools/warm_start.py's main() in this process, as its command line wraps it: (status, stdout, stderr)."""
     monkeypatch.chdir(ROOT)
-    module = load_tool('warm_start')
-
-    def call(*args):
-        try:
-            status = module.main(list(args))
-        except UsageError as e:
-            print(f'error: {e}', file=sys.stderr)
-            status = 2
-        out, err = capsys.readouterr()
-        return status, out, err
-    return call
+    return main_as_command(load_tool('warm_start'), capsys)
 
 
 def _one_error(err):

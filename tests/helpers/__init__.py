@@ -20,6 +20,26 @@ def load_tool(name, module_name=None):
     return mod
 
 
+def main_as_command(module, capsys):
+    """A tool's ``main(argv)`` as its command line wraps it: a UsageError is ``error: ...`` on stderr and status 2,
+    argparse's own refusals their exit code; ``call(*args) -> (status, stdout, stderr)``."""
+    import sys
+
+    from softfree_mm.engine.errors import UsageError
+
+    def call(*args):
+        try:
+            status = module.main(list(args))
+        except UsageError as e:
+            print(f'error: {e}', file=sys.stderr)
+            status = 2
+        except SystemExit as e:
+            status = e.code
+        out, err = capsys.readouterr()
+        return status, out, err
+    return call
+
+
 def one_line_error(capsys, name, argv, match):
     """tools/<name>.py refuses ``argv``: exit status 2 and one ``error:`` line on stderr that contains ``match``."""
     tool = load_tool(name)

@@ -27,7 +27,7 @@ import torch
 from softfree_mm.engine import warm_start as ws
 from softfree_mm.engine.errors import UsageError
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, load_tool, main_as_command
 
 TOOL = osp.join(ROOT, 'tools', 'warm_start.py')
 STUDY = osp.join(ROOT, 'configs', 'demo', 'study_xcit_t12_digits.py')
@@ -137,26 +137,9 @@ def tool(capsys, monkeypatch):
     """tools/warm_start.py's main() in this process, as its command line wraps it (a UsageError: 'error: ...' on
     stderr, status 2): (status, stdout, stderr). A process start and the stack's imports cost more than a dry run;
     the command line itself is run as a process by the tests that check its one line."""
-    import importlib.util
-
-    from softfree_mm.engine.errors import UsageError
     monkeypatch.syspath_prepend(osp.join(ROOT, 'tools'))
     monkeypatch.chdir(ROOT)
-    spec = importlib.util.spec_from_file_location('_warm_start_tool', TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-
-    def call(*args):
-        try:
-            status = module.main(list(args))
-        except UsageError as e:
-            print(f'error: {e}', file=sys.stderr)
-            status = 2
-        except SystemExit as e:  # argparse's own refusals
-            status = e.code
-        out, err = capsys.readouterr()
-        return status, out, err
-    return call
+    return main_as_command(load_tool('warm_start', '_warm_start_tool'), capsys)
 
 
 @pytest.mark.parametrize('config,pair', [
