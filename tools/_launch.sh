@@ -1,4 +1,4 @@
-# Shared by tools/dist_train.sh and tools/dist_test.sh (sourced): a free port, and the device preflight.
+# Shared by the launchers (sourced): a free port and the device preflight (dist_*.sh), srun's requests (slurm_*.sh).
 
 # the user asked for CPU: --device cpu / --device=cpu among the tool's options, or SOFTFREE_MM_DEVICE=cpu
 wants_cpu() {
@@ -26,4 +26,30 @@ device_preflight() {
 spec = importlib.util.find_spec("softfree_mm")
 print(os.path.join(os.path.dirname(spec.origin), "engine", "device.py"))') || return 2
     "$PYTHON" "$script" --launcher pytorch "$@" >/dev/null
+}
+
+# tools/slurm_train.sh / slurm_test.sh: srun's requests from the environment, checked (one line naming the variable
+# and what is valid, status 2). GPUS: processes in all; GPUS_PER_NODE: the GPU GRES each node is asked for (0: none,
+# a CPU partition); TASKS_PER_NODE: processes per node (GPUS_PER_NODE, or with no GRES min(GPUS, 8));
+# CPUS_PER_TASK. Sets the array SLURM_REQUESTS.
+slurm_requests() {
+    local v
+    if [[ "$GPUS" =~ ^[0-9]+$ ]]; then  # the defaults that follow from GPUS
+        GPUS_PER_NODE=${GPUS_PER_NODE:-$(( GPUS < 8 ? GPUS : 8 ))}
+        TASKS_PER_NODE=${TASKS_PER_NODE:-$(( GPUS_PER_NODE > 0 ? GPUS_PER_NODE : (GPUS < 8 ? GPUS : 8) ))}
+    fi
+    for v in GPUS GPUS_PER_NODE TASKS_PER_NODE CPUS_PER_TASK; do
+        if ! [[ "${!v:-}" =~ ^[0-9]+$ ]]; then
+            echo "error: $v=${!v}: a whole number is expected (GPUS, TASKS_PER_NODE, CPUS_PER_TASK >= 1; GPUS_PER_NODE >= 0, 0: no GPU GRES)" >&2
+            return 2
+        fi
+    done
+    for v in GPUS TASKS_PER_NODE CPUS_PER_TASK; do
+        if [ "${!v}" -lt 1 ]; then
+            echo "error: $v=${!v}: at least 1 is expected (GPUS_PER_NODE=0 is the way to ask for no GPUs)" >&2
+            return 2
+        fi
+    done
+    SLURM_REQUESTS=(--ntasks="$GPUS" --ntasks-per-node="$TASKS_PER_NODE" --cpus-per-task="$CPUS_PER_TASK")
+    if [ "$GPUS_PER_NODE" -gt 0 ]; then SLURM_REQUESTS+=(--gres=gpu:"$GPUS_PER_NODE"); fi
 }
