@@ -7,11 +7,13 @@ import torch
 
 
 def step_cost(transfer_config: str, batch: int = 8, steps: int = 3, device: str = 'cpu',
-              size: int = 224) -> dict:
+              size: int = 224, recipe: str = None) -> dict:
     """Seconds per training step of stage 1 (``transfer_config``'s AttentionTransfer: the teacher's forward, the
     student's forward and backward, AdamW on what trains) against a supervised step of the kernel's classifier (its
     ``cls_*`` config: forward, loss, backward of everything, AdamW), alternating in one process on the same images;
-    random weights (the release is not needed to time it). Returns dict(transfer_s, classifier_s, ratio, ...)."""
+    random weights (the release is not needed to time it). ``recipe``: time stage 1 as that recipe trains it (its
+    loss and what trains; the learning rates do not change a step's cost), the config's own recipe when None.
+    Returns dict(recipe, transfer_s, classifier_s, ratio, ...)."""
     from mmengine.config import Config
     from mmengine.registry import DefaultScope
 
@@ -22,6 +24,12 @@ def step_cost(transfer_config: str, batch: int = 8, steps: int = 3, device: str 
     for c in (cfg, cls_cfg):
         _replace_syncbn(c.model)
     cfg.model.teacher.pop('init_cfg', None)
+    if recipe is not None:
+        from softfree_mm.engine.warm_start import RECIPES
+        if recipe not in RECIPES:
+            raise ValueError(f'recipe {recipe!r}: known recipes are {", ".join(RECIPES)}')
+        cfg.model.loss, cfg.model.train = RECIPES[recipe].loss, list(RECIPES[recipe].groups)
+    recipe = recipe or (cfg.get('warm_start') or {}).get('recipe', '')
     with DefaultScope.overwrite_default_scope('mmpretrain'):
         import mmpretrain.models  # noqa: F401  (the classifier's registry)
         from mmpretrain.registry import MODELS
@@ -55,7 +63,7 @@ def step_cost(transfer_config: str, batch: int = 8, steps: int = 3, device: str 
                 times[k].append(time.perf_counter() - t)
     med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
     trained = sum(p.numel() for p in transfer.parameters() if p.requires_grad)
-    return dict(config=osp.basename(transfer_config), device=device, batch=batch, size=size, steps=steps,
+    return dict(config=osp.basename(transfer_config), recipe=recipe, device=device, batch=batch, size=size, steps=steps,
                 transfer_s=med['transfer'], classifier_s=med['classifier'], ratio=med['transfer'] / med['classifier'],
                 trained_params=trained, student_params=sum(p.numel() for p in transfer.backbone.parameters()),
                 threads=torch.get_num_threads())

@@ -9,7 +9,7 @@ import importlib
 import importlib.util
 import os
 import os.path as osp
-from typing import Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 from mmengine.config import Config
 
@@ -92,6 +92,31 @@ def check_attention(cfg: Config) -> None:
                 raise UsageError(f'{where}: {msg}') from None
 
 
+def warm_start_hint(checkpoint: str, config: Optional[str]) -> Dict[str, str]:
+    """What the missing-start line adds for a checkpoint a warm-start stage writes (``work_dirs/finetune_*`` or
+    ``transfer_*``), read from that stage's config beside ``config``: the tool's launch options its scale needs
+    (``--launcher pytorch --gpus N`` for N processes of the config's per-GPU batch), the cost of both stages and, when
+    the stage runs its layout's default recipe measured on another layout, that note. Empty where unknown."""
+    from . import warm_start as ws
+    from .layout_defaults import default_origin, default_recipe, warm_start_cost
+    name = next((part for part in reversed(os.path.normpath(checkpoint).split(os.sep))
+                 if part.startswith(('finetune_', 'transfer_'))), None)
+    path = os.path.join(os.path.dirname(config or ''), f'{name}.py') if name else ''
+    if not (name and config and os.path.isfile(path)):
+        return {}
+    try:
+        stage = Config.fromfile(path)
+        recipe, scale = stage.warm_start['recipe'], ws.SCALES[stage.warm_start['scale']]
+        per_gpu, backbone = int(stage.train_dataloader.batch_size), stage.model.backbone.to_dict()
+        out = dict(cost=warm_start_cost(backbone['type']) if name.startswith('finetune_') else '')
+        out['launch'] = (f' --launcher pytorch --gpus {scale.batch // per_gpu}'
+                         if scale.batch > per_gpu and scale.batch % per_gpu == 0 else '')
+        out['note'] = (default_origin(backbone) or '') if default_recipe(backbone['type']) == recipe else ''
+        return out
+    except (KeyError, AttributeError, TypeError, ValueError, UsageError):  # not a chain stage: the plain line
+        return {}
+
+
 def check_pretrained(cfg: Config) -> None:
     """Every ``Pretrained`` init_cfg that names a local file names one that exists: a det / seg config whose backbone
     starts from a checkpoint made by another config (the warm start's, a ``cls_*`` one) says how to make it, the
@@ -104,7 +129,8 @@ def check_pretrained(cfg: Config) -> None:
             if not isinstance(ckpt, str) or '://' in ckpt or os.path.isfile(ckpt):
                 continue
             if not (os.path.isdir(ckpt) and checkpoints_in(ckpt)):  # a stage's work dir: its last checkpoint
-                raise UsageError(missing_checkpoint_message(ckpt, path, cfg.get('softmax_release'), cfg.filename))
+                raise UsageError(missing_checkpoint_message(ckpt, path, cfg.get('softmax_release'), cfg.filename,
+                                                            **warm_start_hint(ckpt, cfg.filename)))
 
 
 def check_model_types(cfg: Config) -> None:

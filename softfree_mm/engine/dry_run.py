@@ -237,6 +237,7 @@ def check_start(cfg: Config, model) -> List[str]:
     from softfree_mm.models.converters import check_model_checkpoint, missing_checkpoint_message
 
     from .checkpoints import check_checkpoint, load_state_dict_of
+    from .config_checks import warm_start_hint
     lines = []
     release = cfg.get('softmax_release')
     for where, m, init in backbone_starts(model):
@@ -251,7 +252,8 @@ def check_start(cfg: Config, model) -> List[str]:
             lines.append(f'{where}: not checked: {why}')
             continue
         lines.append(f'{where}: the run stops before training: '
-                     + missing_checkpoint_message(init['checkpoint'], '', release, cfg.filename).lstrip(': '))
+                     + missing_checkpoint_message(init['checkpoint'], '', release, cfg.filename,
+                                                  **warm_start_hint(init['checkpoint'], cfg.filename)).lstrip(': '))
         if release and release != init['checkpoint']:
             rpath, rwhy = _start_file(release)
             if rpath is None:

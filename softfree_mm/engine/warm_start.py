@@ -64,21 +64,9 @@ RECIPES: Dict[str, Recipe] = {
     'transfer-newhead': Recipe('transfer-newhead', 'the default with a new head in stage 2 instead of the '
                                                    'release\'s', head='new'),
 }
-DEFAULT = 'transfer'  # the recipe the others are measured against (the rule's current default)
-# The recipe each backbone layout's shipped configs take (its family's ``Family.mixes``), chosen by the rule of
-# docs/warm_start.md on the recipes grid: final-feature distillation gains in token attention (PVTv2-b0) and nothing in
-# channel attention (XCiT-T12); Swin-T and CSWin-T take token attention's.
-LAYOUT_DEFAULTS: Dict[str, str] = {'tokens': 'transfer-final', 'channels': 'transfer'}
-
-
-def default_recipe(backbone_type: str) -> str:
-    """The name of the recipe a backbone family's warm start takes by default (its layout's)."""
-    import softfree_mm.models  # noqa: F401  (declares the families)
-    from softfree_mm.models.family import FAMILIES
-    name = backbone_type.split('.')[-1]
-    if name not in FAMILIES:
-        raise UsageError(f'no backbone family {backbone_type!r}; known: {", ".join(FAMILIES)}')
-    return LAYOUT_DEFAULTS[FAMILIES[name].family.mixes]
+DEFAULT = 'transfer'  # the grid's reference recipe: a layout outside LAYOUT_DEFAULTS' measurements starts from it
+# the recipe each backbone layout takes, where that was measured and what it costs: layout_defaults.py
+from .layout_defaults import LAYOUT_DEFAULTS, default_recipe  # noqa: E402,F401
 
 
 @dataclass(frozen=True)

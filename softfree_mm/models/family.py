@@ -4,7 +4,7 @@ A leaf module (typing only): the backbone kit (``backbones/base.py``, which decl
 ``register_family``) and the converters (which look families up by name) both read it, so neither imports the other
 for it.
 """
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple, Union
 
 
 class Family:
@@ -26,13 +26,22 @@ class Family:
         mixes: what its attention mixes, ``'tokens'`` (token attention: an N x N map over positions) or
             ``'channels'`` (XCiT's cross-covariance attention: a d x d map per head); the warm start's default recipe
             is chosen per layout (``softfree_mm.engine.warm_start.LAYOUT_DEFAULTS``).
+        layout: which tokens meet in its attention, one of :attr:`LAYOUTS`, or a function of a config's backbone
+            dict (its build arguments) that returns one (PVT: spatial reduction or not, by preset and
+            ``sr_ratios``); None: not declared. The warm start says in one line when a backbone's layout is not the
+            one its default recipe was measured on (``softfree_mm.engine.warm_start.default_origin``).
     """
 
     MIXES = ('tokens', 'channels')
+    # 'global tokens': every position against every position; 'reduced keys': positions against spatially reduced
+    # (strided or pooled) keys; 'windows' / 'stripes': positions within local windows / cross-shaped stripes;
+    # 'channels': XCiT's d x d cross-covariance per head
+    LAYOUTS = ('global tokens', 'reduced keys', 'windows', 'stripes', 'channels')
 
     def __init__(self, tiny: dict, fit: Optional[Tuple[str, dict]] = None,
                  checkpoints: Optional[Dict[str, dict]] = None, arch_spec=None,
-                 benchmark: Optional[Dict[str, dict]] = None, mixes: str = 'tokens'):
+                 benchmark: Optional[Dict[str, dict]] = None, mixes: str = 'tokens',
+                 layout: Union[str, Callable[[dict], str], None] = None):
         if not isinstance(tiny, dict):
             raise TypeError(f'Family: tiny must be a dict of build arguments, got {tiny!r}')
         if fit is not None and not (isinstance(fit, tuple) and len(fit) == 2 and isinstance(fit[0], str)
@@ -40,8 +49,19 @@ class Family:
             raise TypeError(f'Family: fit must be None or (label, build arguments), got {fit!r}')
         if mixes not in self.MIXES:
             raise ValueError(f'Family: mixes must be one of {list(self.MIXES)}, got {mixes!r}')
-        self.tiny, self.fit, self.arch_spec, self.mixes = tiny, fit, arch_spec, mixes
+        if not (layout is None or callable(layout) or layout in self.LAYOUTS):
+            raise ValueError(f'Family: layout must be None, one of {list(self.LAYOUTS)} or a function of the '
+                             f'backbone config, got {layout!r}')
+        self.tiny, self.fit, self.arch_spec, self.mixes, self._layout = tiny, fit, arch_spec, mixes, layout
         self.checkpoints, self.benchmark = dict(checkpoints or {}), dict(benchmark or {})
+
+    def layout(self, backbone: dict) -> Optional[str]:
+        """Which tokens meet in the attention of the backbone a config's ``backbone`` dict builds (None: not
+        declared)."""
+        found = self._layout(dict(backbone)) if callable(self._layout) else self._layout
+        if found is not None and found not in self.LAYOUTS:
+            raise ValueError(f'Family: the layout function returned {found!r}; valid: {list(self.LAYOUTS)}')
+        return found
 
 
 FAMILIES: Dict[str, type] = {}  # class name -> backbone class, in the order the families were declared

@@ -124,7 +124,7 @@ def test_a_resumed_study_repeats_nothing_and_runs_only_what_did_not_finish(tmp_p
     tools.mkdir()
     for name in ('train.py', 'test.py'):
         (tools / name).write_text(FAKE_TOOL.format(log=log))
-    # PVTv2's warm start is token attention's default recipe, transfer-final: its runs' keys name its stage 1
+    # the study's PVTv2 warm starts are transfer-final (its rows were made with it): its runs' keys name its stage 1
     assert ts.LAYOUTS['pvt'].default == 'transfer-final' and ts.recipe_of('pvt', 'transfer') == 'transfer-final-75'
     for key in ('scratch/pvt/softmax/seed0', 'scratch/pvt/linear/seed0',
                 'transfer/pvt/linear/kernel+qkv/blocks+final-0.33/75/seed0',

@@ -263,8 +263,9 @@ def test_dry_run_of_the_main_job_with_only_the_softmax_release_says_which_start_
     stops, other = dry_run()
     assert stops.startswith("[dry-run] model.backbone.init_cfg: the run stops before training: pretrained checkpoint "
                             "'work_dirs/finetune_xcit_s12_poly3' does not exist; make it with the warm start "
-                            f'(docs/warm_start.md): `python tools/warm_start.py {cfg}` runs what is missing (stage 1 '
-                            'configs/transfer_xcit_s12_poly3.py, then stage 2 configs/finetune_xcit_s12_poly3.py'), stops
+                            f'(docs/warm_start.md): `python tools/warm_start.py {cfg} --launcher pytorch --gpus 8` '
+                            'runs what is missing (stage 1 configs/transfer_xcit_s12_poly3.py, then stage 2 '
+                            'configs/finetune_xcit_s12_poly3.py'), stops
     fit = (f'{release} fits SoftFreeXCiT (12 blocks, width 384, 8 heads, MLP ratio 4, patch size 16): 350 of its 361 '
            'weights placed (11 left to their initialisation, 39 in the file not placed)')
     assert other == ('[dry-run] model.backbone.init_cfg: the other start, softmax_release with this kernel swapped '

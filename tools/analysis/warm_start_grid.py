@@ -57,6 +57,8 @@ def main(argv=None):
     p.add_argument('--device', choices=['cpu', 'cuda'], default='cpu', help='--cost: where to time')
     p.add_argument('--batch', type=int, default=8, help='--cost: images per step (224 x 224)')
     p.add_argument('--steps', type=int, default=3, help='--cost: timed steps of each (after one warm-up)')
+    p.add_argument('--cost-recipes', nargs='+', metavar='RECIPE',
+                   help="--cost: time each config's stage 1 under each of these recipes (default: the config's own)")
     p.add_argument('--csv', help='--cost: also write the rows here')
     args = p.parse_args(argv)
     if args.cost:
@@ -108,12 +110,16 @@ def cost(args):
         if not torch.cuda.is_available():
             fail('--device cuda: torch sees no CUDA device')
     from softfree_mm.analysis.warm_start_cost import step_cost
+    from softfree_mm.engine.warm_start import RECIPES
+    bad = [r for r in args.cost_recipes or () if r not in RECIPES]
+    if bad:
+        fail(f'--cost-recipes {" ".join(bad)}: known recipes are {", ".join(RECIPES)}')
     rows = []
-    for path in args.cost:
-        row = step_cost(path, args.batch, args.steps, args.device)
+    for path, recipe in [(path, recipe) for path in args.cost for recipe in args.cost_recipes or [None]]:
+        row = step_cost(path, args.batch, args.steps, args.device, recipe=recipe)
         rows.append(row)
-        print(f"{row['config']}: stage 1 {row['transfer_s']:.3f} s/step, the classifier {row['classifier_s']:.3f} "
-              f"s/step ({args.batch} images, {args.device}, {row['threads']} threads): ratio {row['ratio']:.2f}; "
+        print(f"{row['config']} ({row['recipe']}): stage 1 {row['transfer_s']:.3f} s/step, the classifier "
+              f"{row['classifier_s']:.3f} s/step ({args.batch} images, {args.device}, {row['threads']} threads): ratio {row['ratio']:.2f}; "
               f"{row['trained_params'] / 1e6:.2f} M of the student's {row['student_params'] / 1e6:.2f} M parameters "
               'train', flush=True)
     if args.csv:

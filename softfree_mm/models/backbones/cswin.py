@@ -178,6 +178,13 @@ class CSWinStage(nn.Module):
         return x
 
 
+def _global(global_window) -> bool:
+    """Whether a ``global_window`` setting makes the attention global: stages 1-3 (the last always is)."""
+    if isinstance(global_window, (list, tuple)):
+        return all(global_window[:3])
+    return bool(global_window)
+
+
 @register_family
 class SoftFreeCSWin(StagedBackbone):
     """CSWin Transformer backbone with swappable attention kernels.
@@ -204,7 +211,8 @@ class SoftFreeCSWin(StagedBackbone):
         fit=('global stripes', dict(global_window=True)), arch_spec=CSWinArchSpec(),
         checkpoints={'cswin': dict(arch='tiny', embed_dims=8, num_heads=(2, 2, 2, 2)),
                      'inline_cswin': dict(arch='inline_tiny', embed_dims=8, num_heads=(2, 2, 2, 2))},
-        benchmark={'cswin_t': dict(arch='tiny')})
+        benchmark={'cswin_t': dict(arch='tiny')},
+        layout=lambda cfg: 'global tokens' if _global(cfg.get('global_window')) else 'stripes')
 
     def __init__(self, arch: Union[str, dict] = 'tiny', embed_dims: Optional[int] = None,
                  depths: Optional[Sequence[int]] = None, num_heads: Optional[Sequence[int]] = None,

@@ -28,6 +28,20 @@ _PROBE = dict(embed_dims=(8, 8, 8, 8), num_heads=(1, 1, 1, 1))  # a small model 
 _NO_REDUCTION = ('sr_ratios=(1,1,1,1)', dict(sr_ratios=(1, 1, 1, 1)))  # where grid kernels fit
 
 
+def _layout_of(family_name: str):
+    """The family's ``layout`` declaration: 'reduced keys' when any stage reduces its keys (``sr_ratios`` > 1, or
+    linear SRA's pooled keys), 'global tokens' otherwise; the preset's values unless the config sets them."""
+    def layout(cfg: dict) -> str:
+        from ..family import FAMILIES
+        arch = cfg.get('arch', 'tiny' if family_name == 'SoftFreePVT' else 'b0')
+        preset = arch if isinstance(arch, dict) else FAMILIES[family_name].arch_zoo.get(arch, {})
+        sr = cfg.get('sr_ratios') or preset.get('sr_ratios') or (8, 4, 2, 1)
+        linear = cfg.get('linear')
+        linear = preset.get('linear', False) if linear is None else linear
+        return 'reduced keys' if linear or any(int(r) > 1 for r in sr) else 'global tokens'
+    return layout
+
+
 # ---------------------------------------------------------------------- layers
 class SRAttention(KernelAttention):
     """Spatial-reduction attention: queries from every token, keys and values from the reduced grid (the
@@ -260,7 +274,7 @@ class SoftFreePVT(_PVTBase):
     _convert = staticmethod(convert_pvt)
     family = Family(tiny=dict(arch='tiny', **_TINY), fit=_NO_REDUCTION, arch_spec=PVTArchSpec(),
                     checkpoints={'pvt': dict(arch='tiny', **_PROBE), 'inline_pvt': dict(arch='inline_tiny', **_PROBE)},
-                    benchmark={'pvt_s': dict(arch='small')})
+                    benchmark={'pvt_s': dict(arch='small')}, layout=_layout_of('SoftFreePVT'))
     MMDET_LAYOUT = dict(patch_sizes=(4, 2, 2, 2), strides=(4, 2, 2, 2), paddings=(0, 0, 0, 0), use_abs_pos_embed=True,
                         norm_after_stage=False, use_conv_ffn=False)
     _common = dict(embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8), mlp_ratios=(8, 8, 4, 4),
@@ -323,7 +337,8 @@ class SoftFreePVTv2(_PVTBase):
     _convert = staticmethod(convert_pvt_v2)
     family = Family(tiny=dict(arch='b0', **_TINY), fit=_NO_REDUCTION, arch_spec=PVTv2ArchSpec(),
                     checkpoints={'pvt_v2': dict(arch='b0', **_PROBE)},
-                    benchmark={'pvt_v2_b0': dict(arch='b0'), 'pvt_v2_b2': dict(arch='b2')})
+                    benchmark={'pvt_v2_b0': dict(arch='b0'), 'pvt_v2_b2': dict(arch='b2')},
+                    layout=_layout_of('SoftFreePVTv2'))
     MMDET_LAYOUT = dict(strides=(4, 2, 2, 2))
     _wide = dict(embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8), mlp_ratios=(8, 8, 4, 4),
                  sr_ratios=(8, 4, 2, 1))

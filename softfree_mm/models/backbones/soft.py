@@ -184,7 +184,7 @@ class SoftFreeSOFT(SoftFreeBackbone):
     family = Family(
         tiny=dict(arch=dict(embed_dims=(16, 32, 32, 32), num_heads=(1, 2, 2, 2), depths=(1, 1, 1, 1))),
         checkpoints={'soft': dict(arch=dict(depths=(1, 1, 1, 1), embed_dims=(8, 8, 8, 8), num_heads=(1, 1, 1, 1)))},
-        arch_spec=SOFTArchSpec())
+        arch_spec=SOFTArchSpec(), layout='global tokens')
     _prefer_ema = True
 
     def __init__(self,

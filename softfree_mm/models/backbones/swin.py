@@ -167,6 +167,14 @@ class SwinStage(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------- backbone
+def _global(global_window) -> bool:
+    """Whether a ``global_window`` setting makes the attention global: every stage, or all but the last (whose 7 x 7
+    grid at 224 is one window)."""
+    if isinstance(global_window, (list, tuple)):
+        return all(global_window[:3])
+    return bool(global_window)
+
+
 @register_family
 class SoftFreeSwin(StagedBackbone):
     """Swin Transformer backbone with swappable attention kernels.
@@ -211,7 +219,8 @@ class SoftFreeSwin(StagedBackbone):
         # kinds (InLine with the residual, softmax with the bias table)
         checkpoints={'swin': dict(arch='tiny', use_abs_pos_embed=True, embed_dims=8, num_heads=(1, 1, 1, 1)),
                      'inline_swin': dict(arch='inline_base', embed_dims=8, num_heads=(1, 1, 1, 1))},
-        benchmark={'swin_t': dict(arch='tiny'), 'swin_s': dict(arch='small')})
+        benchmark={'swin_t': dict(arch='tiny'), 'swin_s': dict(arch='small')},
+        layout=lambda cfg: 'global tokens' if _global(cfg.get('global_window')) else 'windows')
     freeze_next_downsample = True
 
     def __init__(self, arch: Union[str, dict] = 'tiny', embed_dims: Optional[int] = None,

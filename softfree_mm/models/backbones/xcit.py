@@ -257,7 +257,7 @@ class SoftFreeXCiT(SoftFreeBackbone):
         checkpoints={'xcit': dict(arch='t12', embed_dims=8, num_heads=1, norm_cfg=_BN)}, arch_spec=XCiTArchSpec(),
         benchmark={'xcit_s12': dict(arch='s12', patch_size=16, norm_cfg=_BN),
                    'xcit_t12': dict(arch='t12', patch_size=16, norm_cfg=_BN)},
-        mixes='channels')
+        mixes='channels', layout='channels')
 
     def __init__(self, arch: Union[str, dict] = 's12', patch_size: int = 16, in_channels: int = 3,
                  embed_dims: Optional[int] = None, depth: Optional[int] = None, num_heads: Optional[int] = None,

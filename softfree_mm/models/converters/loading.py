@@ -77,11 +77,6 @@ def fetch_release(url: str) -> str:
     return path
 
 
-# what the two stages cost, as docs/warm_start.md "What stage 1 costs" measures and projects it
-WARM_START_COST = ('both stages cost 27 to 32 epochs of the supervised recipe, 9 to 11 % of pretraining from '
-                   'scratch')
-
-
 _CKPT = re.compile(r'^(?:iter|epoch)_(\d+)\.pth$')
 
 
@@ -120,11 +115,14 @@ def resolve_checkpoint(checkpoint: str, owner: str = 'backbone') -> str:
 
 
 def missing_checkpoint_message(checkpoint: str, owner: str = 'backbone', release: Optional[str] = None,
-                               config: Optional[str] = None) -> str:
+                               config: Optional[str] = None, launch: str = '', cost: str = '',
+                               note: str = '') -> str:
     """One line for a pretrained checkpoint path that does not exist: how to make it, or how to opt out. A path in a
     ``work_dirs/<config name>/`` folder names the config that writes it: a ``finetune_*`` one (the warm start's
     stage 2) both stages and, given the config's ``softmax_release``, the start from that release with the kernel
-    swapped; a ``transfer_*`` one stage 1; a ``cls_*`` one the ImageNet pretraining."""
+    swapped; a ``transfer_*`` one stage 1; a ``cls_*`` one the ImageNet pretraining. The engine adds what it knows of
+    the warm start: ``launch`` (the tool's options its scale needs), ``cost`` (of both stages), ``note`` (where the
+    layout's default recipe was measured, when not on this layout)."""
     parts = os.path.normpath(checkpoint).split(os.sep)
     name = next((part for part in reversed(parts if os.path.splitext(parts[-1])[1] != '.pth' else parts[:-1])
                  if part.startswith(('finetune_', 'transfer_', 'cls_'))), None)
@@ -136,11 +134,11 @@ def missing_checkpoint_message(checkpoint: str, owner: str = 'backbone', release
         target = config or f'configs/{name}.py'
         if os.path.isabs(target) and not os.path.relpath(target).startswith('..'):
             target = os.path.relpath(target)  # as the user would type it, from here
-        stages = (f'stage 1 configs/transfer_{rest}.py, then stage 2 configs/finetune_{rest}.py, {WARM_START_COST}'
-                  if kind == 'finetune' else f'stage 1 configs/transfer_{rest}.py')
+        stages = (f'stage 1 configs/transfer_{rest}.py, then stage 2 configs/finetune_{rest}.py'
+                  if kind == 'finetune' else f'stage 1 configs/transfer_{rest}.py') + (f', {cost}' if cost else '')
         return (f'{owner}: pretrained checkpoint {checkpoint!r} {what}; make it with the warm start '
-                f'(docs/warm_start.md): `python tools/warm_start.py {target}` runs what is missing ({stages}) '
-                f'and then the config itself{swap}; or point model.backbone.init_cfg.checkpoint at your own file, or '
+                f'(docs/warm_start.md): `python tools/warm_start.py {target}{launch}` runs what is missing ({stages}) '
+                f'and then the config itself{swap}{"; note: " + note if note else ""}; or point model.backbone.init_cfg.checkpoint at your own file, or '
                 'train the backbone from scratch on purpose with model.backbone.init_cfg.type=Scratch')
     make = {'cls': f'make it with `python tools/train.py configs/{name}.py` (ImageNet), '}.get(kind, '')
     return (f'{owner}: pretrained checkpoint {checkpoint!r} {what}; {make}point '

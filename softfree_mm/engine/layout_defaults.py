@@ -1,0 +1,74 @@
+"""Which warm-start recipe each backbone layout takes, where that choice was measured, and what its stage 1 costs.
+
+The choice (:data:`LAYOUT_DEFAULTS`, by what a family's attention mixes) is the recipe rule's, version 2
+(``softfree_mm/analysis/recipe_rule.py``, docs/warm_start.md): the seed is the unit, and in neither layout measured
+does a variant's interval over seeds exclude zero. Version 1 had taken ``transfer-final`` for token attention from
+(kernel, seed) pairs counted as independent; work dirs it made are refused by the chain's fingerprints.
+
+Where it was measured (:data:`MEASURED_ON`): one grid backbone per layout, at the digits scale. A backbone whose
+attention meets other tokens (Swin's windows, CSWin's stripes, PVT with spatially reduced keys, a family that declares
+no layout) borrows the verdict; :func:`default_origin` says so in one line, which the warm-start tools print.
+
+What stage 1 costs (:data:`STAGE1_STEP_COST`): a stage-1 step of the layout default's recipe in supervised steps of
+the same classifier, per shipped backbone, from ``tools/analysis/warm_start_grid.py --cost`` (committed in
+docs/results/warm_start/cost_cpu.csv; a test holds this table to it); :func:`warm_start_cost` projects both stages.
+"""
+from typing import Dict, Optional
+
+from .errors import UsageError
+
+LAYOUT_DEFAULTS: Dict[str, str] = {'tokens': 'transfer', 'channels': 'transfer'}
+# what the attention mixes -> (the layout the default was measured on, the grid backbone it was measured with)
+MEASURED_ON: Dict[str, tuple] = {'tokens': ('global tokens', 'PVTv2-b0 without spatial reduction'),
+                                 'channels': ('channels', 'XCiT-T12')}
+# a stage-1 step of the layout's default recipe / a supervised step of the same classifier (CPU, 8 images of 224,
+# docs/results/warm_start/cost_cpu.csv), per shipped backbone
+STAGE1_STEP_COST: Dict[str, float] = {'SoftFreeXCiT': 1.20, 'SoftFreeSwin': 1.10, 'SoftFreePVTv2': 0.68,
+                                       'SoftFreeCSWin': 0.88}
+STAGE1_EPOCHS, STAGE2_EPOCHS = 10, 20  # the ImageNet scale's 30 epochs, split by the recipe's third
+SCRATCH_EPOCHS = {'SoftFreeXCiT': 400}  # the from-scratch recipe's epochs (300 where not named)
+
+
+def _family(backbone_type: str):
+    import softfree_mm.models  # noqa: F401  (declares the families)
+    from softfree_mm.models.family import FAMILIES
+    name = backbone_type.split('.')[-1]
+    if name not in FAMILIES:
+        raise UsageError(f'no backbone family {backbone_type!r}; known: {", ".join(FAMILIES)}')
+    return name, FAMILIES[name].family
+
+
+def default_recipe(backbone_type: str) -> str:
+    """The name of the recipe a backbone family's warm start takes by default (its layout's)."""
+    return LAYOUT_DEFAULTS[_family(backbone_type)[1].mixes]
+
+
+def default_origin(backbone: dict) -> Optional[str]:
+    """None when the backbone a config's ``backbone`` dict builds has the layout its default recipe was measured on;
+    else one line saying that the default is extrapolated to it, and from where."""
+    name, family = _family(backbone['type'])
+    layout, where = MEASURED_ON[family.mixes]
+    mine = family.layout(backbone)
+    if mine == layout:
+        return None
+    what = f"{name}'s {mine}" if mine else f'{name} (its family declares no layout)'
+    return (f'the warm start\'s default recipe here, `{LAYOUT_DEFAULTS[family.mixes]}`, was measured on {where} '
+            f'({layout}) at the digits scale, not on {what}: this backbone borrows that verdict (docs/warm_start.md, '
+            '"Where each default was measured")')
+
+
+def warm_start_cost(backbone_type: str) -> str:
+    """Both stages' cost in epochs of the supervised recipe and as a share of pretraining from scratch, from the
+    measured stage-1 step (``STAGE1_STEP_COST``); unmeasured backbones get the range over the measured ones."""
+    name, _ = _family(backbone_type)
+    ratios = [STAGE1_STEP_COST[name]] if name in STAGE1_STEP_COST else sorted(STAGE1_STEP_COST.values())
+    if not ratios:
+        return 'its cost is not measured'
+    scratch = SCRATCH_EPOCHS.get(name, 300)
+    lo, hi = (STAGE1_EPOCHS * r + STAGE2_EPOCHS for r in (ratios[0], ratios[-1]))
+    epochs = f'{lo:.0f}' if round(lo) == round(hi) else f'{lo:.0f} to {hi:.0f}'
+    share = (f'{100 * lo / scratch:.0f}' if round(100 * lo / scratch) == round(100 * hi / scratch)
+             else f'{100 * lo / scratch:.0f} to {100 * hi / scratch:.0f}')
+    measured = 'measured' if name in STAGE1_STEP_COST else 'the range over the backbones measured'
+    return (f'both stages cost {epochs} epochs of the supervised recipe, {share} % of its {scratch} from scratch, by a '
+            f'stage-1 step on CPU ({measured})')
