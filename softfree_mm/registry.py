@@ -83,7 +83,7 @@ def register_backbone(cls):
 
 def register_hooks():
     """The tools' reliability hooks, in mmengine's root HOOKS (every scope's HOOKS registry finds them)."""
-    for cls in (hooks.NonFiniteLossHook, hooks.RNGStateHook):
+    for cls in (hooks.NonFiniteLossHook, hooks.RNGStateHook, hooks.CheckpointOnSignalHook):
         if MMENGINE_HOOKS.get(cls.__name__) is not cls:
             MMENGINE_HOOKS.register_module(module=cls, force=True)
 

@@ -3,7 +3,8 @@
 
     python tools/warm_start.py CONFIG [--work-root work_dirs] [--recipe NAME] [--release PATH_OR_URL] [--iters N]
         [--stage1-options KEY=VALUE ...] [--stage2-options KEY=VALUE ...] [--cfg-options KEY=VALUE ...]
-        [--launcher none|pytorch|slurm] [--gpus N] [--nnodes N] [--partition P] [--job-name NAME]
+        [--launcher none|pytorch|slurm] [--gpus N [ROLE=N ...]] [--nnodes N] [--partition P] [--job-name NAME]
+        [--cpus-per-task N] [--srun-args "ARGS"] [--submit [--time T] [--signal-before S] [--sbatch-args "ARGS"]]
         [--batch-scale linear|keep] [--wait] [--dry-run] [--train-args "ARGS"]
     python tools/warm_start.py --write-recipe-configs
 
@@ -20,7 +21,14 @@ by the config its checkpoint saved. Another is one line, exit status 2, before a
 Each run is its own process, started the way a user starts one: tools/train.py (--launcher none, the default),
 tools/dist_train.sh with --gpus per node (--launcher pytorch; several nodes: run the command on each with NNODES,
 NODE_RANK, MASTER_ADDR set, as dist_train.sh reads them) or tools/slurm_train.sh on --partition with --gpus per node
-x --nnodes (--launcher slurm). Each stage's images a step (processes x train_dataloader.batch_size) must be the
+x --nnodes (--launcher slurm; --cpus-per-task and --srun-args, e.g. "--account=A --qos=Q", go to each srun; a
+CPU run, --train-args "--device cpu", asks for no GPU GRES; each stage's output is WORK_ROOT/logs/<run>.<time>.log).
+The scripts run this tool's interpreter (PYTHON). --gpus ROLE=N (stage1, stage2, main) gives one stage its own count.
+On several nodes (pytorch) node rank 0 alone decides what runs and judges what each run left; the others follow its
+decision (WORK_ROOT/warm_start_<stage 1>.nodes.json, announced on MASTER_ADDR:CHAIN_PORT, default PORT + 1).
+--submit (slurm) runs the whole chain as one sbatch job (--time, --requeue, USR1 --signal-before seconds before the
+limit: the running stage saves a checkpoint and stops, the job requeues itself and resumes there; --sbatch-args for
+the job's own options); its output is WORK_ROOT/logs/<job name>.<job id>.out. Each stage's images a step (processes x train_dataloader.batch_size) must be the
 recipe's scale's (1024 at ImageNet: --gpus 8), or --batch-scale linear (lr and iterations rescaled) or keep says
 what to do. --recipe NAME runs another recipe of softfree_mm/engine/warm_start.py (transfer, transfer-half,
 transfer-final, transfer-attn, transfer-blocks, transfer-newhead: docs/warm_start.md) at the stage configs' scale.
@@ -35,7 +43,9 @@ Bad input (a config with a release, one that is no det / seg / cls config, a wor
 release of another architecture or not reachable, a launch of another batch, bad options): one line, exit status 2,
 before any iteration. The logic is softfree_mm/engine/chain_run.py.
 """
+import os
 import os.path as osp
+import shlex
 import sys
 
 import tool_warnings  # noqa: F401  (tools/tool_warnings.py: before the OpenMMLab stack is imported)
@@ -57,11 +67,20 @@ def parse_args(argv=None):
     p.add_argument('--stage2-options', nargs='+', default=[], metavar='KEY=VALUE')
     p.add_argument('--cfg-options', nargs='+', default=[], metavar='KEY=VALUE', help="CONFIG's")
     p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm'], default='none')
-    p.add_argument('--gpus', type=int, default=None, help='processes per node (pytorch: default 1; slurm: 8)')
+    p.add_argument('--gpus', nargs='+', default=[], metavar='N|ROLE=N',
+                   help='processes per node (pytorch: default 1; slurm: 8); ROLE=N (stage1, stage2, main): one stage\'s')
     p.add_argument('--nnodes', type=int, default=1, help='nodes (slurm)')
     p.add_argument('--partition', help='the Slurm partition (--launcher slurm)')
     p.add_argument('--job-name', default='warm_start', help='Slurm job name prefix')
     p.add_argument('--train-args', default='', help='options for every tools/train.py call, as one string')
+    p.add_argument('--cpus-per-task', type=int, help="slurm: CPUs per task (default: tools/slurm_train.sh's, 10)")
+    p.add_argument('--srun-args', default='', help='slurm: more srun options for each stage, as one string')
+    p.add_argument('--submit', action='store_true', help='slurm: the whole chain as one sbatch job that requeues itself')
+    p.add_argument('--time', help='--submit: the job\'s time limit (sbatch --time; default: the partition\'s)')
+    p.add_argument('--signal-before', type=int, default=300, metavar='S',
+                   help='--submit: seconds before the limit at which the stage saves and the job requeues')
+    p.add_argument('--sbatch-args', default='', help='--submit: more sbatch options for the job, as one string')
+    p.add_argument('--in-job', action='store_true', help=argparse.SUPPRESS)
     p.add_argument('--batch-scale', choices=['linear', 'keep'],
                    help="a launch of another batch than the recipe's: scale the lr and iterations, or keep them")
     p.add_argument('--wait', action='store_true', help='another invocation runs this chain: wait for it to end')
@@ -77,8 +96,16 @@ def parse_args(argv=None):
             p.error(f'options are KEY=VALUE, got {opt!r}')
     if args.iters is not None and args.iters < 2:
         p.error(f'--iters must be at least 2 (one a stage), got {args.iters}')
-    if args.gpus is not None and args.gpus < 1:
-        p.error(f'--gpus must be a positive number, got {args.gpus}')
+    args.gpus, args.stage_gpus = _gpus(p, args.gpus)
+    if args.cpus_per_task is not None and args.cpus_per_task < 1:
+        p.error(f'--cpus-per-task must be a positive number, got {args.cpus_per_task}')
+    if (args.submit or args.in_job) and args.launcher != 'slurm':
+        p.error('--submit is for --launcher slurm (the chain as one sbatch job)')
+    if not 0 < args.signal_before < 65536:
+        p.error(f'--signal-before must be 1 to 65535 seconds, got {args.signal_before}')
+    for opt in ('time', 'sbatch_args'):
+        if getattr(args, opt) and not args.submit and not args.in_job:
+            p.error(f'--{opt.replace("_", "-")} is for --submit')
     if args.nnodes < 1:
         p.error(f'--nnodes must be a positive number, got {args.nnodes}')
     if args.launcher == 'slurm' and not args.partition:
@@ -89,33 +116,134 @@ def parse_args(argv=None):
     return args
 
 
+ROLES = ('stage1', 'stage2', 'main')
+
+
+def _gpus(p, values):
+    """--gpus N [ROLE=N ...] -> (N or None, {role: N})."""
+    common, per_role = None, {}
+    for v in values:
+        role, _, count = v.rpartition('=')
+        if role and role not in ROLES:
+            p.error(f'--gpus {v}: no stage {role!r}; stages are {", ".join(ROLES)} (ROLE=N), or N for all')
+        if not count.isdigit() or int(count) < 1:
+            p.error(f'--gpus must be a positive number, got {count!r}' + (f' in {v}' if role else ''))
+        if role:
+            per_role[role] = int(count)
+        else:
+            common = int(count)
+    return common, per_role
+
+
 def request_of(args):
     from softfree_mm.engine.chain_run import Request
     options = dict(stage1=list(args.stage1_options), stage2=list(args.stage2_options), main=list(args.cfg_options))
     return Request(args.config, args.work_root, args.release, args.iters, args.recipe, options, args.launcher,
-                   args.gpus, args.nnodes, args.partition, args.job_name, args.train_args, args.batch_scale)
+                   args.gpus, args.nnodes, args.partition, args.job_name, args.train_args, args.batch_scale,
+                   args.stage_gpus, args.cpus_per_task, args.srun_args)
+
+
+_SUBMIT_ONLY = {'--submit': 0, '--time': 1, '--signal-before': 1, '--sbatch-args': 1}
+
+
+def _job_argv(argv):
+    """The command the job runs: this one without --submit and its options."""
+    out, skip = [], 0
+    for a in argv:
+        if skip:
+            skip -= 1
+            continue
+        name = a.split('=', 1)[0]
+        if name in _SUBMIT_ONLY:
+            skip = _SUBMIT_ONLY[name] if '=' not in a else 0
+            continue
+        out.append(a)
+    return out
+
+
+def submit(args, argv, say):
+    """--submit: the chain as one sbatch job; its id and where its output and the stages' logs go."""
+    import subprocess
+
+    from softfree_mm.engine.chain_cluster import submit_command
+    from softfree_mm.engine.errors import UsageError
+    cmd = submit_command(_job_argv(argv), request_of(args), args.work_root, sys.executable,
+                         osp.abspath(__file__), args.time, args.signal_before, args.sbatch_args)
+    os.makedirs(osp.join(args.work_root, 'logs'), exist_ok=True)
+    say(f'[warm-start] submitting: {" ".join(shlex.quote(x) for x in cmd)}')
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise UsageError('--submit: sbatch is not on PATH (run it where Slurm\'s commands are)') from None
+    if proc.returncode:
+        raise UsageError(f'sbatch refused the job: {" ".join(proc.stderr.split())}')
+    job = proc.stdout.strip().split(';')[0]
+    out = osp.join(osp.abspath(args.work_root), 'logs', f'{args.job_name}.{job}.out')
+    say(f'[warm-start] submitted job {job}: the chain runs in it, requeued at its time limit until it is done; its '
+        f'output {out}; each stage\'s log in {osp.join(osp.abspath(args.work_root), "logs")}')
+    with open(osp.join(args.work_root, 'logs', 'jobs.txt'), 'a') as f:
+        f.write(f'{job} {out}\n')
+    return 0
 
 
 def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    args.argv = argv
     from softfree_mm.engine import chain_run as cr
-    from softfree_mm.engine.chain_release import chain_lock
     if args.write_recipe_configs:
         from softfree_mm.engine.warm_start import write_recipe_configs
         for path in write_recipe_configs(ROOT):
             print(f'[warm-start] wrote {osp.relpath(path, ROOT)}')
         return 0
+    say = lambda s, **kw: print(s, flush=True, **kw)  # noqa: E731
     plan = cr.plan(request_of(args), ROOT)
+    nodes = None
+    if args.launcher == 'pytorch' and not args.dry_run and int(os.environ.get('NNODES') or 1) > 1:
+        from softfree_mm.engine.chain_cluster import Nodes, probe_of
+        nodes = Nodes(args.work_root, plan.runs[0].name)
+        if not nodes.leader:  # node 0 looks at the work dirs and decides; this node follows, whatever it would see
+            decision = nodes.receive(say)
+            say(f'[warm-start] node {nodes.rank} of {nodes.count}: follows node 0\'s decision ({nodes.path}): runs '
+                f'from {plan.runs[decision["first"]].name if decision["first"] < len(plan.runs) else "nothing"}')
+            try:
+                return cr.execute(plan, probe_of(decision), decision['release'], say=say, nodes=nodes)
+            finally:
+                nodes.leave()
+    try:
+        return _lead(args, plan, nodes, say)
+    except Exception as e:
+        if nodes is not None and not nodes.decided:
+            nodes.refuse(str(e))  # the others stop with this line instead of waiting at the barrier
+        raise
+    finally:
+        if nodes is not None:
+            nodes.finish()
+
+
+def _lead(args, plan, nodes, say):
+    """One node, or node 0 of several: probe, check, report, then run under the chain's lock."""
+    from softfree_mm.engine import chain_run as cr
+    from softfree_mm.engine.chain_release import chain_lock
     probe = cr.probe(plan)
     cr.check_launch(plan, probe)
     cr.release_for(plan, probe, fetch_it=False)  # a release of another architecture: one line before any run
     print('\n'.join(cr.report(plan, probe)), flush=True)
     if args.dry_run:
         return 0
-    with chain_lock(args.work_root, plan.runs[0].name, args.wait, say=lambda s: print(s, flush=True)):
+    if args.submit:
+        return submit(args, args.argv, say)
+    with chain_lock(args.work_root, plan.runs[0].name, args.wait or args.in_job, say=say):
         probe = cr.probe(plan)  # again, under the lock: a run that held it may have moved the chain on
         release = cr.release_for(plan, probe, fetch_it=True)
-        return cr.execute(plan, probe, release, say=lambda s, **kw: print(s, flush=True, **kw))
+        if nodes is not None:
+            nodes.decide(probe.first, [s.state if s else None for s in probe.states], release)
+        stop = None
+        if args.in_job:  # a job of --submit: warned before its time limit, the stage saves and the job requeues
+            from softfree_mm.engine.chain_cluster import Requeue
+            stop = Requeue('USR1')
+        return cr.execute(plan, probe, release, launch=stop.launch if stop else None, say=say, nodes=nodes,
+                          stop=stop)
 
 
 if __name__ == '__main__':

@@ -44,14 +44,27 @@ class Request:
     job_name: str = 'warm_start'
     train_args: str = ''
     batch_scale: Optional[str] = None
+    stage_gpus: Dict[str, int] = field(default_factory=dict)  # --gpus ROLE=N: a stage's own count per node
+    cpus_per_task: Optional[int] = None  # slurm: CPUS_PER_TASK (default: tools/slurm_train.sh's)
+    slurm_args: str = ''  # slurm: more srun options (SRUN_ARGS), e.g. --account, --qos
 
-    def world_size(self) -> int:
-        """Processes of each run: one; --gpus per node (pytorch, on NNODES nodes); --gpus (8) x --nnodes (slurm)."""
+    def gpus_of(self, role: Optional[str] = None) -> Optional[int]:
+        """--gpus of a stage ('stage1', 'stage2', 'main'): its own count, else the common one (None: the default)."""
+        return self.stage_gpus.get(role) or self.gpus
+
+    def world_size(self, role: Optional[str] = None) -> int:
+        """Processes of a run: one; --gpus per node (pytorch, on NNODES nodes); --gpus (8) x --nnodes (slurm)."""
         if self.launcher == 'pytorch':
-            return (self.gpus or 1) * int(os.environ.get('NNODES') or 1)
+            return (self.gpus_of(role) or 1) * int(os.environ.get('NNODES') or 1)
         if self.launcher == 'slurm':
-            return (self.gpus or 8) * self.nnodes
+            return (self.gpus_of(role) or 8) * self.nnodes
         return 1
+
+    def wants_cpu(self) -> bool:
+        """The runs were asked to run on CPU (--train-args "--device cpu", or SOFTFREE_MM_DEVICE=cpu)."""
+        args = shlex.split(self.train_args)
+        return ('--device=cpu' in args or any(a == '--device' and b == 'cpu' for a, b in zip(args, args[1:]))
+                or os.environ.get('SOFTFREE_MM_DEVICE') == 'cpu')
 
 
 @dataclass
@@ -120,7 +133,7 @@ def _recipe_options(request: Request, runs: List[Stage], recipe: str, scale: str
         s = ws.SCALES[scale]
         total = request.iters or s.iters
         if linear:
-            batch = request.world_size() * int(run_config(stage).train_dataloader.batch_size)
+            batch = request.world_size(stage.role) * int(run_config(stage).train_dataloader.batch_size)
             s = ws.at_batch(s, batch, 'linear')
             total = max(2, round(total * ws.SCALES[scale].batch / batch))
         make = ws.recipe_options if request.recipe or linear else ws.length_options
@@ -171,8 +184,9 @@ def plan(request: Request, root: str) -> Plan:
         stage.options[:0] = extra
     cfgs = _finish_configs(runs, release)
     rel = _release_fields(release, local_release(release, request.work_root))
-    launch = dict(recipe=recipe, scale=scale, world_size=request.world_size(), batch_scale=request.batch_scale)
-    fps = [fingerprint.make(c, r.role, r.config, release if r.role == 'stage1' else r.reads, rel, launch)
+    launch = dict(recipe=recipe, scale=scale, batch_scale=request.batch_scale)
+    fps = [fingerprint.make(c, r.role, r.config, release if r.role == 'stage1' else r.reads, rel,
+                            dict(launch, world_size=request.world_size(r.role)))
            for r, c in zip(runs, cfgs)]
     return Plan(request, root, runs, cfgs, fps, release, recipe, scale)
 
@@ -249,9 +263,9 @@ def check_launch(p: Plan, pr: Probe) -> None:
     to do (the main job keeps mmdet / mmseg's own auto_scale_lr convention)."""
     if p.scale is None or p.request.batch_scale is not None:
         return
-    want, world = ws.SCALES[p.scale].batch, p.request.world_size()
+    want = ws.SCALES[p.scale].batch
     for r, c in zip(p.runs[pr.first:], p.cfgs[pr.first:]):
-        per_gpu = int(c.train_dataloader.batch_size)
+        world, per_gpu = p.request.world_size(r.role), int(c.train_dataloader.batch_size)
         if r.role != 'main' and world * per_gpu != want:
             n = want // per_gpu if want % per_gpu == 0 else None
             launch = (f'launch {n} processes (--launcher pytorch --gpus {n}, or slurm with --gpus x --nnodes = {n})'
@@ -290,29 +304,11 @@ def _now(p: Plan, pr: Probe, i: int) -> str:
     return 'not started'
 
 
-def _default_note(p: Plan) -> Optional[str]:
-    """One line when the chain runs its backbone layout's default recipe and that default was measured on another
-    layout (``layout_defaults.default_origin``)."""
-    from .layout_defaults import default_origin, default_recipe
-    backbone = (p.cfgs[0].get('model') or {}).get('backbone') if p.cfgs else None
-    if not isinstance(backbone, dict) or not isinstance(backbone.get('type'), str):
-        return None
-    try:
-        if default_recipe(backbone['type']) != p.recipe:
-            return None
-        return default_origin(backbone)
-    except UsageError:  # not one of the package's families: the chain refuses it elsewhere
-        return None
-
-
 def report(p: Plan, pr: Probe) -> List[str]:
     """The lines the tool prints before it runs anything (the whole output of --dry-run)."""
     lines = []
     if p.recipe:
         lines.append(f'[warm-start] recipe {p.recipe} at the {p.scale} scale (softfree_mm/engine/warm_start.py)')
-        note = _default_note(p)
-        if note:
-            lines.append(f'[warm-start] note: {note}')
     n = len(p.runs)
     for i, (r, c) in enumerate(zip(p.runs, p.cfgs)):
         unit, end = target(c)
@@ -338,12 +334,19 @@ def command(p: Plan, i: int, resume: bool, release: Optional[str] = None):
     opts = ['--cfg-options', f'{r.read_key}={reads}', *r.options, *head]
     extra = [*shlex.split(req.train_args), *(['--resume'] if resume else []), *opts]
     tools = osp.join(p.root, 'tools')
+    python = dict(PYTHON=sys.executable)  # the scripts run this tool's interpreter, not the first python on PATH
     if req.launcher == 'pytorch':
-        return ['bash', osp.join(tools, 'dist_train.sh'), r.config, str(req.gpus or 1), '--work-dir', r.work_dir,
-                *extra], {}
+        return ['bash', osp.join(tools, 'dist_train.sh'), r.config, str(req.gpus_of(r.role) or 1), '--work-dir',
+                r.work_dir, *extra], python
     if req.launcher == 'slurm':
-        per_node = req.gpus or 8
-        env = dict(GPUS=str(per_node * req.nnodes), GPUS_PER_NODE=str(per_node))
+        per_node = req.gpus_of(r.role) or 8
+        # a CPU run asks for no GPU GRES (a partition without GPUs refuses --gres=gpu:N)
+        env = dict(python, GPUS=str(per_node * req.nnodes), TASKS_PER_NODE=str(per_node),
+                   GPUS_PER_NODE='0' if req.wants_cpu() else str(per_node))
+        if req.cpus_per_task:
+            env['CPUS_PER_TASK'] = str(req.cpus_per_task)
+        if req.slurm_args:
+            env['SRUN_ARGS'] = req.slurm_args
         return ['bash', osp.join(tools, 'slurm_train.sh'), req.partition, f'{req.job_name}_{r.name}', r.config,
                 r.work_dir, *extra], env
     return [sys.executable, osp.join(tools, 'train.py'), r.config, '--work-dir', r.work_dir, *extra], {}
@@ -354,33 +357,72 @@ def _launch(cmd, env):
     return subprocess.run(cmd, cwd=os.getcwd(), env=dict(os.environ, **env)).returncode
 
 
-def execute(p: Plan, pr: Probe, release: Optional[str] = None, launch: Optional[Callable] = None, say=print) -> int:
+def stage_log(p: Plan, i: int) -> Optional[str]:
+    """Where a run's output goes under Slurm (srun --output): WORK_ROOT/logs/<run>.<date-time>.log, kept there; None
+    for the other launchers (their output is the tool's)."""
+    if p.request.launcher != 'slurm':
+        return None
+    import time
+    return osp.join(osp.abspath(p.request.work_root), 'logs', f'{p.runs[i].name}.{time.strftime("%Y%m%d-%H%M%S")}.log')
+
+
+def execute(p: Plan, pr: Probe, release: Optional[str] = None, launch: Optional[Callable] = None, say=print,
+            nodes=None, stop=None) -> int:
     """Run what the probe left, in order: each run's fingerprint first (an adopted one too), then its process
     (``launch(argv, env) -> exit status``; default: a subprocess). Returns the first non-zero exit status, else 0; a
-    run that ends without its last checkpoint stops the chain."""
+    run that ends without its last checkpoint stops the chain, whatever the launcher.
+
+    ``nodes`` (several nodes, one copy of the tool each; :mod:`softfree_mm.engine.chain_cluster`): node 0 writes the
+    fingerprints, checks what each run left and publishes its verdict; the others run the same processes and follow
+    that verdict, never their own look at the disk. ``stop`` (a Slurm job warned before its time limit): the running
+    stage saves and stops, and the job is requeued instead of going on."""
     launch = launch or _launch
+    leader = nodes is None or nodes.leader
     for st, r in zip(pr.states, p.runs):
-        if st is not None and st.adopted is not None:
+        if leader and st is not None and st.adopted is not None:
             fingerprint.write(r.work_dir, dict(st.adopted, version=fingerprint.VERSION))
     n = len(p.runs)
     for i in range(pr.first, n):
         r, fp = p.runs[i], p.fingerprints[i]
+        if stop is not None and stop.requested:
+            return stop.requeue(say, f'before {r.name}')
         resume = pr.states[i] is not None and pr.states[i].state == 'partial'
         if release and fp.get('release_sha256') is None:
             fp = dict(fp, release_sha256=fingerprint.sha256_of(release) if osp.isfile(release) else None)
-        if not resume or fingerprint.read(r.work_dir) is None:
+        if leader and (not resume or fingerprint.read(r.work_dir) is None):
             fingerprint.write(r.work_dir, fp)
         cmd, env = command(p, i, resume, release)
+        log = stage_log(p, i)
+        if log:
+            os.makedirs(osp.dirname(log), exist_ok=True)
+            env['SRUN_ARGS'] = f'{env.get("SRUN_ARGS", os.environ.get("SRUN_ARGS", ""))} --output={log}'.strip()
         say(f'[warm-start] {i + 1}/{n} {r.name}: {" ".join(shlex.quote(x) for x in cmd)}')
+        if log:
+            say(f'[warm-start] {i + 1}/{n} {r.name}: log {log}')
         status = launch(cmd, env)
+        if not leader:
+            verdict = nodes.follow(i)
+            if status or verdict:
+                say(f'[warm-start] {r.name}: {verdict or f"exit status {status}"}; the chain stops on this node too',
+                    file=sys.stderr)
+                return status or 2
+            continue
+        if stop is not None and stop.requested:
+            return stop.requeue(say, f'{r.name} saved where it was')
         if status:
+            if nodes is not None:
+                nodes.publish(i, f'node 0 saw {r.name} stop with exit status {status}')
             say(f'[warm-start] {r.name} stopped with exit status {status}; the same command resumes the chain',
                 file=sys.stderr)
             return status
         st = run_state(r, p.cfgs[i], fp)
-        if st.state != 'done' and p.request.launcher != 'slurm':
+        if st.state != 'done':
+            if nodes is not None:
+                nodes.publish(i, f'node 0 found {r.name} without its last checkpoint')
             raise UsageError(f'{r.name} ended without its last checkpoint in {r.work_dir} ({st.state}): the chain '
                              'stops')
+        if nodes is not None:
+            nodes.publish(i, '')
     say(f'[warm-start] {p.request.config}: every run of the chain is done')
     return 0
 
