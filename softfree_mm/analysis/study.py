@@ -31,6 +31,12 @@ CURVE_FIELDS = ('config', 'kernel', 'seed', 'step', 'layer', 'rows', 'keys', 'fr
                 'jac_sqrt_n')
 
 
+# the tables' titles per study config (tools/analysis/study.py and the docs' generated tables)
+TITLES = {'study_xcit_t12_digits': 'XCiT-T12 (channel attention, N = 48 channels per head)',
+          'study_pvt_v2_b0_digits': 'PVTv2-b0 without spatial reduction (token attention, N = 256 / 64 / 16 / 4)'}
+DIGITS_VAL_IMAGES = 500  # the digits task's validation set (the study configs' val_dataloader; a test counts it)
+
+
 def describe(spec) -> str:
     """A reader's name for a kernel config ('poly:degree=3' -> 'poly x^3 / sqrt(N)')."""
     label = kernel_label(spec)

@@ -238,13 +238,19 @@ class Study:
 
 def read_detector_rows(path: str) -> Dict[tuple, dict]:
     """(layout 'xcit', kernel, start, seed) -> a row of the warm-start grid's detectors.csv, in this study's form
-    (its 'softmax' start is the softmax classifier from scratch)."""
+    (its 'softmax' start is the softmax classifier from scratch); a warm-start row's ``recipe`` names what made it
+    (the file's provenance) where the file says."""
     from .warm_start_report import read_detectors
     out = {}
     for r in read_detectors(path):
         start = 'scratch' if r['start'] == 'softmax' else r['start']
+        made = r['source'].split(': ', 2)[2] if r['source'].count(': ') >= 2 else ''  # 'read: <file>: <what made it>'
         row = dict(cls_top1=r['start_top1'], status=r['status'], error=r['error'], wall_s=r['wall_s'],
-                   source=f'warm_start/{osp.basename(path)}')
+                   source=f'warm_start/{osp.basename(path)}' + (f': {made}' if made else ''))
+        if made and start != 'scratch':  # a warm start made otherwise than the recipe the study names
+            row['recipe'] = f"{RECIPES[start].format('transfer')}, {made}"
+        elif made:
+            row['recipe'] = RECIPES['scratch']
         row.update({k: r[k] for k in METRICS['det']})
         out[('xcit', r['kernel'], start, r['seed'])] = row
     return out
@@ -446,6 +452,9 @@ def docs_section(summary: List[dict], out_rel: str) -> str:
              'Within the seeds\' spread of softmax (the paired 95 % interval holds zero), and the largest paired '
              'differences:', '']
     lines += [f'- {line}' for line in within_and_extremes(summary)]
+    count = sum(e.get(f'd_{m}_ci') is not None for e in summary for m in PRIMARY[e['task']])
+    lines += ['', f'Multiplicity: these tables hold {count} paired intervals at 95 % each; by chance alone about '
+              f'{0.05 * count:.1f} of them would exclude zero where there is no difference.']
     lines += ['', END]
     return '\n'.join(lines)
 

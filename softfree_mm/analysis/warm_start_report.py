@@ -31,7 +31,8 @@ DETECTOR_COLUMNS = ('kernel', 'start', 'seed', 'start_top1', 'status', 'error', 
 
 def read_detectors(path: str) -> List[dict]:
     """The rows of an earlier grid's detectors.csv (numbers as floats, seeds as ints, blanks as None), marked as read
-    from ``path``: a grid that does not run its detectors again keeps them (--det-from)."""
+    from ``path`` with what made them (the file's ``source``, kept through every read): a grid that does not run its
+    detectors again keeps them (--det-from)."""
     from softfree_mm.engine.errors import UsageError
     with open(path, newline='') as f:
         reader = csv.DictReader(f)
@@ -46,7 +47,9 @@ def read_detectors(path: str) -> List[dict]:
         row['seed'] = int(r['seed'])
         row.update({k: float(r[k]) if r.get(k) not in (None, '') else None
                     for k in DETECTOR_COLUMNS[3:] if k not in ('status', 'error')})
-        out.append(dict(row, source=f'read: {osp.basename(path)}'))
+        own = r.get('source') or ''  # what made the row: kept through every read
+        out.append(dict(row, source=own if own.startswith('read: ') else
+                        f'read: {osp.basename(path)}' + (f': {own}' if own else '')))
     return out
 
 
@@ -203,12 +206,14 @@ def markdown(summary: List[dict], detectors: List[dict], groups: dict) -> str:
             for rec, x in v['verdicts'].items():
                 if x['mean'] is None:
                     continue
-                ci = '' if x['half'] is None else f' ± {x["half"]:.1f}'
+                ci = '' if x['half'] is None else f' [{x["mean"] - x["half"]:+.1f}, {x["mean"] + x["half"]:+.1f}]'
                 parts.append(f'{rec} {x["mean"]:+.1f}{ci} (n = {x["n"]})' + (', meets the target where the default '
                              f'misses: {", ".join(x["meets"])}' if x['meets'] else '') +
                              (f', loses on {", ".join(x["loses"])}' if x['loses'] else ''))
-            lines.append(f'{titles.get(bb, bb)}: paired against `{v["default"]}` at the larger budget: '
-                         + ('; '.join(parts) or 'no pairs yet') + f'. Default by the rule: `{v["chosen"]}`.')
+            lines.append(f'{titles.get(bb, bb)}, by the rule\'s version 1 (superseded: it counts the (kernel, seed) '
+                         f'pairs as independent units; version 2 above): paired against `{v["default"]}` at the '
+                         'larger budget, 95 % interval over pairs: ' + ('; '.join(parts) or 'no pairs yet')
+                         + f'. Version 1 would take `{v["chosen"]}`.')
             lines.append('')
     if groups.get('scores'):
         lines += ['### What stage 1 trains', '', '| groups | top-1 % after the fine-tune (both backbones, all seeds) |',

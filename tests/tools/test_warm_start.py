@@ -160,12 +160,18 @@ def test_cost_times_stage_1_against_the_classifiers_step_and_refuses_other_confi
     tool = osp.join(ROOT, 'tools', 'analysis', 'warm_start_grid.py')
     out = tmp_path / 'cost.csv'
     proc = subprocess.run([sys.executable, tool, '--cost', str(tmp_path / 'transfer_tiny_poly3.py'), '--batch', '2',
-                           '--steps', '1', '--csv', str(out)], capture_output=True, text=True, timeout=600)
+                           '--steps', '1', '--cost-recipes', 'transfer', 'transfer-final', '--csv', str(out)],
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    (row,) = list(csv.DictReader(open(out)))
+    row, final = list(csv.DictReader(open(out)))
+    assert (row['recipe'], final['recipe']) == ('transfer', 'transfer-final')
     assert float(row['ratio']) == pytest.approx(float(row['transfer_s']) / float(row['classifier_s']))
     assert 0 < int(row['trained_params']) < int(row['student_params'])
-    assert f"transfer_tiny_poly3.py: stage 1 {float(row['transfer_s']):.3f} s/step" in proc.stdout
+    assert row['trained_params'] == final['trained_params']  # the same groups; the loss adds a pass, not parameters
+    assert f"transfer_tiny_poly3.py (transfer): stage 1 {float(row['transfer_s']):.3f} s/step" in proc.stdout
+    bad = subprocess.run([sys.executable, tool, '--cost', str(tmp_path / 'transfer_tiny_poly3.py'), '--cost-recipes',
+                          'transfer-fast'], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip().startswith('error: --cost-recipes transfer-fast: known recipes')
     bad = subprocess.run([sys.executable, tool, '--cost', osp.join(ROOT, 'configs', 'cls_xcit_s12_poly3.py')],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip().endswith('not a configs/transfer_*.py file')
@@ -428,6 +434,7 @@ def test_the_docs_section_is_the_table_and_plots_and_is_replaced_on_every_run(tm
     assert text.startswith('# Warm start\n\nbefore\n\n') and text.endswith('\n\nafter\n')
     assert 'old table' not in text and text.count(rep.BEGIN) == 1 and table.rstrip() in text
     assert '| relu | 68.5 ± 0.7 (-2.0 ± 0.0) | 71.5 ± 0.7 (+1.0 ± 0.0) |' in table
-    assert 'transfer-final +3.0 ± 0.0 (n = 2), meets the target where the default misses: relu. Default by the rule: `transfer-final`.' in table
+    assert ('transfer-final +3.0 [+3.0, +3.0] (n = 2), meets the target where the default misses: relu. Version 1 '
+            'would take `transfer-final`.') in table
     assert '![each recipe against scratch, paired by seed](results/warm_start/recipes.png)' in text
     assert (out / 'recipes.png').is_file()

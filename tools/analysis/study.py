@@ -33,8 +33,7 @@ from _cli import ROOT, Parser, fail, kernel_specs, run  # noqa: E402
 CONFIGS = ('configs/demo/study_xcit_t12_digits.py', 'configs/demo/study_pvt_v2_b0_digits.py')
 KERNELS = ('softmax', 'poly:degree=3', 'poly:degree=3,scale=1.0', 'poly:degree=1', 'relu', 'linear', 'inline',
            'inline:local_residual=False', 'soft:landmark_ratio=2', 'synthesizer')
-TITLES = {'study_xcit_t12_digits': 'XCiT-T12 (channel attention, N = 48 channels per head)',
-          'study_pvt_v2_b0_digits': 'PVTv2-b0 without spatial reduction (token attention, N = 256 / 64 / 16 / 4)'}
+from softfree_mm.analysis.study import TITLES  # noqa: E402  (the tables' titles, one definition)
 
 
 def val_images(config, options):

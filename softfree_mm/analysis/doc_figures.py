@@ -1,0 +1,185 @@
+"""Every figure the README, docs/warm_start.md and docs/study.md quote from a grid, made from the committed CSVs.
+
+Each generated section sits between its two marker lines on its page; :data:`SECTIONS` lists them all, with the
+function that makes each from the CSVs under ``docs/results/``. ``tools/analysis/doc_figures.py`` writes them (after
+a grid's CSVs change); ``--check`` and the tests regenerate them and diff them against the pages. Prose outside the
+markers says what the figures mean and quotes none.
+"""
+import csv
+import json
+import os.path as osp
+from typing import Callable, Dict, List, NamedTuple, Optional
+
+RESULTS = osp.join('docs', 'results')
+
+
+class Section(NamedTuple):
+    page: str  # relative to the repository root
+    begin: str
+    end: str
+    make: Callable[[str], str]  # root -> the section, markers included
+    heading: str  # where a page without the markers gets it appended
+
+
+def _typed(v: str):
+    if v in (None, ''):
+        return None
+    try:
+        f = float(v)
+    except ValueError:
+        return v
+    return int(f) if f.is_integer() and '.' not in v and 'e' not in v.lower() else f
+
+
+def read_csv(path: str) -> List[dict]:
+    """A committed CSV's rows, numbers as numbers and blanks as None."""
+    with open(path, newline='') as f:
+        return [{k: _typed(v) for k, v in r.items()} for r in csv.DictReader(f)]
+
+
+# ------------------------------------------------------------------ the sections the grid tools already write
+def warm_start_grid(root: str) -> str:
+    """docs/warm_start.md's tables of the warm-start grid (tools/analysis/warm_start_grid.py)."""
+    from . import warm_start_report as wr
+    out = osp.join(root, RESULTS, 'warm_start')
+    rows = read_csv(osp.join(out, 'classifiers.csv'))
+    for r in rows:
+        r['groups'] = r.get('groups') or ''
+    detectors = read_csv(osp.join(out, 'detectors.csv'))
+    with open(osp.join(out, 'groups.json')) as f:
+        groups = json.load(f)
+    result = dict(rows=rows, detectors=detectors)
+    table = wr.compute_line(result) + '\n\n' + wr.markdown(wr.summarise(rows), detectors, groups)
+    made = [osp.join(out, n) for n in ('accuracy.png', 'recipes.png', 'transfer_curves.png')
+            if osp.isfile(osp.join(out, n))]
+    return wr.docs_section(table, 'results/warm_start', made)
+
+
+def recipe_rule(root: str) -> str:
+    """docs/warm_start.md's verdicts of the recipe rule, version 2 (tools/analysis/recipe_rule.py)."""
+    from . import recipe_rule as rr
+    rows = read_csv(osp.join(root, RESULTS, 'warm_start', 'classifiers.csv'))
+    rows = [{k: ('' if v is None else str(v)) for k, v in r.items()} for r in rows]
+    backbones = list(dict.fromkeys(r['backbone'] for r in rows if r.get('backbone')))
+    return rr.section(rows, 75, {bb: 'transfer' for bb in backbones})
+
+
+def task_study(root: str) -> str:
+    """docs/study.md's detection and segmentation tables (tools/analysis/task_study.py)."""
+    from . import task_study as ts
+    summary = ts.summarise(ts.read_rows(osp.join(root, RESULTS, 'task_study', 'runs.csv')))
+    return ts.docs_section(summary, 'results/task_study')
+
+
+def cost_headline(root: str) -> str:
+    """The README's cost headline (tools/benchmark.py backbone --layouts --readme)."""
+    from .benchmark import cost, cost_report
+    return cost_report.headline(cost.read_rows(osp.join(root, RESULTS, 'cost', 'cost_cpu.csv')))
+
+
+# ------------------------------------------------------------------ the sections this module writes
+def _markers(name: str, source: str):
+    return (f'<!-- {name}: made by tools/analysis/doc_figures.py from {source}, do not edit by hand -->',
+            f'<!-- {name}: end -->')
+
+
+STUDY_TABLES = _markers('kernel study tables', 'docs/results/study/summary.csv')
+STUDY_FINDINGS = _markers('kernel study findings', 'docs/results/study/runs.csv')
+STUDY_NORMS = _markers('kernel study norms', 'docs/results/study/norm_curves.csv')
+WARM_FINDINGS = _markers('warm-start findings', 'docs/results/warm_start/')
+WARM_COST = _markers('stage-1 cost', 'docs/results/warm_start/cost_cpu.csv')
+README_STUDIES = _markers('studies headline', 'docs/results/')
+
+
+def _wrap(markers, lines: List[str]) -> str:
+    return '\n'.join([markers[0], '', *[ln for ln in lines], '', markers[1]]).replace('\n\n\n', '\n\n')
+
+
+def study_tables(root: str) -> str:
+    from . import study as st
+    summary = read_csv(osp.join(root, RESULTS, 'study', 'summary.csv'))
+    for e in summary:
+        e['error'] = e.get('error') or ''
+    table = st.markdown(summary, {c: st.DIGITS_VAL_IMAGES for c in st.TITLES}, st.TITLES)
+    return _wrap(STUDY_TABLES, table.rstrip().splitlines())
+
+
+def study_findings(root: str) -> str:
+    from . import findings as fd
+    return _wrap(STUDY_FINDINGS, fd.study_lines(read_csv(osp.join(root, RESULTS, 'study', 'runs.csv'))))
+
+
+def study_norms(root: str) -> str:
+    from . import findings as fd
+    return _wrap(STUDY_NORMS, fd.norm_lines(read_csv(osp.join(root, RESULTS, 'study', 'norm_curves.csv'))))
+
+
+def warm_findings(root: str) -> str:
+    from . import findings as fd
+    out = osp.join(root, RESULTS, 'warm_start')
+    rows = read_csv(osp.join(out, 'classifiers.csv'))
+    lines = fd.warm_start_lines(rows) + fd.unbounded_lines(rows) + fd.recipe_lines(rows)
+    lines += fd.detector_lines(read_csv(osp.join(out, 'detectors.csv')))
+    return _wrap(WARM_FINDINGS, lines)
+
+
+def warm_cost(root: str) -> str:
+    from . import findings as fd
+    return _wrap(WARM_COST, fd.cost_lines(read_csv(osp.join(root, RESULTS, 'warm_start', 'cost_cpu.csv'))))
+
+
+def readme_studies(root: str) -> str:
+    from . import findings as fd
+    from . import recipe_rule as rr
+    from . import task_study as ts
+    grid = read_csv(osp.join(root, RESULTS, 'warm_start', 'classifiers.csv'))
+    text = [{k: ('' if v is None else str(v)) for k, v in r.items()} for r in grid]
+    rule = rr.choose(text, 75, {bb: 'transfer' for bb in dict.fromkeys(r['backbone'] for r in grid)})
+    task = ts.summarise(ts.read_rows(osp.join(root, RESULTS, 'task_study', 'runs.csv')))
+    lines = fd.readme_lines(read_csv(osp.join(root, RESULTS, 'study', 'runs.csv')), grid, task, rule)
+    return '\n'.join([README_STUDIES[0], *lines, README_STUDIES[1]])
+
+
+def _sections() -> List[Section]:
+    from . import recipe_rule as rr
+    from . import task_study as ts
+    from . import warm_start_report as wr
+    from .benchmark import cost_report as cr
+    return [
+        Section('README.md', cr.HEADLINE_BEGIN, cr.HEADLINE_END, cost_headline, 'Headline figures'),
+        Section('docs/warm_start.md', rr.BEGIN, rr.END, recipe_rule, 'The recipe rule, version 2'),
+        Section('docs/warm_start.md', wr.BEGIN, wr.END, warm_start_grid, 'The evidence at small scale'),
+        Section('docs/study.md', ts.BEGIN, ts.END, task_study, 'Detection and segmentation'),
+        Section('README.md', *README_STUDIES, readme_studies, 'Headline figures'),
+        Section('docs/warm_start.md', *WARM_FINDINGS, warm_findings, 'What holds'),
+        Section('docs/warm_start.md', *WARM_COST, warm_cost, 'What stage 1 costs'),
+        Section('docs/study.md', *STUDY_TABLES, study_tables, 'Accuracy'),
+        Section('docs/study.md', *STUDY_NORMS, study_norms, 'The norms during training'),
+        Section('docs/study.md', *STUDY_FINDINGS, study_findings, 'What holds at this scale'),
+    ]
+
+
+def current(root: str, s: Section) -> Optional[str]:
+    """The section as the page holds it now (None when the page has no such markers)."""
+    with open(osp.join(root, s.page)) as f:
+        text = f.read()
+    if s.begin not in text or s.end not in text:
+        return None
+    return text[text.index(s.begin):text.index(s.end) + len(s.end)]
+
+
+def stale(root: str) -> List[str]:
+    """'page: first marker' of each section whose page differs from what the CSVs make."""
+    return [f'{s.page}: {s.begin}' for s in _sections() if current(root, s) != s.make(root)]
+
+
+def write(root: str) -> List[str]:
+    """Write every section into its page; returns the pages changed."""
+    from .docs_section import write_section
+    changed = []
+    for s in _sections():
+        made = s.make(root)
+        if current(root, s) != made:
+            write_section(osp.join(root, s.page), made, s.begin, s.end, s.heading)
+            changed.append(s.page)
+    return sorted(set(changed))

@@ -1,0 +1,298 @@
+"""The measured lines the docs quote, made from the committed CSVs (``doc_figures.SECTIONS`` places them).
+
+Every interval is a 95 % t-interval whose unit of analysis is named: the seed (runs of one seed share its
+initialisation, data order and, for a warm start, its softmax teacher), never a (kernel, seed) pair.
+"""
+from collections import OrderedDict
+from typing import Dict, Iterable, List, Optional, Tuple
+
+from .stats import Interval, interval, mean_std
+
+CHANCE_TOP1 = 15.0  # a classifier at or below this top-1 (chance: 10 %) has not trained
+COLLAPSE_MACC = 100 / 11 + 0.5  # a segmentor whose mAcc is this low predicts one class of eleven: background only
+TARGET = 1.0  # the warm start's target: within 1 point of scratch (paired mean)
+SEEDS = 'seeds'
+
+KERNEL_NAMES = OrderedDict([
+    ('softmax', 'softmax'), ('poly:degree=3', 'x^3 / sqrt(N)'), ('poly:degree=3,scale=1.0', 'x^3 unscaled'),
+    ('poly:degree=1', 'x / sqrt(N)'), ('relu', 'ReLU / N'), ('linear', 'linear'), ('inline', 'InLine'),
+    ('inline:local_residual=False', 'InLine without its residual'), ('soft:landmark_ratio=2', 'SOFT'),
+    ('synthesizer', 'Synthesizer')])
+STUDY_TITLES = OrderedDict([('study_xcit_t12_digits', 'XCiT-T12 (channel attention)'),
+                            ('study_pvt_v2_b0_digits', 'PVTv2-b0 without spatial reduction (token attention)')])
+GRID_TITLES = OrderedDict([('xcit', 'XCiT-T12 (channel attention)'),
+                           ('pvt', 'PVTv2-b0 without spatial reduction (token attention)')])
+
+
+def name(kernel: str) -> str:
+    return KERNEL_NAMES.get(kernel, kernel)
+
+
+def _by_seed(rows: Iterable[dict], value: str = 'top1') -> Dict[int, float]:
+    return {int(r['seed']): float(r[value]) for r in rows if r.get(value) is not None and r.get('status') == 'ok'}
+
+
+def seed_paired(values: Dict[int, float], against: Dict[int, float]) -> Tuple[Interval, int]:
+    """(the 95 % interval of values - against over the seeds both hold, how many of them are above)."""
+    seeds = sorted(set(values) & set(against))
+    diffs = [values[s] - against[s] for s in seeds]
+    return interval(diffs, SEEDS), sum(d > 0 for d in diffs)
+
+
+def cell(i: Interval, digits: int = 1) -> str:
+    """'+0.8 [-1.2, +2.8]' (the unit and n are the table's); the mean alone without an interval."""
+    if i.mean is None:
+        return ''
+    if i.half is None:
+        return f'{i.mean:+.{digits}f} (n = {i.n})'
+    return f'{i.mean:+.{digits}f} [{i.low:+.{digits}f}, {i.high:+.{digits}f}]'
+
+
+def excludes_zero(i: Interval) -> bool:
+    return i.half is not None and not i.holds_zero
+
+
+# ------------------------------------------------------------------ the kernel study (docs/study.md)
+def study_lines(runs: List[dict]) -> List[str]:
+    """Per backbone: each kernel against softmax paired by seed, the seeds at chance, and the comparisons the
+    papers' claims call for (scaled against unscaled x^3, InLine against linear)."""
+    out = []
+    for config, title in STUDY_TITLES.items():
+        rows = [r for r in runs if r['config'] == config]
+        by = OrderedDict((k, _by_seed([r for r in rows if r['kernel'] == k], 'top1_final'))
+                         for k in dict.fromkeys(r['kernel'] for r in rows))
+        ref = by.get('softmax', {})
+        n = len(ref)
+        out += [f'**{title}**, final top-1 minus softmax\'s, paired by seed (95 % interval over the {n} seeds; '
+                'top-1 per seed in seed order):', '',
+                '| kernel | paired Δ vs softmax | seeds above | top-1 per seed | seeds at chance (≤ 15 %) |',
+                '|---|---|---|---|---|']
+        for k, vals in by.items():
+            if not vals:
+                out.append(f'| {name(k)} | does not fit (no run) | | | |')
+                continue
+            seeds = ', '.join(f'{vals[s]:.1f}' for s in sorted(vals))
+            low = sum(v <= CHANCE_TOP1 for v in vals.values())
+            if k == 'softmax':
+                out.append(f'| softmax | reference | | {seeds} | {low} of {len(vals)} |')
+                continue
+            i, above = seed_paired(vals, ref)
+            out.append(f'| {name(k)} | {cell(i)} | {above} of {i.n} | {seeds} | {low} of {len(vals)} |')
+        pairs = [('poly:degree=3', 'poly:degree=3,scale=1.0'), ('inline', 'linear'),
+                 ('inline:local_residual=False', 'linear'), ('inline', 'inline:local_residual=False')]
+        comp = []
+        for a, b in pairs:
+            if by.get(a) and by.get(b):
+                i, above = seed_paired(by[a], by[b])
+                comp.append(f'{name(a)} minus {name(b)} {cell(i)}, {above} of {i.n} seeds above')
+        if comp:
+            out += ['', 'Paired by seed, 95 % interval over seeds: ' + '; '.join(comp) + '.']
+        out.append('')
+    return out
+
+
+def norm_lines(curves: List[dict]) -> List[str]:
+    """Per backbone and kernel, ||A||_F / sqrt(N) and the score Jacobian's norm / sqrt(N) at the first recorded step
+    and at the last, each the mean over layers and seeds."""
+    out = ['| backbone | kernel | ‖A‖_F / sqrt(N), first step | last step | Jacobian / sqrt(N), first step | '
+           'last step |', '|---|---|---|---|---|---|']
+    for config, title in STUDY_TITLES.items():
+        rows = [r for r in curves if r['config'] == config]
+        for k in dict.fromkeys(r['kernel'] for r in rows):
+            rk = [r for r in rows if r['kernel'] == k]
+            first, last = min(r['step'] for r in rk), max(r['step'] for r in rk)
+
+            def at(step, col):
+                m, _, n = mean_std(r.get(col) for r in rk if r['step'] == step)
+                return '' if m is None else f'{m:.3g}'
+            out.append(f"| {title.split(' (')[0]} | {name(k)} | {at(first, 'fro_sqrt_n')} | {at(last, 'fro_sqrt_n')} | "
+                       f"{at(first, 'jac_sqrt_n')} | {at(last, 'jac_sqrt_n')} |")
+    return out
+
+
+# ------------------------------------------------------------------ the warm-start grid (docs/warm_start.md)
+def _grid(rows: List[dict], backbone: str, kernel: str, start: str, iters: int,
+          recipe: str = 'transfer') -> Dict[int, float]:
+    from ..engine.warm_start import RECIPES
+    groups = '+'.join(RECIPES[recipe].groups)
+    return _by_seed(r for r in rows if r['backbone'] == backbone and r['kernel'] == kernel and r['start'] == start
+                    and int(r['iters']) == iters and (start != 'transfer' or ((r.get('recipe') or 'transfer') == recipe
+                                                                              and r.get('groups') == groups)))
+
+
+def warm_start_lines(rows: List[dict], budgets=(75, 30)) -> List[str]:
+    """Per backbone, budget, start and kernel: top-1 minus the same kernel's from scratch, paired by seed; whether
+    the paired mean meets the target (within 1 point of scratch); the softmax teachers' top-1 per seed."""
+    out = [f'Top-1 minus the same kernel from scratch (300 iterations), paired by seed, 95 % interval over seeds; '
+           f'"target": the paired mean within {TARGET:g} point of scratch or above.', '',
+           '| backbone | iterations | kernel | swap, as it is | swap + fine-tune | transfer + fine-tune | target '
+           '(swap + ft / transfer) |', '|---|---|---|---|---|---|---|']
+    for bb, title in GRID_TITLES.items():
+        kernels = [k for k in dict.fromkeys(r['kernel'] for r in rows if r['backbone'] == bb) if k != 'softmax']
+        for budget in budgets:
+            for k in kernels:
+                scratch = _grid(rows, bb, k, 'scratch', 300)
+                i0 = seed_paired(_grid(rows, bb, k, 'swap', 0), scratch)[0]
+                i1 = seed_paired(_grid(rows, bb, k, 'swap', budget), scratch)[0]
+                i2 = seed_paired(_grid(rows, bb, k, 'transfer', budget), scratch)[0]
+                meets = '/'.join('yes' if i.mean is not None and i.mean >= -TARGET else 'no' for i in (i1, i2))
+                out.append(f"| {title.split(' (')[0]} | {budget} | {name(k)} | {cell(i0)} | {cell(i1)} | {cell(i2)} "
+                           f'| {meets} |')
+    out += ['', 'The softmax classifiers, each seed\'s teacher, top-1 per seed: ' + '; '.join(
+        f"{title.split(' (')[0]} " + ', '.join(f'seed {s} {v:.1f}' for s, v in
+                                             sorted(_grid(rows, bb, 'softmax', 'scratch', 300).items()))
+        for bb, title in GRID_TITLES.items()) + '.', '']
+    return out
+
+
+def unbounded_lines(rows: List[dict], backbone: str = 'pvt', budget: int = 75,
+                    kernels=('poly:degree=3', 'poly:degree=1')) -> List[str]:
+    """Top-1 per seed of the polynomial kernels in token attention: from scratch, swap + fine-tune, transfer."""
+    out = [f'Top-1 per seed, {GRID_TITLES[backbone]}, at {budget} iterations:', '',
+           '| kernel | start | ' + ' | '.join(f'seed {s}' for s in range(5)) + ' | mean ± std |',
+           '|---|---|' + '---|' * 6]
+    for k in kernels:
+        for label, vals in (('scratch (300)', _grid(rows, backbone, k, 'scratch', 300)),
+                            ('swap + fine-tune', _grid(rows, backbone, k, 'swap', budget)),
+                            ('transfer + fine-tune', _grid(rows, backbone, k, 'transfer', budget))):
+            m, s, _ = mean_std(vals.values())
+            spread = '' if m is None else f'{m:.1f}' + ('' if s is None else f' ± {s:.1f}')
+            out.append(f'| {name(k)} | {label} | ' + ' | '.join(f'{vals[i]:.1f}' if i in vals else '' for i in range(5))
+                       + f' | {spread} |')
+    return out + ['']
+
+
+def recipe_lines(rows: List[dict], budget: int = 75, base: str = 'transfer') -> List[str]:
+    """Each variant against ``base`` per kernel, paired by seed (the rule version 2 reads the seed means over
+    kernels; these are the per-kernel figures, for the record)."""
+    out = [f'Each recipe minus `{base}` at {budget} iterations, per kernel, paired by seed (95 % interval over '
+           'seeds):', '', '| backbone | recipe | kernel | paired Δ | seeds above |', '|---|---|---|---|---|']
+    for bb, title in GRID_TITLES.items():
+        recipes = [r for r in dict.fromkeys((r.get('recipe') or base) for r in rows
+                                            if r['backbone'] == bb and r['start'] == 'transfer') if r != base]
+        for rec in recipes:
+            for k in dict.fromkeys(r['kernel'] for r in rows if r['backbone'] == bb and r.get('recipe') == rec):
+                i, above = seed_paired(_grid(rows, bb, k, 'transfer', budget, rec),
+                                       _grid(rows, bb, k, 'transfer', budget, base))
+                out.append(f"| {title.split(' (')[0]} | `{rec}` | {name(k)} | {cell(i)} | {above} of {i.n} |")
+    return out + ['']
+
+
+def detector_lines(detectors: List[dict]) -> List[str]:
+    """The demo Mask R-CNN from each start against the same kernel's from-scratch classifier, paired by seed."""
+    out = ['The demo Mask R-CNN (XCiT-T12) from each 75-iteration start minus the same kernel\'s from-scratch start, '
+           'paired by seed (95 % interval over seeds):', '',
+           '| kernel | start | bbox mAP | segm mAP | seeds |', '|---|---|---|---|---|']
+    for k in dict.fromkeys(d['kernel'] for d in detectors if d['kernel'] != 'softmax'):
+        for start in ('swap', 'transfer'):
+            row = []
+            for m in ('bbox_mAP', 'segm_mAP'):
+                base = _by_seed([d for d in detectors if d['kernel'] == k and d['start'] == 'scratch'], m)
+                i, _ = seed_paired(_by_seed([d for d in detectors if d['kernel'] == k and d['start'] == start], m),
+                                   base)
+                row.append(cell(i, 3))
+            out.append(f'| {name(k)} | {start} | {row[0]} | {row[1]} | {i.n} |')
+    sm = [d for d in detectors if d['kernel'] == 'softmax']
+    b, _, n = mean_std(d['bbox_mAP'] for d in sm)
+    s, _, _ = mean_std(d['segm_mAP'] for d in sm)
+    if n:
+        out += ['', f'From the softmax classifier: bbox {b:.3f}, segm {s:.3f} mAP (mean of {n} seeds).']
+    return out + ['']
+
+
+# ------------------------------------------------------------------ the stage-1 cost (docs/warm_start.md)
+def cost_lines(rows: List[dict]) -> List[str]:
+    """The --cost rows, and both stages' cost per backbone and recipe as the engine projects it."""
+    from ..engine.layout_defaults import SCRATCH_EPOCHS, STAGE1_EPOCHS, STAGE2_EPOCHS
+    out = ['| config | recipe | stage-1 s / step | supervised s / step | ratio | trains (M) | student (M) | '
+           'both stages, epochs of the supervised recipe | share of pretraining from scratch |',
+           '|---|---|---|---|---|---|---|---|---|']
+    from mmengine.config import Config  # noqa: F401  (the backbone of each config: its family)
+    for r in rows:
+        family = _family_of(r['config'])
+        epochs = STAGE1_EPOCHS * float(r['ratio']) + STAGE2_EPOCHS
+        scratch = SCRATCH_EPOCHS.get(family, 300)
+        out.append(f"| {r['config']} | `{r.get('recipe') or 'transfer'}` | {float(r['transfer_s']):.2f} | "
+                   f"{float(r['classifier_s']):.2f} | {float(r['ratio']):.2f} | {int(r['trained_params']) / 1e6:.1f} | "
+                   f"{int(r['student_params']) / 1e6:.1f} | {epochs:.0f} | {100 * epochs / scratch:.0f} % of "
+                   f'{scratch} |')
+    return out + ['']
+
+
+FAMILY_OF_CONFIG = {'xcit_s12': 'SoftFreeXCiT', 'swin_t': 'SoftFreeSwin', 'pvt_v2_b2': 'SoftFreePVTv2',
+                    'cswin_t': 'SoftFreeCSWin'}
+
+
+def _family_of(config: str) -> str:
+    stem = config[len('transfer_'):].rsplit('_', 1)[0] if config.startswith('transfer_') else config
+    return FAMILY_OF_CONFIG.get(stem, stem)
+
+
+def measured_cost(rows: List[dict]) -> Dict[str, float]:
+    """Family -> the measured ratio of its layout default's recipe (what ``STAGE1_STEP_COST`` must hold)."""
+    from ..engine.layout_defaults import default_recipe
+    out = {}
+    for r in rows:
+        family = _family_of(r['config'])
+        if (r.get('recipe') or 'transfer') == default_recipe(family):
+            out[family] = round(float(r['ratio']), 2)
+    return out
+
+
+# ------------------------------------------------------------------ the README's headline of the studies
+def readme_lines(study_runs: List[dict], grid: List[dict], task_summary: List[dict],
+                 rule_result: Dict[str, dict]) -> List[str]:
+    """The README's bullets on the studies: what each interval over seeds excludes, and the collapses."""
+    out = []
+    parts = []
+    for config, title in STUDY_TITLES.items():
+        rows = [r for r in study_runs if r['config'] == config]
+        ref = _by_seed([r for r in rows if r['kernel'] == 'softmax'], 'top1_final')
+        below, above, chance = [], [], []
+        for k in dict.fromkeys(r['kernel'] for r in rows):
+            vals = _by_seed([r for r in rows if r['kernel'] == k], 'top1_final')
+            if k == 'softmax' or not vals:
+                continue
+            i, _ = seed_paired(vals, ref)
+            if excludes_zero(i):
+                (below if i.mean < 0 else above).append(f'{name(k)} {cell(i)}')
+            low = sum(v <= CHANCE_TOP1 for v in vals.values())
+            if low:
+                chance.append(f'{name(k)} {low} of {len(vals)}')
+        n = len(ref)
+        parts.append(f'{title}: intervals that exclude zero: ' + ('; '.join(below + above) or 'none')
+                     + ('; seeds at chance: ' + ', '.join(chance) if chance else ''))
+    out.append(f'- **Is softmax needed? At small scale** (digits, one recipe, {n} seeds; final top-1 minus softmax\'s, '
+               'paired by seed, 95 % interval over seeds): ' + '. '.join(parts) + '. [docs/study.md](docs/study.md)')
+    parts, collapsed = [], []
+    layouts = {'pvt': 'PVTv2-b0', 'xcit': 'XCiT-T12'}
+    for e in task_summary:
+        for m in ('bbox_mAP', 'mIoU'):
+            if e.get(f'd_{m}_within') is False:
+                lo, hi = e[f'd_{m}_ci']
+                d = 3 if m == 'bbox_mAP' else 1
+                parts.append(f"{layouts.get(e['layout'], e['layout'])} {name(e['kernel'])} ({e['recipe']}) {m} "
+                             f"{e[f'd_{m}']:+.{d}f} [{lo:+.{d}f}, {hi:+.{d}f}] (n = {e[f'd_{m}_n']})")
+        if e['task'] == 'seg':
+            low = sum(r.get('mAcc') is not None and r['mAcc'] < COLLAPSE_MACC for r in e['by_seed'].values())
+            if low:
+                collapsed.append(f"{layouts.get(e['layout'], e['layout'])} {name(e['kernel'])} ({e['recipe']}) "
+                                 f"{low} of {len(e['by_seed'])}")
+    out.append('- **Is softmax needed in detection and segmentation?** (demo Mask R-CNN and Semantic FPN, paired by '
+               'seed against softmax, 95 % interval over seeds) intervals that exclude zero: '
+               + ('; '.join(parts) or 'none') + '; segmentors that predict background only (seeds): '
+               + (', '.join(collapsed) or 'none') + '. [docs/study.md](docs/study.md#detection-and-segmentation)')
+    parts = []
+    for bb, title in GRID_TITLES.items():
+        kernels = [k for k in dict.fromkeys(r['kernel'] for r in grid if r['backbone'] == bb) if k != 'softmax']
+        means = []
+        for k in kernels:
+            i, _ = seed_paired(_grid(grid, bb, k, 'transfer', 75), _grid(grid, bb, k, 'scratch', 300))
+            if i.mean is not None:
+                means.append(i.mean)
+        chosen = rule_result.get(bb, {}).get('chosen')
+        parts.append(f"{title.split(' (')[0]}: transfer + fine-tune minus scratch, per kernel {min(means):+.1f} to "
+                     f'{max(means):+.1f}; the recipe rule (version 2) keeps `{chosen}`')
+    out.append('- **The warm start** (digits, 5 seeds, 25 % of the from-scratch iterations, paired by seed): '
+               + '; '.join(parts) + '. [docs/warm_start.md](docs/warm_start.md)')
+    return out
