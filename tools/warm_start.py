@@ -201,9 +201,9 @@ def main(argv=None):
     nodes = None
     if args.launcher == 'pytorch' and not args.dry_run and int(os.environ.get('NNODES') or 1) > 1:
         from softfree_mm.engine.chain_cluster import Nodes, probe_of
-        nodes = Nodes(args.work_root, plan.runs[0].name)
+        nodes = Nodes(args.work_root, plan.runs[0].name, say=say)
         if not nodes.leader:  # node 0 looks at the work dirs and decides; this node follows, whatever it would see
-            decision = nodes.receive(say)
+            decision = nodes.receive()
             say(f'[warm-start] node {nodes.rank} of {nodes.count}: follows node 0\'s decision ({nodes.path}): runs '
                 f'from {plan.runs[decision["first"]].name if decision["first"] < len(plan.runs) else "nothing"}')
             try:

@@ -47,13 +47,15 @@ def node_env() -> Dict[str, str]:
 class Nodes:
     """One copy of the tool among NNODES: node 0 decides and judges, the others follow (see the module's text)."""
 
-    def __init__(self, work_root: str, stage1_name: str, env: Optional[Dict[str, str]] = None):
+    def __init__(self, work_root: str, stage1_name: str, env: Optional[Dict[str, str]] = None, say=print):
         env = env or node_env()
         self.count, self.rank = int(env['NNODES']), int(env['NODE_RANK'])
         self.leader = self.rank == 0
         self.decided = False
         self.where = f"{env['MASTER_ADDR']}:{env['CHAIN_PORT']}"
         self.path = osp.join(work_root, DECISION.format(stage1_name))
+        if not self.leader:  # connecting waits for node 0's store
+            say(f'[warm-start] node {self.rank} of {self.count}: waiting for node 0 to decide what runs ({self.where})')
         from torch.distributed import TCPStore
         self.store = TCPStore(env['MASTER_ADDR'], int(env['CHAIN_PORT']), world_size=None, is_master=self.leader,
                               timeout=WAIT, wait_for_workers=False)
@@ -87,10 +89,9 @@ class Nodes:
             time.sleep(0.2)
 
     # ------------------------------------------------------------------------------------------- the others
-    def receive(self, say=print) -> Dict:
+    def receive(self) -> Dict:
         """A follower: node 0's decision, read from the work root once node 0 has passed the barrier (the file is
         read again until it is the one node 0 announced: a shared file system may serve an older copy)."""
-        say(f'[warm-start] node {self.rank} of {self.count}: waiting for node 0 to decide what runs ({self.where})')
         nonce = self.store.get('decision').decode()
         if nonce.startswith('error:'):
             raise UsageError(f'node 0 stopped before any run: {nonce[len("error:"):]}')
