@@ -127,7 +127,7 @@ def kernel_label(cfg: Union[str, dict]) -> str:
 
 
 # Kernel families register themselves on import.
-from . import softmax, poly, pointwise, linear, inline, soft, synthesizer, extra  # noqa: E402,F401
+from . import softmax, poly, pointwise, linear, inline, soft, synthesizer, extra, agent  # noqa: E402,F401
 
 __all__ = ['ATTENTION', 'AttentionKernel', 'ScoreMap', 'build_attention', 'list_attentions', 'kernel_arguments',
            'kernel_class', 'kernel_label', 'normalize_cfg', 'parse_kernel']

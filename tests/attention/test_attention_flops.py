@@ -39,8 +39,8 @@ def test_declared_flops_equal_torchs_count_of_the_kernels_own_forward(cfg):
         g = torch.Generator().manual_seed(nq)
         q, k = torch.randn(1, 1, nq, d, generator=g), torch.randn(1, 1, nq, d, generator=g)
         v = torch.randn(1, 1, nq, dv, generator=g)
-        if (kern.local_residual == 'channel' if cfg['type'] == 'inline' else False) and dv != d:
-            continue  # the official residual needs dv == d
+        if (kern.local_residual == 'channel' if cfg['type'] == 'inline' else cfg['type'] == 'agent') and dv != d:
+            continue  # the official residual (InLine) and the depthwise conv on v (agent) need dv == d
         masks = [None]
         if kern.supports_mask and not (cfg['type'] == 'inline' and kern.local_residual == 'channel'):
             masks.append(torch.rand(nq, nq, generator=g) > 0.3)
