@@ -191,7 +191,7 @@ class AgentAttention(AttentionKernel):
             raise ValueError(f'agent: the depthwise conv is built for {self.dwc.in_channels} channels of v '
                              f'(num_heads x head_dim), got {nh} heads of {d}')
         x = v.permute(0, 1, 3, 2).reshape(b, nh * d, *grid)
-        y = F.conv2d(x, self.dwc.weight.to(v.dtype), self.dwc.bias.to(v.dtype), padding=self.kernel_size // 2 + 0,
+        y = F.conv2d(x, self.dwc.weight.to(v.dtype), self.dwc.bias.to(v.dtype), padding=self.kernel_size // 2,
                      groups=nh * d)
         return y.reshape(b, nh, d, n).transpose(2, 3)
 
