@@ -16,7 +16,8 @@ from typing import Dict, List, Optional, Sequence
 from ..engine.warm_start import RECIPES as RECIPES_BY_NAME
 from .study import error_cell
 from .sweep import safe_name
-from .warm_start import Plan, Runner, kernel_cfg, kernel_config, top1
+from .grid_runner import Runner, kernel_cfg, kernel_config, top1
+from .warm_start import Plan
 from .stats import interval, mean_std
 
 TASKS = ('det', 'seg')

@@ -7,26 +7,16 @@ softmax classifier of the same seed with the kernel swapped in: as it is, and fi
 transfer's counted in them; then the demo's Mask R-CNN from each start. Every run is ``tools/train.py`` /
 ``tools/test.py`` on a child config in a process of its own; a finished run (its result.json) is not run again.
 """
-import ast
 import dataclasses
 import json
 import os
 import os.path as osp
-import shutil
-import subprocess
-import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional, Sequence
 
-import torch
-
 from ..engine.warm_start import DEFAULT, RECIPES, SCALES, Recipe, finetune_settings, stage_settings
-from .study import read_scalars
-from .sweep import newest_scalars, safe_name, train_one
+from .grid_runner import RESULT, Runner, kernel_cfg, kernel_config, top1  # noqa: F401  (the runner both grids take)
+from .sweep import safe_name
 from .warm_start_report import SCRATCH_ITERS, read_detectors, transfer_curves
-
-RESULT = 'result.json'
 
 
 def backbone_of(config: str) -> dict:
@@ -35,12 +25,6 @@ def backbone_of(config: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- child configs
-def kernel_config(base: str, kernel: dict) -> str:
-    """``base`` with ``kernel`` in its backbone in place of its own (a classifier from scratch, a detector from a
-    start)."""
-    return f"_base_ = {base!r}\nmodel = dict(backbone=dict(attn_cfg={dict(_delete_=True, **kernel)!r}))\n"
-
-
 def _settings_text(settings: dict, skip=('head', 'train', 'loss')) -> str:
     return ''.join(f'{k} = {v!r}\n' for k, v in settings.items() if k not in skip)
 
@@ -96,109 +80,6 @@ def stage1_tag(recipe: Recipe) -> str:
     return f'/{recipe.loss}-{recipe.stage1_share:.2f}'
 
 
-# ---------------------------------------------------------------------------------------------- running
-class Runner:
-    """Runs the study's commands in a work root, one folder each, ``jobs`` processes at a time with ``threads``
-    torch threads each; results cached in each folder's result.json. ``report_only``: nothing runs, a run not finished
-    is ``status='not run'`` (and so is what needs it)."""
-
-    def __init__(self, root: str, tools: str, jobs: int = 2, threads: int = 1, echo=print,
-                 report_only: bool = False):
-        self.root, self.tools, self.jobs, self.threads, self.echo = root, tools, jobs, threads, echo
-        self.report_only = report_only
-
-    def folder(self, key: str) -> str:
-        return osp.join(self.root, key)
-
-    def done(self, key: str) -> Optional[dict]:
-        path = osp.join(self.folder(key), RESULT)
-        if osp.isfile(path):
-            with open(path) as f:
-                return json.load(f)
-        return None
-
-    def _env(self):
-        return dict(os.environ, OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads))
-
-    def _fresh(self, key: str, config_text: str):
-        """(the run's folder, emptied: a run that did not finish starts again; its child config written there)."""
-        wd = self.folder(key)
-        if osp.isdir(wd):
-            shutil.rmtree(wd)
-        os.makedirs(wd)
-        cfg = osp.join(wd, f'{safe_name(key)}.py')
-        with open(cfg, 'w') as f:
-            f.write(config_text)
-        return wd, cfg
-
-    def _finish(self, key: str, row: dict) -> dict:
-        row = dict(row, key=key)
-        with open(osp.join(self.folder(key), RESULT), 'w') as f:
-            json.dump(row, f, indent=1)
-        self.echo(f'[warm-start] {key}: {row["status"]}' + (f' ({row.get("error")})' if row['status'] != 'ok' else ''))
-        return row
-
-    def train(self, key: str, config_text: str, options: Sequence[str] = ()) -> dict:
-        got = self.done(key)
-        if got is not None or self.report_only:
-            return got or dict(status='not run', key=key)
-        wd, cfg = self._fresh(key, config_text)
-        res = train_one(osp.join(self.tools, 'train.py'), cfg, wd, list(options), log_path=osp.join(wd, 'run.log'),
-                        env=self._env())
-        row = dict(status='ok' if res['returncode'] == 0 else 'failed', error=res['error'], wall_s=res['seconds'],
-                   cpu_s=res['cpu_s'])
-        log = newest_scalars(wd)
-        if log:
-            row['log'] = log
-            got = read_scalars(log)
-            row.update(top1_final=got['top1_final'], loss_final=got['loss_final'], iters=got['iters'],
-                       s_per_iter=got['s_per_iter'])
-        ckpt = osp.join(wd, 'last_checkpoint')
-        if osp.isfile(ckpt):
-            with open(ckpt) as f:
-                row['checkpoint'] = f.read().strip()
-        if row['status'] == 'ok' and not row.get('checkpoint'):
-            row.update(status='failed', error='no checkpoint written')
-        return self._finish(key, row)
-
-    def test(self, key: str, config_text: str, checkpoint: str, options: Sequence[str] = ()) -> dict:
-        got = self.done(key)
-        if got is not None or self.report_only:
-            return got or dict(status='not run', key=key)
-        wd, cfg = self._fresh(key, config_text)
-        cmd = [sys.executable, osp.join(self.tools, 'test.py'), cfg, checkpoint, '--work-dir', wd]
-        if options:
-            cmd += ['--cfg-options', *options]
-        t = time.time()
-        with open(osp.join(wd, 'run.log'), 'w') as log:
-            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=self._env())
-        row = dict(status='ok' if proc.returncode == 0 else 'failed', wall_s=time.time() - t, error='')
-        metrics = osp.join(wd, 'test_metrics.json')
-        if osp.isfile(metrics):
-            with open(metrics) as f:
-                row['metrics'] = json.load(f)
-        elif proc.returncode == 0:
-            row.update(status='failed', error='no test_metrics.json')
-        if proc.returncode:
-            with open(osp.join(wd, 'run.log')) as f:
-                lines = [ln.strip() for ln in f if ln.strip()]
-            row['error'] = lines[-1] if lines else f'exit status {proc.returncode}'
-        return self._finish(key, row)
-
-    def map(self, fn, items):
-        """``fn`` over ``items``, ``jobs`` at a time (threads that each wait on one process)."""
-        with ThreadPoolExecutor(max_workers=self.jobs) as pool:
-            return list(pool.map(fn, items))
-
-
-def top1(row: Optional[dict]) -> Optional[float]:
-    if not row or row.get('status') != 'ok':
-        return None
-    if 'metrics' in row:
-        return row['metrics'].get('accuracy/top1')
-    return row.get('top1_final')
-
-
 # ---------------------------------------------------------------------------------------------- the grid
 BACKBONES = {  # the kernel study's two backbones, their kernels (a layout's own form of InLine) and its configs
     'xcit': ('configs/demo/study_xcit_t12_digits.py',
@@ -210,19 +91,6 @@ GROUP_CHOICES = (('kernel', ), ('kernel', 'qkv'), ('kernel', 'qkv', 'proj'), ('b
 RECIPE_KERNELS = {'pvt': ['poly:degree=3', 'poly:degree=1', 'linear', 'relu', 'inline'],
                   'xcit': ['poly:degree=3', 'linear']}
 DETECTOR = 'configs/demo/maskrcnn_xcit_t12_poly3_demo.py'
-
-
-def kernel_cfg(label: str) -> dict:
-    """'poly:degree=3' -> dict(type='poly', degree=3) (the study's spelling)."""
-    name, _, args = label.partition(':')
-    cfg = dict(type=name)
-    for item in filter(None, args.split(',')):
-        k, v = item.split('=', 1)
-        try:
-            cfg[k] = ast.literal_eval(v)
-        except (ValueError, SyntaxError):  # a plain word ('conv')
-            cfg[k] = v
-    return cfg
 
 
 def study_rows(path: str) -> Dict[tuple, dict]:
