@@ -54,7 +54,8 @@ RECIPES: Dict[str, Recipe] = {
     'transfer-half': Recipe('transfer-half', 'the default with half of the budget in stage 1 instead of a third',
                             stage1_share=0.5),
     'transfer-final': Recipe('transfer-final', 'the default with final-feature distillation added to stage 1: the '
-                                               'student\'s own end-to-end output against the teacher\'s',
+                                               'student\'s own end-to-end output against the teacher\'s (that pass '
+                                               'runs the whole student without with_cp)',
                              loss='blocks+final'),
     'transfer-attn': Recipe('transfer-attn', 'the default with attention-weight matching added to stage 1 (64 '
                                              'sampled query rows per head; kernels with a score map only)',

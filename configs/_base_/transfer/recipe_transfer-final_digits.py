@@ -1,6 +1,6 @@
 # The warm-start recipe 'transfer-final' at the digits scale:
 # the default with final-feature distillation added to stage 1: the student's own end-to-end output against the
-# teacher's.
+# teacher's (that pass runs the whole student without with_cp).
 # Written by `python tools/warm_start.py --write-recipe-configs` from softfree_mm/engine/warm_start.py (the one
 # definition the small-scale grid takes too); do not edit: tests/tools/test_warm_start_chain.py checks it.
 # 75 iterations of 32 images in all: stage 1 25, stage 2 50; learning rates 3x and 0.1x
