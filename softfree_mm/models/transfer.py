@@ -399,7 +399,9 @@ class AttentionTransfer(BaseModel):
         rows = attention_rows(n, self.attn_rows, training_step()).to(pt['q'].device)
 
         def weights(kernel, p, grad):
-            cut = {k: p.get(k) for k in ('hw', 'scale')}
+            # hw is the queries' grid: a strict sample of the rows has none, and a score map (the weights, not a
+            # kernel's residual such as InLine's) does not read it
+            cut = dict(scale=p.get('scale'), hw=p.get('hw') if len(rows) == n else None)
             for key in ('bias', 'mask'):  # per-query rows of a bias or mask follow the queries
                 val = p.get(key)
                 cut[key] = val.index_select(-2, rows) if torch.is_tensor(val) and val.dim() >= 2 and \

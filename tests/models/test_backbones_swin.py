@@ -506,3 +506,37 @@ def test_window_geometry_is_kept_across_passes_but_not_from_inference_mode():
     assert kept and all(isinstance(g, swin.WindowGeometry) for g in kept.values())
     model(x)
     assert all(swin._GEOMETRIES[k] is g for k, g in kept.items())  # the same objects: built once per grid
+
+
+def test_the_windowed_grid_preset_tiles_its_grid_with_shifted_windows_and_no_stage_of_padding():
+    """configs/demo/study_swin_digits.py (the warm-start grid's windowed layout) at the digits' 64 px: stage 1 a 16x16
+    grid in 4 x 4 windows of 4x4, stage 2 8x8 in 2 x 2, both with shifted blocks (rolled by 2) and no padding; stage 3
+    one 4x4 window (no shift, no padding); stage 4 its whole 2x2 grid."""
+    import os.path as osp
+
+    from mmengine.config import Config
+
+    from softfree_mm.models.backbones.swin import SwinBlock
+    from tests.helpers.models import build_in
+    root = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+    cfg = Config.fromfile(osp.join(root, 'configs', 'demo', 'study_swin_digits.py'))
+    assert cfg.img_size == 64
+    backbone = dict(cfg.model.backbone.to_dict(), init_cfg=None)
+    model = build_in('softfree_mm', backbone).eval()
+    seen = []
+
+    def hook(module, args, kwargs, output):
+        geo = args[1] if len(args) > 1 else kwargs['geo']
+        seen.append((geo.hw, geo.window, geo.padded, geo.shift if module.shifted else (0, 0)))
+    blocks = [m for m in model.modules() if isinstance(m, SwinBlock)]
+    handles = [b.register_forward_hook(hook, with_kwargs=True) for b in blocks]
+    with torch.no_grad():
+        model(torch.randn(1, 3, cfg.img_size, cfg.img_size))
+    for h in handles:
+        h.remove()
+    assert seen == [((16, 16), (4, 4), (16, 16), (0, 0)), ((16, 16), (4, 4), (16, 16), (2, 2)),
+                    ((8, 8), (4, 4), (8, 8), (0, 0)), ((8, 8), (4, 4), (8, 8), (2, 2)),
+                    ((4, 4), (4, 4), (4, 4), (0, 0)), ((4, 4), (4, 4), (4, 4), (0, 0)),
+                    ((2, 2), (2, 2), (2, 2), (0, 0)), ((2, 2), (2, 2), (2, 2), (0, 0))], seen
+    # windows per side in the shifted stages: 4 and 2; the shifted blocks mask what the roll joins
+    assert [g[0][0] // g[1][0] for g in seen[:4:2]] == [4, 2]

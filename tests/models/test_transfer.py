@@ -374,3 +374,82 @@ def test_attention_rows_are_drawn_anew_at_each_step_and_again_on_resume():
         assert training_step() == 7
     finally:
         hub.update_info('iter', was)
+
+
+def _recipe_model(fam, release, loss, student, **kwargs):
+    base = dict(type=fam, **TINY[fam])
+    model = build_in('softfree_mm', dict(type='AttentionTransfer', backbone=dict(base, **student), loss=loss,
+                                         teacher=dict(base, attn_cfg='softmax', init_cfg=dict(
+                                             type='Pretrained', checkpoint=release)), **kwargs))
+    model.init_weights()
+    return model.train()
+
+
+@pytest.mark.parametrize('fam', ['SoftFreePVTv2', 'SoftFreeSwin'])
+def test_the_final_feature_term_is_the_relative_error_of_the_whole_student_against_the_teacher(fam, releases):
+    """transfer-final's term by hand: extra_weight x the mean over the backbone's outputs of
+    mean((student(x) - teacher(x))^2) / mean(teacher(x)^2), the student run end to end (no block substituted); the
+    normaliser is not 1 on these models, so the term without it differs."""
+    model = _recipe_model(fam, releases[fam], 'blocks+final', dict(attn_cfg=['relu', 'softmax', 'softmax', 'softmax']),
+                          extra_weight=0.5)
+    for net in (model.teacher, model.backbone):  # outputs of mean square ~9, not the LayerNorms' ~1
+        inside = {id(m) for _, b in blocks_of(net) for m in b.modules()}
+        with torch.no_grad():
+            for m in net.modules():
+                if isinstance(m, torch.nn.LayerNorm) and id(m) not in inside:
+                    m.weight.mul_(3.0)
+    x = _images(3)
+    got = model.transfer_losses(x)['loss_final']
+    model.clear_substitutes()
+    with torch.no_grad():
+        s, t = model.backbone(x), model.teacher(x)
+    s, t = (s, ) if torch.is_tensor(s) else s, (t, ) if torch.is_tensor(t) else t
+    terms = [(a - b).pow(2).mean() / b.pow(2).mean() for a, b in zip(s, t)]
+    want = 0.5 * torch.stack(terms).mean()
+    torch.testing.assert_close(got.detach(), want, rtol=1e-5, atol=0)
+    unnormalised = 0.5 * torch.stack([(a - b).pow(2).mean() for a, b in zip(s, t)]).mean()
+    assert abs(float(unnormalised) - float(want)) > 0.05 * float(want)
+
+
+def test_the_attention_term_takes_the_sampled_rows_of_the_full_matrices_with_bias_and_masks(releases):
+    """transfer-attn's term by hand on Swin's shifted, padded 7x7 windows (49 tokens a window, a relative position
+    bias in teacher and student, the masks of the roll and the pads), 5 sampled rows, fewer than a window's tokens:
+    for every call of a block that trains, the teacher's and the student's full attention matrices (bias and mask
+    whole), the sampled rows of both, their relative squared error; the term is extra_weight x the mean over calls.
+    A bias or mask that did not follow the rows would give other values."""
+    from softfree_mm.attention import AttentionKernel
+    from softfree_mm.models.transfer import attention_rows, training_step
+    model = _recipe_model('SoftFreeSwin', releases['SoftFreeSwin'], 'blocks+attn',
+                          dict(attn_cfg=['relu', 'relu', 'softmax', 'softmax']), attn_rows=5, extra_weight=2.0)
+    calls = {'t': {}, 's': {}}
+    handles = []
+    for side, net in (('t', model.teacher), ('s', model.backbone)):
+        for i, (_, block) in enumerate(blocks_of(net)):
+            if i in model.same:
+                continue
+            for name, k in block.named_modules():
+                if isinstance(k, AttentionKernel):
+                    def hook(module, args, kwargs, output, key=(i, name), side=side):
+                        calls[side][key] = (module, dict(zip(('q', 'k', 'v', 'hw', 'scale', 'bias', 'mask'), args),
+                                                         **kwargs))
+                    handles.append(k.register_forward_hook(hook, with_kwargs=True))
+    try:
+        got = model.transfer_losses(_images(5))['loss_attn']
+    finally:
+        for h in handles:
+            h.remove()
+    assert calls['s'] and calls['s'].keys() == calls['t'].keys()
+    some = next(iter(calls['t'].values()))[1]
+    assert some['bias'] is not None and some['mask'] is not None and some['q'].shape[2] == 49  # what is tested
+    errors = []
+    for key, (ks, ps) in calls['s'].items():
+        kt, pt = calls['t'][key]
+        rows = attention_rows(pt['q'].shape[2], 5, training_step())
+
+        def full(kernel, p):
+            with torch.no_grad():
+                return kernel.score_map(p['q'], p['k'], hw=p.get('hw'), scale=p.get('scale'), bias=p.get('bias'),
+                                        mask=p.get('mask')).matrix().float()[:, :, rows, :]
+        a_s, a_t = full(ks, ps), full(kt, pt)
+        errors.append((a_s - a_t).pow(2).mean() / a_t.pow(2).mean())
+    torch.testing.assert_close(got.detach(), 2.0 * torch.stack(errors).mean(), rtol=1e-5, atol=0)
