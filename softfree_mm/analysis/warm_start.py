@@ -85,11 +85,15 @@ BACKBONES = {  # the kernel study's two backbones, their kernels (a layout's own
     'xcit': ('configs/demo/study_xcit_t12_digits.py',
              ['poly:degree=3', 'poly:degree=1', 'relu', 'linear', 'inline:local_residual=False']),
     'pvt': ('configs/demo/study_pvt_v2_b0_digits.py', ['poly:degree=3', 'poly:degree=1', 'relu', 'linear', 'inline']),
+    # the windowed layout (not a kernel study backbone: its from-scratch rows are the grid's own)
+    'swin': ('configs/demo/study_swin_digits.py', ['poly:degree=3', 'poly:degree=1', 'relu', 'linear', 'inline']),
 }
+DEFAULT_BACKBONES = ('xcit', 'pvt')  # what the grid runs unless told (--backbones)
 GROUP_CHOICES = (('kernel', ), ('kernel', 'qkv'), ('kernel', 'qkv', 'proj'), ('blocks', ))
 # the kernels the recipes grid runs every recipe on: token attention's five, channel attention's two
 RECIPE_KERNELS = {'pvt': ['poly:degree=3', 'poly:degree=1', 'linear', 'relu', 'inline'],
-                  'xcit': ['poly:degree=3', 'linear']}
+                  'xcit': ['poly:degree=3', 'linear'],
+                  'swin': ['poly:degree=3', 'poly:degree=1', 'linear', 'relu', 'inline']}
 DETECTOR = 'configs/demo/maskrcnn_xcit_t12_poly3_demo.py'
 
 
@@ -137,7 +141,7 @@ class Plan:
         # an earlier grid's detectors.csv (read here: a bad file is refused before any run): its rows are kept, the
         # detectors are not run again
         self.det_rows = read_detectors(det_from) if det_from else None
-        self.backbones = backbones or BACKBONES
+        self.backbones = backbones or {bb: BACKBONES[bb] for bb in DEFAULT_BACKBONES}
         self.echo = echo
         self.rows: List[dict] = []
 

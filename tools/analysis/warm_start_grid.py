@@ -7,7 +7,7 @@ each start.
     python tools/analysis/warm_start_grid.py [--work-dir work_dirs/warm_start] [--out docs/results/warm_start]
         [--seeds 0 1 2] [--budgets 30 75] [--scratch-from docs/results/study/runs.csv] [--ablation-seeds 0 1 2]
         [--recipes transfer transfer-half transfer-final transfer-attn transfer-newhead] [--det-from CSV]
-        [--docs docs/warm_start.md] [--jobs 2] [--threads 1] [--report-only]
+        [--backbones xcit pvt] [--docs docs/warm_start.md] [--jobs 2] [--threads 1] [--report-only]
     python tools/analysis/warm_start_grid.py --cost CONFIG [CONFIG ...] [--device cpu|cuda] [--batch 8] [--steps 3]
         [--csv PATH]
 
@@ -50,6 +50,8 @@ def main(argv=None):
     p.add_argument('--det-from', default='', help="an earlier grid's detectors.csv: keep its rows, run no detector")
     p.add_argument('--docs', default=osp.join('docs', 'warm_start.md'),
                    help="the page whose generated section is rewritten ('': none)")
+    p.add_argument('--backbones', nargs='+', default=None,
+                   help="the grid's backbones (default: xcit pvt; swin: the windowed layout)")
     p.add_argument('--jobs', type=int, default=2, help='processes at a time')
     p.add_argument('--threads', type=int, default=1, help='torch threads per process')
     p.add_argument('--report-only', action='store_true', help='run nothing; report the finished runs')
@@ -87,10 +89,14 @@ def main(argv=None):
         fail(f'--recipes {args.recipes}: distinct names of {", ".join(RECIPES)}')
     from softfree_mm.analysis import warm_start as ws
     from softfree_mm.analysis.warm_start_report import write_outputs
+    backbones = args.backbones or list(ws.DEFAULT_BACKBONES)
+    if not backbones or len(set(backbones)) != len(backbones) or any(b not in ws.BACKBONES for b in backbones):
+        fail(f'--backbones {" ".join(backbones)}: distinct names of {", ".join(ws.BACKBONES)}')
     runner = ws.Runner(osp.abspath(args.work_dir), osp.join(ROOT, 'tools'), args.jobs, args.threads,
                        echo=lambda m: print(m, flush=True), report_only=args.report_only)
     plan = ws.Plan(runner, ROOT, args.seeds, args.budgets, recipe=args.recipes[0], recipes=args.recipes[1:],
                    scratch_from=scratch_from or None, ablation_seeds=ablation, det_from=det_from or None,
+                   backbones={b: ws.BACKBONES[b] for b in backbones},
                    echo=lambda m: print(m, flush=True))
     result = ws.run_grid(plan)
     docs = args.docs and (args.docs if osp.isabs(args.docs) else osp.join(ROOT, args.docs))
