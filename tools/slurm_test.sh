@@ -25,8 +25,9 @@ PYTHON=${PYTHON:-python}
 . "$ROOT/tools/_launch.sh"
 slurm_requests || exit 2
 
-PYTHONPATH="$ROOT:${PYTHONPATH:-}" \
-srun -p "$PARTITION" \
+export PYTHONPATH="$ROOT:${PYTHONPATH:-}"
+# exec: a signal to this script (a job warned before its time limit) reaches srun, which forwards it to every task
+exec srun -p "$PARTITION" \
     --job-name="$JOB_NAME" \
     "${SLURM_REQUESTS[@]}" \
     --kill-on-bad-exit=1 \

@@ -127,7 +127,7 @@ def _gpus(p, values):
         if role and role not in ROLES:
             p.error(f'--gpus {v}: no stage {role!r}; stages are {", ".join(ROLES)} (ROLE=N), or N for all')
         if not count.isdigit() or int(count) < 1:
-            p.error(f'--gpus must be a positive number, got {count!r}' + (f' in {v}' if role else ''))
+            p.error(f'--gpus must be a positive number, got {count}' + (f' in {v}' if role else ''))
         if role:
             per_role[role] = int(count)
         else:
