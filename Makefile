@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 # the test files are spread over this many processes (pytest-xdist, whole files per worker); 0 = one process
 TEST_WORKERS ?= 2
 
-.PHONY: setup demo test test-pythons gpu-check clean
+.PHONY: setup demo test test-cluster test-pythons gpu-check clean
 
 setup:
 	bash tools/setup_env.sh
@@ -26,7 +26,14 @@ demo: setup
 	$(PY) tools/run_demo.py --work-dir $(DEMO_DIR) --task $(TASK) $(DEMO_ARGS)
 
 test: setup
-	$(PY) -m pytest tests -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest tests -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 --ignore=tests/cluster $(PYTEST_ARGS)
+
+# the cluster tests (tests/cluster/, about 6 minutes on 2 cores): the warm-start chain on a real one-node Slurm that
+# tools/slurm_local.sh starts here (it installs slurm-wlm and munge where missing: root and apt) and stops by PID, and
+# on two torchrun node ranks on localhost. They skip where Slurm cannot start; SOFTFREE_MM_REQUIRE_CLUSTER=1 (.ci/run)
+# makes that a failure
+test-cluster: setup
+	$(PY) -m pytest tests/cluster -q -p no:cacheprovider -rs --durations=0 $(PYTEST_ARGS)
 
 # the other supported Pythons this machine has (setup.py's PYTHONS but the one of $(VENV); found on PATH or under
 # pyenv): each sets up its own .venv-3.X and runs a slice of the suite (tools/test_pythons.sh says which and why);
