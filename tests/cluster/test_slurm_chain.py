@@ -1,7 +1,8 @@
 """The warm-start chain against a real Slurm (tests/cluster/conftest.py starts one on this machine): every stage an
 srun job of 2 tasks on a partition without GPU GRES, and the chain as one sbatch job that survives a signal.
 
-Guards: through --launcher slurm the demo chain runs stage 1, stage 2 and the demo detector as srun jobs of 2 tasks
+Guards: tools/slurm_train.sh runs PYTHON and asks no GRES with GPUS_PER_NODE=0 (this partition refuses a GRES
+request); through --launcher slurm the demo chain runs stage 1, stage 2 and the demo detector as srun jobs of 2 tasks
 (no --gres asked: the partition has none), each stage's log in WORK_ROOT/logs and its path printed; stage 2 cancelled
 with scancel stops the chain (the done check runs under slurm too), and the same command resumes stage 2 without
 running stage 1 again and finishes. --submit runs the chain as one sbatch job; USR1 to it (what --signal sends before
@@ -12,12 +13,11 @@ import glob
 import os
 import os.path as osp
 import re
-import signal
 import subprocess
 import sys
 import time
 
-from tests.cluster.conftest import (DETECTOR, CLASSIFIER, STAGE1, STAGE2, STAGE2_OPTIONS, STAGE_OPTIONS, TOOL,
+from tests.cluster.conftest import (CLASSIFIER, DETECTOR, STAGE1, STAGE2, STAGE2_OPTIONS, STAGE_OPTIONS, TOOL,
                                     keep_stage1, seed_stage1)
 
 SLURM = ['--launcher', 'slurm', '--partition', 'cpu', '--gpus', '2', '--cpus-per-task', '1']
@@ -129,3 +129,16 @@ def test_submit_runs_the_chain_as_one_job_that_saves_requeues_and_resumes_on_the
     assert (root / STAGE2 / 'iter_12.pth').exists()
     if seeded:  # stage 1 was done: the job ran stage 2 only
         assert f'[warm-start] 1/2 {STAGE1}: bash ' not in text and f'done: {root / STAGE1}' in text, text[-3000:]
+
+
+def test_the_slurm_script_runs_the_given_interpreter_and_asks_no_gres_with_gpus_per_node_0(slurm, tmp_path):
+    """On this partition without GPU GRES: GPUS_PER_NODE=0 runs (2 tasks of PYTHON), a GRES request is refused."""
+    script = osp.join(osp.dirname(TOOL), 'slurm_train.sh')
+    env = dict(os.environ, GPUS='2', CPUS_PER_TASK='1', PYTHON='/bin/echo')
+    ok = subprocess.run(['bash', script, 'cpu', 'j', 'C.py', 'W'], env=dict(env, GPUS_PER_NODE='0'),
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.splitlines() == [f'-u {osp.dirname(TOOL)}/train.py C.py --work-dir=W --launcher=slurm'] * 2
+    refused = subprocess.run(['bash', script, 'cpu', 'j', 'C.py', 'W'], env=dict(env, GPUS_PER_NODE='1'),
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and 'gres' in refused.stderr.lower(), refused.stderr
