@@ -4,7 +4,8 @@
     python tools/convert_checkpoint.py FAMILY SRC DST [--ema]
     python tools/convert_checkpoint.py FAMILY SRC --print-arch
 
-FAMILY: auto | xcit | pvt | pvt_v2 | swin | cswin | soft | inline_swin | inline_pvt | inline_cswin; ``auto`` detects
+FAMILY: auto | xcit | pvt | pvt_v2 | swin | cswin | soft | inline_swin | inline_pvt | inline_cswin | agent_swin |
+agent_pvt | agent_cswin; ``auto`` detects
 the family from the key names. ``--ema`` takes the EMA weights when the file has them (always for SOFT releases,
 whose official evaluation uses them). SRC may wrap its weights in 'model', 'state_dict', 'state_dict_ema'
 or be bare (the official releases' other entries, such as the training arguments or config, are read as plain

@@ -117,7 +117,8 @@ def test_full_presets_have_the_official_channels_heads_and_reductions():
                                                             (1, 14 * 14, 320), (1, 49, 512)]
     sizes = {'tiny': (2, 2, 2, 2), 'small': (3, 4, 6, 3), 'medium': (3, 4, 18, 3), 'large': (3, 8, 27, 3)}
     assert {a: SoftFreePVT.arch_zoo[a]['depths'] for a in SoftFreePVT.arch_zoo} == \
-        dict(sizes, **{'inline_' + k: v for k, v in sizes.items()})
+        dict(sizes, **{'inline_' + k: v for k, v in sizes.items()},
+             **{f'agent_{k}{tail}': sizes[k] for k in ('tiny', 'small') for tail in ('', '_downstream')})
     for size in sizes:  # the official InLine-PVT models: heads 2-4-10-16, no spatial reduction, InLine everywhere
         preset = SoftFreePVT.arch_zoo['inline_' + size]
         assert preset['num_heads'] == (2, 4, 10, 16) and preset['sr_ratios'] == (1, 1, 1, 1)

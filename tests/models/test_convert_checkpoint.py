@@ -18,8 +18,8 @@ TOOL = os.path.join(ROOT, 'tools', 'convert_checkpoint.py')
 
 
 def test_every_family_has_a_converter():
-    assert list_converters() == ['cswin', 'inline_cswin', 'inline_pvt', 'inline_swin', 'pvt', 'pvt_v2', 'soft', 'swin',
-                                 'xcit']
+    assert list_converters() == ['agent_cswin', 'agent_pvt', 'agent_swin', 'cswin', 'inline_cswin', 'inline_pvt',
+                                 'inline_swin', 'pvt', 'pvt_v2', 'soft', 'swin', 'xcit']
     for fam in list_converters():
         assert callable(get_converter(fam))
 

@@ -25,6 +25,8 @@ __all__ = ['SoftFreeCSWin']
 
 _INLINE = dict(stripe_widths=(1, 2, 7, 7), attn_cfg=('inline', 'inline', 'softmax', 'softmax'),
                global_window=(True, True, False, False))
+_AGENT = dict(_INLINE, attn_cfg=(dict(type='agent', agent_num=9, window_size=56, kernel_size=0),
+                                  dict(type='agent', agent_num=16, window_size=28, kernel_size=0), 'softmax', 'softmax'))
 ARCH_ZOO: Dict[str, dict] = {
     'tiny': dict(embed_dims=64, depths=(1, 2, 21, 1), num_heads=(2, 4, 8, 16), stripe_widths=(1, 2, 7, 7)),
     'small': dict(embed_dims=64, depths=(2, 4, 32, 2), num_heads=(2, 4, 8, 16), stripe_widths=(1, 2, 7, 7)),
@@ -34,6 +36,11 @@ ARCH_ZOO: Dict[str, dict] = {
     'inline_tiny': dict(_INLINE, embed_dims=64, depths=(2, 4, 18, 1), num_heads=(2, 4, 8, 16)),
     'inline_small': dict(_INLINE, embed_dims=64, depths=(3, 6, 29, 2), num_heads=(2, 4, 8, 16)),
     'inline_base': dict(_INLINE, embed_dims=96, depths=(3, 6, 29, 2), num_heads=(4, 8, 16, 32)),
+    # the official Agent-CSWin models (LeapLabTHU/Agent-Attention, models/agent_cswin.py, cfgs/agent_cswin_{t,s}.yaml:
+    # 'AABB', agents 9-16, la_split_size 56-28: one branch over the whole grid; the official get_v is our LePE conv,
+    # so the kernel has no dwc of its own)
+    'agent_tiny': dict(_AGENT, embed_dims=64, depths=(2, 4, 18, 1), num_heads=(2, 4, 8, 16)),
+    'agent_small': dict(_AGENT, embed_dims=64, depths=(3, 6, 29, 2), num_heads=(2, 4, 8, 16)),
 }
 PAD_KEYS = ('mask', 'zeros')
 
@@ -190,7 +197,8 @@ class SoftFreeCSWin(StagedBackbone):
     """CSWin Transformer backbone with swappable attention kernels.
 
     Args:
-        arch: 'tiny' | 'small' | 'base' | 'large' | 'inline_tiny' | 'inline_small' | 'inline_base', or a dict
+        arch: 'tiny' | 'small' | 'base' | 'large' | 'inline_tiny' | 'inline_small' | 'inline_base' | 'agent_tiny' |
+            'agent_small' (the Agent-CSWin releases), or a dict
             with embed_dims, depths, num_heads, stripe_widths (and attn_cfg, global_window).
         embed_dims, depths, num_heads, stripe_widths: override the preset.
         attn_cfg: one kernel config for every stage, or one per stage (e.g. InLine's 'IISS':
@@ -210,7 +218,8 @@ class SoftFreeCSWin(StagedBackbone):
         tiny=dict(arch=dict(embed_dims=16, depths=(1, 1, 1, 1), num_heads=(2, 2, 4, 4), stripe_widths=(1, 2, 4, 7))),
         fit=('global stripes', dict(global_window=True)), arch_spec=CSWinArchSpec(),
         checkpoints={'cswin': dict(arch='tiny', embed_dims=8, num_heads=(2, 2, 2, 2)),
-                     'inline_cswin': dict(arch='inline_tiny', embed_dims=8, num_heads=(2, 2, 2, 2))},
+                     'inline_cswin': dict(arch='inline_tiny', embed_dims=8, num_heads=(2, 2, 2, 2)),
+                     'agent_cswin': dict(arch='agent_tiny', embed_dims=8, num_heads=(2, 2, 2, 2))},
         benchmark={'cswin_t': dict(arch='tiny')},
         layout=lambda cfg: 'global tokens' if _global(cfg.get('global_window')) else 'stripes')
 

@@ -4,15 +4,19 @@ from typing import Dict
 
 import torch
 
-from ..converters.spec import ArchSpec, _heads_from_residual, _inline_kinds, _preset_kinds, stage_info
+from ..converters.spec import ArchSpec, _kernel_heads, _inline_kinds, _preset_kinds, stage_info
 from .swin_convert import SwinArchSpec
+
+
+_AGENT_BIASES = ('an_bias', 'na_bias', 'ah_bias', 'aw_bias', 'ha_bias', 'wa_bias')
 
 
 def convert_cswin(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """Official CSWin layouts -> ours (pure function).
 
     Official names: ``stage1_conv_embed.{0,2}`` (conv, LayerNorm), ``stage{s}.{j}.{qkv,norm1,proj,norm2,
-    mlp.fc1,mlp.fc2,attns.{b}.get_v}`` (official InLine-CSwin adds ``attns.{b}.residual.{0,2}``),
+    mlp.fc1,mlp.fc2,attns.{b}.get_v}`` (official InLine-CSwin adds ``attns.{b}.residual.{0,2}``, Agent-CSWin
+    ``attns.{b}.{an,na,ah,aw,ha,wa}_bias``: its get_v is the LePE conv, our ``lepe``),
     ``merge{m}.{conv,norm}`` (after stage m), and either the classifier's
     final ``norm`` + ``head`` or the segmentation backbone's per-output ``norm1..norm4``. The head is dropped;
     any other key is kept unchanged so that loading reports it.
@@ -40,6 +44,8 @@ def convert_cswin(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor
                 rest = f'branches.{p[3]}.lepe.' + '.'.join(p[5:])
             elif rest.startswith('attns.') and p[4] == 'residual':  # official InLine-CSwin
                 rest = f'branches.{p[3]}.kernel.residual.' + '.'.join(p[5:])
+            elif rest.startswith('attns.') and p[4] in _AGENT_BIASES:  # official Agent-CSWin
+                rest = f'branches.{p[3]}.kernel.{p[4]}'
             nk = f'stages.{s}.blocks.{p[1]}.{rest}'
         elif p[0].startswith('merge') and p[0][len('merge'):].isdigit():
             nk = f'stages.{int(p[0][len("merge"):])}.downsample.' + '.'.join(p[1:])
@@ -61,7 +67,7 @@ class CSWinArchSpec(ArchSpec):
     @staticmethod
     def _heads(p):
         branches = {k.split('.')[1] for k in p if k.startswith('branches.')}
-        r = _heads_from_residual(p.get('branches.0.kernel.residual.0.weight'))
+        r = _kernel_heads(p, 'branches.0.kernel.')
         return None if r is None else r * len(branches)
 
     def info(self, sd):

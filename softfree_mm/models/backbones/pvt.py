@@ -255,7 +255,9 @@ class SoftFreePVT(_PVTBase):
 
     Args:
         arch: 'tiny' | 'small' | 'medium' | 'large', the official InLine models 'inline_tiny' .. 'inline_large'
-            (heads 2-4-10-16, sr_ratios 1-1-1-1, InLine everywhere), or a dict with embed_dims, depths, num_heads,
+            (heads 2-4-10-16, sr_ratios 1-1-1-1, InLine everywhere), the Agent-PVT models 'agent_tiny' /
+            'agent_small' (sr_ratios 1-1-1-1, agent attention everywhere) and their detection / segmentation set-up
+            'agent_tiny_downstream' / 'agent_small_downstream', or a dict with embed_dims, depths, num_heads,
             mlp_ratios, sr_ratios (and attn_cfg); explicit per-stage tuples override the preset.
         attn_cfg: one kernel config for all stages or a list of four. Default: the preset's, else 'softmax'.
         sr_ratios: (8, 4, 2, 1) by default; (1, 1, 1, 1) gives the InLine set-up (no spatial reduction).
@@ -273,13 +275,22 @@ class SoftFreePVT(_PVTBase):
     arch_options = ('attn_cfg',)
     _convert = staticmethod(convert_pvt)
     family = Family(tiny=dict(arch='tiny', **_TINY), fit=_NO_REDUCTION, arch_spec=PVTArchSpec(),
-                    checkpoints={'pvt': dict(arch='tiny', **_PROBE), 'inline_pvt': dict(arch='inline_tiny', **_PROBE)},
+                    checkpoints={'pvt': dict(arch='tiny', **_PROBE), 'inline_pvt': dict(arch='inline_tiny', **_PROBE),
+                                 'agent_pvt': dict(arch='agent_tiny', **_PROBE)},
                     benchmark={'pvt_s': dict(arch='small')}, layout=_layout_of('SoftFreePVT'))
     MMDET_LAYOUT = dict(patch_sizes=(4, 2, 2, 2), strides=(4, 2, 2, 2), paddings=(0, 0, 0, 0), use_abs_pos_embed=True,
                         norm_after_stage=False, use_conv_ffn=False)
     _common = dict(embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8), mlp_ratios=(8, 8, 4, 4),
                    sr_ratios=(8, 4, 2, 1))
     _inline = dict(_common, num_heads=(2, 4, 10, 16), sr_ratios=(1, 1, 1, 1), attn_cfg='inline')
+    # the official Agent-PVT models (LeapLabTHU/Agent-Attention, models/agent_pvt.py, cfgs/agent_pvt_{t,s}.yaml: agents
+    # 9-16-49-49, 'AAAA', agent_sr_ratios 1111, biases at the 56-28-14-7 grids); '_downstream': the detection /
+    # segmentation set-up (downstream_agent_shapes 12-16-28-28)
+    _agent = dict(_common, sr_ratios=(1, 1, 1, 1),
+                  attn_cfg=tuple(dict(type='agent', agent_num=n, window_size=w)
+                                 for n, w in ((9, 56), (16, 28), (49, 14), (49, 7))))
+    _agent_down = dict(_agent, attn_cfg=tuple(dict(c, downstream_agent_shape=(s, s))
+                                              for c, s in zip(_agent['attn_cfg'], (12, 16, 28, 28))))
     arch_zoo = {
         'tiny': dict(_common, depths=(2, 2, 2, 2)),
         'small': dict(_common, depths=(3, 4, 6, 3)),
@@ -290,6 +301,10 @@ class SoftFreePVT(_PVTBase):
         'inline_small': dict(_inline, depths=(3, 4, 6, 3)),
         'inline_medium': dict(_inline, depths=(3, 4, 18, 3)),
         'inline_large': dict(_inline, depths=(3, 8, 27, 3)),
+        'agent_tiny': dict(_agent, depths=(2, 2, 2, 2)),
+        'agent_small': dict(_agent, depths=(3, 4, 6, 3)),
+        'agent_tiny_downstream': dict(_agent_down, depths=(2, 2, 2, 2)),
+        'agent_small_downstream': dict(_agent_down, depths=(3, 4, 6, 3)),
     }
 
     def __init__(self, arch: Union[str, dict] = 'tiny', in_channels: int = 3,

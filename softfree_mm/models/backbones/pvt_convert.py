@@ -8,7 +8,7 @@ from typing import Dict, Optional
 
 import torch
 
-from ..converters.spec import ArchSpec, _heads_from_residual, _inline_kinds, _num, _preset_kinds, size_of, stage_info
+from ..converters.spec import ArchSpec, _kernel_heads, _inline_kinds, _num, _preset_kinds, size_of, stage_info
 
 
 _OURS = re.compile(r'^stages\.\d+\.')
@@ -23,6 +23,7 @@ def _official_stage_key(k: str) -> Optional[str]:
     if m:
         rest = m.group(3).replace('mlp.dwconv.dwconv.', 'mlp.dwconv.')
         rest = rest.replace('attn.residual.', 'attn.kernel.residual.')  # official InLine-PVT
+        rest = re.sub(r'^attn\.((?:an|na|ah|aw|ha|wa)_bias$|dwc\.)', r'attn.kernel.\1', rest)  # official Agent-PVT
         return f'stages.{int(m.group(1)) - 1}.blocks.{m.group(2)}.{rest}'
     m = re.match(r'^norm(\d+)\.(.*)$', k)
     if m:
@@ -34,8 +35,8 @@ def _official_stage_key(k: str) -> Optional[str]:
 
 
 def convert_pvt(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    """Official PVT v1 release (and the official InLine-PVT releases: ``attn.residual.*`` -> the kernel's) -> our
-    layout. Pure and idempotent (our layout passes through).
+    """Official PVT v1 release (and the official InLine-PVT releases: ``attn.residual.*``, the Agent-PVT releases:
+    ``attn.{an,na,ah,aw,ha,wa}_bias``, ``attn.dwc.*`` -> the kernel's) -> our layout. Pure and idempotent (our layout passes through).
 
     Dropped: the classifier (``head``), ``cls_token`` and the final ``norm`` (classification only; our v1 has no
     output norm), and the class-token row of the last stage's positional table (N = s*s + 1 -> s*s).
@@ -95,7 +96,7 @@ class PVTArchSpec(ArchSpec):
         by = self.blocks(sd)
         if by is None:
             return None
-        stages = [stage_info(by.get(i, {}), lambda p: _heads_from_residual(p.get('attn.kernel.residual.0.weight')),
+        stages = [stage_info(by.get(i, {}), lambda p: _kernel_heads(p, 'attn.kernel.'),
                               self._sr) for i in range(max(by) + 1)]
         pos = sd.get('stages.0.pos_embed')
         return dict(stages=stages, positions=size_of(pos, 1), linear=None,

@@ -28,6 +28,22 @@ __all__ = ['SoftFreeSwin']
 _T = dict(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24))
 _S = dict(embed_dims=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24))
 _B = dict(embed_dims=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32))
+
+
+def agent_cfg(agent_num: int, window: int, shape=None, **kw) -> dict:
+    """One stage's agent kernel as the Agent Attention releases build it: ``agent_num`` agents (biases trained at
+    the stage's ``window`` x ``window`` grid, 224 input), ``shape`` the agent grid the detection / segmentation
+    set-ups pool instead (their ``downstream_agent_shapes``; the biases' agent axis is resized to it)."""
+    cfg = dict(type='agent', agent_num=agent_num, window_size=window, **kw)
+    if shape is not None:
+        cfg['downstream_agent_shape'] = tuple(shape)
+    return cfg
+
+
+# the official Agent-Swin models (LeapLabTHU/Agent-Attention, cfgs/agent_swin_{t,s}.yaml: window 56, agents 9-16-49-49,
+# 'AAAB' / 'AABB'); '_downstream': the detection / segmentation set-up (downstream_agent_shapes 9-12-14-7)
+_AGENT_SWIN = tuple(agent_cfg(n, w) for n, w in ((9, 56), (16, 28), (49, 14), (49, 7)))
+_AGENT_SWIN_DOWN = tuple(agent_cfg(n, w, (s, s)) for n, w, s in ((9, 56, 9), (16, 28, 12), (49, 14, 14), (49, 7, 7)))
 ARCH_ZOO: Dict[str, dict] = {
     'tiny': _T,
     'small': _S,
@@ -40,6 +56,12 @@ ARCH_ZOO: Dict[str, dict] = {
                          global_window=(True, True, False, False)),
     'inline_base': dict(_B, attn_cfg=('inline', 'inline', ('inline',) * 2 + ('softmax',) * 16, 'softmax'),
                         global_window=(True, True, (True,) * 2 + (False,) * 16, False)),
+    'agent_tiny': dict(_T, attn_cfg=_AGENT_SWIN[:3] + ('softmax',), global_window=(True, True, True, False)),
+    'agent_small': dict(_S, attn_cfg=_AGENT_SWIN[:2] + ('softmax',) * 2, global_window=(True, True, False, False)),
+    'agent_tiny_downstream': dict(_T, attn_cfg=_AGENT_SWIN_DOWN[:3] + ('softmax',),
+                                  global_window=(True, True, True, False)),
+    'agent_small_downstream': dict(_S, attn_cfg=_AGENT_SWIN_DOWN[:2] + ('softmax',) * 2,
+                                   global_window=(True, True, False, False)),
 }
 
 
@@ -180,7 +202,9 @@ class SoftFreeSwin(StagedBackbone):
     """Swin Transformer backbone with swappable attention kernels.
 
     Args:
-        arch: 'tiny' | 'small' | 'base' | 'large' | 'inline_tiny' | 'inline_small' | 'inline_base', or a dict with
+        arch: 'tiny' | 'small' | 'base' | 'large' | 'inline_tiny' | 'inline_small' | 'inline_base' | 'agent_tiny' |
+            'agent_small' (the Agent-Swin releases) | 'agent_tiny_downstream' | 'agent_small_downstream' (their
+            detection / segmentation set-up: more agents per stage, the same weights), or a dict with
             embed_dims, depths, num_heads (and attn_cfg, global_window).
         embed_dims, depths, num_heads: override the preset.
         attn_cfg: one kernel config (name or dict) for every stage, or a list with one per stage, where a stage's
@@ -218,7 +242,8 @@ class SoftFreeSwin(StagedBackbone):
         # mmdet's and the official files may hold the absolute positions; InLine-Swin-B's layout holds both block
         # kinds (InLine with the residual, softmax with the bias table)
         checkpoints={'swin': dict(arch='tiny', use_abs_pos_embed=True, embed_dims=8, num_heads=(1, 1, 1, 1)),
-                     'inline_swin': dict(arch='inline_base', embed_dims=8, num_heads=(1, 1, 1, 1))},
+                     'inline_swin': dict(arch='inline_base', embed_dims=8, num_heads=(1, 1, 1, 1)),
+                     'agent_swin': dict(arch='agent_tiny', embed_dims=8, num_heads=(1, 1, 1, 1))},
         benchmark={'swin_t': dict(arch='tiny'), 'swin_s': dict(arch='small')},
         layout=lambda cfg: 'global tokens' if _global(cfg.get('global_window')) else 'windows')
     freeze_next_downsample = True

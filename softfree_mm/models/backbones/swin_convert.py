@@ -1,16 +1,19 @@
 """Swin's checkpoints: the official (and InLine-Swin), timm and mmdet releases -> our layout (``convert_swin``, pure),
 and how a converted file shows its architecture (``SwinArchSpec``: depths, width, heads, window, block kinds)."""
 import math
+import re
 from collections import OrderedDict
 from typing import Dict
 
 import torch
 
-from ..converters.spec import ArchSpec, _heads_from_residual, _kind, _seq, size_of, stage_info
+from ..converters.spec import ArchSpec, _kernel_heads, _kind, _seq, size_of, stage_info
 
 
 _BLOCK_KEYS = ('norm1.', 'norm2.', 'attn.qkv.', 'attn.proj.', 'attn.relative_position_bias_table', 'mlp.fc1.',
                'mlp.fc2.')
+# the official Agent-Swin releases' kernel tensors (classification and detection / segmentation backbones alike)
+_AGENT = re.compile(r'\.attn\.((?:an|na|ah|aw|ha|wa)_bias$|dwc\.)')
 _MMDET_BLOCK = {'attn.w_msa.qkv.': 'attn.qkv.', 'attn.w_msa.proj.': 'attn.proj.',
                 'attn.w_msa.relative_position_bias_table': 'attn.relative_position_bias_table',
                 'ffn.layers.0.0.': 'mlp.fc1.', 'ffn.layers.1.': 'mlp.fc2.', 'norm1.': 'norm1.', 'norm2.': 'norm2.'}
@@ -30,7 +33,9 @@ def convert_swin(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]
     """Official Swin release / timm / mmdet Swin layouts -> ours (pure function).
 
     * official: ``layers.{i}.blocks.{j}.*``, ``layers.{i}.downsample.*`` after stage i, final ``norm``, ``head``;
-      the official InLine-Swin releases add ``attn.residual.{0,2}`` (the kernel's ``attn.kernel.residual``).
+      the official InLine-Swin releases add ``attn.residual.{0,2}`` (the kernel's ``attn.kernel.residual``), the
+      Agent-Swin releases ``attn.{an,na,ah,aw,ha,wa}_bias`` and ``attn.dwc`` (the kernel's); their detection /
+      segmentation backbones (mmdet 2.x / mmseg 0.x) name their per-output norms ``norm{i}`` as we do.
     * timm: the same names, but ``layers.{i}.downsample`` *before* stage i, ``head.fc``.
     * mmdet: ``stages.{i}.blocks.{j}.attn.w_msa.*``, ``ffn.layers.*``, ``patch_embed.projection``,
       ``stages.{i}.downsample`` after stage i with nn.Unfold channel order, ``norm{i}``.
@@ -71,7 +76,8 @@ def convert_swin(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]
                 if p[2] == 'downsample':
                     nk = f'stages.{i + 1 if official else i}.downsample.' + '.'.join(p[3:])
                 else:
-                    nk = 'stages.' + '.'.join(p[1:]).replace('.attn.residual.', '.attn.kernel.residual.')
+                    nk = _AGENT.sub(r'.attn.kernel.\1', 'stages.' + '.'.join(p[1:]).replace(
+                        '.attn.residual.', '.attn.kernel.residual.'))
             elif k.startswith('norm.'):
                 nk = f'norm{last}.' + k[len('norm.'):]
         out[nk] = v
@@ -89,13 +95,15 @@ class SwinArchSpec(ArchSpec):
     def _block_kind(p):
         if 'attn.kernel.residual.0.weight' in p:
             return 'inline'
+        if 'attn.kernel.an_bias' in p:
+            return 'agent'
         return 'softmax' if 'attn.relative_position_bias_table' in p else None
 
     @staticmethod
     def _heads(p):
-        """From the relative position bias table ((2W-1)^2, heads) or InLine's residual."""
+        """From the relative position bias table ((2W-1)^2, heads), InLine's residual or the agent biases."""
         t = p.get('attn.relative_position_bias_table')
-        return _heads_from_residual(p.get('attn.kernel.residual.0.weight')) if t is None else size_of(t, 1)
+        return _kernel_heads(p, 'attn.kernel.') if t is None else size_of(t, 1)
 
     def info(self, sd):
         by = self.blocks(sd)
@@ -117,7 +125,7 @@ class SwinArchSpec(ArchSpec):
     def preset_info(self, p):
         depths, e = p['depths'], p['embed_dims']
         cfgs, glob = _seq(p.get('attn_cfg', 'softmax'), depths), _seq(p.get('global_window', False), depths)
-        kinds = tuple(tuple('inline' if _kind(c) == 'inline' else 'softmax' if _kind(c) == 'softmax' and not g
+        kinds = tuple(tuple(_kind(c) if _kind(c) in ('inline', 'agent') else 'softmax' if _kind(c) == 'softmax' and not g
                             else None for c, g in zip(cs, gs)) for cs, gs in zip(cfgs, glob))
         return dict(stages=[dict(depth=d, dim=e * 2 ** i, heads=h) for i, (d, h) in
                             enumerate(zip(depths, p['num_heads']))], kinds=kinds)
@@ -138,7 +146,7 @@ class SwinArchSpec(ArchSpec):
                     first = _seq(preset['attn_cfg'], preset['depths'])[i][0] if i < len(preset['depths']) else 'softmax'
                     ks = [k or _kind(first) for k in ks]
                     cfg.append(ks[0] if len(set(ks)) == 1 else tuple(ks))
-                    g = [k == 'inline' for k in ks]
+                    g = [k in ('inline', 'agent') for k in ks]
                     glob.append(g[0] if len(set(g)) == 1 else tuple(g))
                 kw['attn_cfg'], kw['global_window'] = tuple(cfg), tuple(glob)
         if heads is not None and list(heads) != [s['heads'] for s in base_info['stages']]:

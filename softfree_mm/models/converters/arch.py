@@ -41,7 +41,7 @@ def _variant(arch) -> set:
     """The preset family words of an arch ('inline', 'norm', 'li'), to rank presets the file cannot tell apart."""
     if isinstance(arch, dict):
         return {'norm'} if arch.get('normalized') else set()
-    return set(arch.split('_')) & {'inline', 'norm', 'li'} if isinstance(arch, str) else set()
+    return set(arch.split('_')) & {'inline', 'agent', 'norm', 'li'} if isinstance(arch, str) else set()
 
 
 def _kind_clashes(info, pinfo) -> int:

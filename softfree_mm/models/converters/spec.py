@@ -39,6 +39,13 @@ def _heads_from_residual(t):
     return None if t is None else int(t.shape[0]) // int(t.shape[1])
 
 
+def _kernel_heads(p, prefix):
+    """Heads shown by a block's kernel tensors under ``prefix`` (e.g. 'attn.kernel.'): InLine's residual conv or the
+    agent biases (heads, agents, 7, 7); None where neither is there."""
+    t = p.get(prefix + 'an_bias')
+    return _heads_from_residual(p.get(prefix + 'residual.0.weight')) if t is None else int(t.shape[0])
+
+
 def stage_info(blocks: Dict[int, Dict[str, torch.Tensor]], heads_of, extra=None) -> dict:
     """depth, dim (``norm1``'s width), heads, mlp (``mlp.fc1``'s width over dim) of one stage's blocks (block index
     -> {the rest of the key: tensor}); ``heads_of(params)`` reads one block's heads (or None where its tensors do
@@ -66,15 +73,19 @@ def _kind(cfg) -> str:
 
 
 def _inline_kinds(by, n, key) -> tuple:
-    """Per stage, per block: 'inline' where the block holds InLine's residual (at ``key``), else not known."""
-    return tuple(tuple('inline' if key in by.get(i, {}).get(j, {}) else None for j in range(max(by.get(i, {0: 0})) + 1))
-                 for i in range(n))
+    """Per stage, per block: 'inline' where the block holds InLine's residual (at ``key``), 'agent' where it holds
+    the agent biases (beside it: ``an_bias`` for ``residual.0.weight``), else not known."""
+    agent = key.replace('residual.0.weight', 'an_bias')
+
+    def kind(p):
+        return 'inline' if key in p else 'agent' if agent in p else None
+    return tuple(tuple(kind(by.get(i, {}).get(j, {})) for j in range(max(by.get(i, {0: 0})) + 1)) for i in range(n))
 
 
 def _preset_kinds(p) -> tuple:
-    """Per stage, per block of a preset with one kernel per stage: 'inline' or 'softmax'."""
+    """Per stage, per block of a preset with one kernel per stage: 'inline', 'agent' or 'softmax'."""
     cfgs = _seq(p.get('attn_cfg', 'softmax'), p['depths'])
-    return tuple(tuple('inline' if _kind(c) == 'inline' else 'softmax' for c in cs) for cs in cfgs)
+    return tuple(tuple(_kind(c) if _kind(c) in ('inline', 'agent') else 'softmax' for c in cs) for cs in cfgs)
 
 
 
