@@ -28,9 +28,9 @@ On several nodes (pytorch) node rank 0 alone decides what runs and judges what e
 decision (WORK_ROOT/warm_start_<stage 1>.nodes.json, announced on MASTER_ADDR:CHAIN_PORT, default PORT + 1).
 --submit (slurm) runs the whole chain as one sbatch job (--time, --requeue, USR1 --signal-before seconds before the
 limit: the running stage saves a checkpoint and stops, the job requeues itself and resumes there; --sbatch-args for
-the job's own options); its output is WORK_ROOT/logs/<job name>.<job id>.out. Each stage's images a step (processes x train_dataloader.batch_size) must be the
-recipe's scale's (1024 at ImageNet: --gpus 8), or --batch-scale linear (lr and iterations rescaled) or keep says
-what to do. --recipe NAME runs another recipe of softfree_mm/engine/warm_start.py (transfer, transfer-half,
+the job's own options); its output is WORK_ROOT/logs/<job name>.<job id>.out. Each stage's images a step
+(processes x train_dataloader.batch_size) must be the recipe's scale's (1024 at ImageNet: --gpus 8), or
+--batch-scale linear (lr and iterations rescaled) or keep says what to do. --recipe NAME runs another recipe of softfree_mm/engine/warm_start.py (transfer, transfer-half,
 transfer-final, transfer-attn, transfer-blocks, transfer-newhead: docs/warm_start.md) at the stage configs' scale.
 --iters N runs the recipe at another length: N iterations in both stages, split and scheduled as the recipe says.
 --release replaces the release the chain starts from (stage 1's teacher, stage 2's head); a URL is downloaded once,
@@ -68,14 +68,15 @@ def parse_args(argv=None):
     p.add_argument('--cfg-options', nargs='+', default=[], metavar='KEY=VALUE', help="CONFIG's")
     p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm'], default='none')
     p.add_argument('--gpus', nargs='+', default=[], metavar='N|ROLE=N',
-                   help='processes per node (pytorch: default 1; slurm: 8); ROLE=N (stage1, stage2, main): one stage\'s')
+                   help="processes per node (pytorch: default 1; slurm: 8); ROLE=N (stage1, stage2, main): one stage's")
     p.add_argument('--nnodes', type=int, default=1, help='nodes (slurm)')
     p.add_argument('--partition', help='the Slurm partition (--launcher slurm)')
     p.add_argument('--job-name', default='warm_start', help='Slurm job name prefix')
     p.add_argument('--train-args', default='', help='options for every tools/train.py call, as one string')
     p.add_argument('--cpus-per-task', type=int, help="slurm: CPUs per task (default: tools/slurm_train.sh's, 10)")
     p.add_argument('--srun-args', default='', help='slurm: more srun options for each stage, as one string')
-    p.add_argument('--submit', action='store_true', help='slurm: the whole chain as one sbatch job that requeues itself')
+    p.add_argument('--submit', action='store_true',
+                   help='slurm: the whole chain as one sbatch job that requeues itself')
     p.add_argument('--time', help='--submit: the job\'s time limit (sbatch --time; default: the partition\'s)')
     p.add_argument('--signal-before', type=int, default=300, metavar='S',
                    help='--submit: seconds before the limit at which the stage saves and the job requeues')

@@ -7,5 +7,5 @@ from .loss_guard import NonFiniteLossHook
 from .rng_state import RNGStateHook
 from .signal_checkpoint import CheckpointOnSignalHook
 
-__all__ = ['AttentionCall', 'AttentionCapture', 'AttentionStatsHook', 'CheckpointOnSignalHook', 'NonFiniteLossHook', 'RNGStateHook',
-           'attention_layers']
+__all__ = ['AttentionCall', 'AttentionCapture', 'AttentionStatsHook', 'CheckpointOnSignalHook', 'NonFiniteLossHook',
+           'RNGStateHook', 'attention_layers']
