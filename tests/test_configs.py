@@ -84,8 +84,10 @@ def _expected_kernels(cfg_name, cfg):
     """The kernel type names per backbone stage / layer that the config's name promises."""
     m = NAME.match(cfg_name.replace('_demo', ''))
     attn = m['attn']
-    if attn == 'inline' and m['backbone'] == 'pvt_s':
-        return {'inline'}  # InLine-PVT: InLine in every stage
+    if attn in ('inline', 'agent') and m['backbone'] == 'pvt_s':
+        return {attn}  # InLine-PVT, Agent-PVT: the kernel in every stage
+    if attn == 'agent':
+        return {'agent', 'softmax'}  # Agent-Swin-T: softmax windows in stage 4
     if attn in ('inline', 'soft'):
         return {attn, 'softmax'}
     if attn == 'softnorm':
@@ -280,7 +282,8 @@ def _official_start(name):
     """Set-ups whose backbone the seeds (or the softmax backbones' authors) released: they start from the release."""
     m = NAME.match(name)
     return (m['attn'] == 'softmax' or m['attn'] == 'softnorm'
-            or (m['attn'] == 'inline' and m['backbone'] in ('swin_t', 'cswin_t', 'pvt_s')))
+            or (m['attn'] == 'inline' and m['backbone'] in ('swin_t', 'cswin_t', 'pvt_s'))
+            or (m['attn'] == 'agent' and m['backbone'] in ('swin_t', 'pvt_s')))
 
 
 @pytest.mark.parametrize('path', DET_SEG, ids=_rel)
@@ -375,7 +378,7 @@ def test_missing_warm_start_checkpoint_is_one_line_naming_both_stages_the_releas
         check_pretrained(ft)
 
 
-RELEASED = {'swin_t_inline', 'cswin_t_inline'}  # InLine-Swin-T / InLine-CSWin-T: their own releases
+RELEASED = {'swin_t_inline', 'cswin_t_inline', 'swin_t_agent'}  # InLine-Swin-T / InLine-CSWin-T / Agent-Swin-T: their own releases
 
 
 @pytest.mark.parametrize('path', [p for p in MAIN if NAME.match(osp.basename(p))['task'] in TASKS[:3]], ids=_rel)

@@ -3,6 +3,7 @@
 
     python tools/convert_checkpoint.py FAMILY SRC DST [--ema]
     python tools/convert_checkpoint.py FAMILY SRC --print-arch
+    python tools/convert_checkpoint.py FAMILY SRC DST --whole
 
 FAMILY: auto | xcit | pvt | pvt_v2 | swin | cswin | soft | inline_swin | inline_pvt | inline_cswin | agent_swin |
 agent_pvt | agent_cswin; ``auto`` detects
@@ -13,7 +14,9 @@ data, never executed); a whole detector or segmentor checkpoint gives its 'backb
 ``{'state_dict': ...}`` file that ``init_cfg=dict(type='Pretrained', checkpoint=DST)`` loads. The tool prints how
 many keys it placed, which preset the file is (the depths, widths and heads read from its tensors, and the
 arguments that build a model it fits when no preset does) and names any key the family's backbones do not have; a
-file of another family is refused. ``--print-arch`` prints only which preset the file is (DST is then optional).
+file of another family is refused. ``--print-arch`` prints only which preset the file is (DST is then optional). ``--whole`` converts a whole official
+detector or segmentor (mmdet 2.x / mmseg 0.x) into our mmdet 3 / mmseg 1 model's state dict, the backbone's keys
+through FAMILY's converter and the rest as they are: DST is then what ``load_from=DST`` loads to evaluate the release.
 """
 import argparse
 import os
@@ -26,7 +29,8 @@ import torch
 
 def main(argv=None):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from softfree_mm.models.converters import (arch_report, checkpoint_class, detect_family, family_match,
+    from softfree_mm.models.converters import (arch_report, checkpoint_class, convert_whole_model, detect_family,
+                                               family_match,
                                                get_converter, list_converters, read_checkpoint, unplaced_keys,
                                                unwrap_state_dict)
 
@@ -39,6 +43,9 @@ def main(argv=None):
     parser.add_argument('--print-arch', action='store_true',
                         help='print which preset the file is (or the arguments that fit it) and write nothing '
                              'unless DST is given')
+    parser.add_argument('--whole', action='store_true',
+                        help='SRC is a whole detector / segmentor (mmdet 2.x, mmseg 0.x): write the whole model for '
+                             'load_from, its backbone converted')
     args = parser.parse_args(argv)
     if args.dst is None and not args.print_arch:
         parser.error('DST is required (or --print-arch to only print which preset the file is)')
@@ -54,6 +61,23 @@ def main(argv=None):
         sd = unwrap_state_dict(raw, prefer_ema=args.ema)
     except ValueError as e:
         parser.error(f'{args.src}: {e}')
+    if args.whole:
+        if args.dst is None or args.print_arch:
+            parser.error('--whole writes DST (a whole model for load_from); --print-arch reads a backbone file')
+        family = detect_family(sd)[0] if args.family == 'auto' else args.family
+        try:
+            whole = convert_whole_model(raw, family)
+        except ValueError as e:
+            parser.error(f'{args.src}: {e}')
+        unplaced = unplaced_keys(family, {k[len('backbone.'):]: v for k, v in whole.items()
+                                          if k.startswith('backbone.')})
+        os.makedirs(os.path.dirname(os.path.abspath(args.dst)), exist_ok=True)
+        torch.save({'state_dict': whole, 'meta': {'converted_from': os.path.basename(args.src), 'family': family,
+                                                  'whole': True}}, args.dst)
+        print(f'{family} (whole model): {len(whole)} keys -> {args.dst}')
+        if unplaced:
+            print(f'{family}: {len(unplaced)} backbone key(s) no {family} backbone has: {unplaced}', file=sys.stderr)
+        return 0
     if args.family == 'auto':
         family, out = detect_family(sd)
     else:

@@ -68,6 +68,22 @@ def unwrap_state_dict(obj, prefer_ema: bool = False, backbone_only: bool = True)
     return out
 
 
+def convert_whole_model(state_dict: Dict[str, torch.Tensor], family: str) -> Dict[str, torch.Tensor]:
+    """A whole detector or segmentor of an official release (mmdet 2.x Mask R-CNN, mmseg 0.x UperNet / Semantic FPN:
+    a bare or wrapped state dict with 'backbone.*' beside 'neck.*', 'rpn_head.*', 'roi_head.*', 'decode_head.*', ...)
+    -> the state dict of our mmdet 3 / mmseg 1 model, which ``load_from`` loads: the backbone's keys through
+    ``family``'s converter, every other key unchanged (mmdet 3 and mmseg 1 kept the 2.x / 0.x names of FPN, the RPN
+    and RoI heads, UperNet's and Semantic FPN's heads and the auxiliary FCN head). Pure."""
+    sd = unwrap_state_dict(state_dict, backbone_only=False)
+    backbone = OrderedDict((k[len('backbone.'):], v) for k, v in sd.items() if k.startswith('backbone.'))
+    if not backbone:
+        raise ValueError(f'the checkpoint holds no backbone.* keys (e.g. {sorted(sd)[:3]}): it is no whole detector '
+                         'or segmentor; convert a backbone release without --whole')
+    out = OrderedDict(('backbone.' + k, v) for k, v in get_converter(family)(backbone).items())
+    out.update((k, v) for k, v in sd.items() if not k.startswith('backbone.'))
+    return out
+
+
 def _pattern(key: str) -> str:
     return '.'.join('#' if part.isdigit() else part for part in key.split('.'))
 

@@ -1,0 +1,15 @@
+# cls / swin_t: the official Agent-Swin-T (Agent Attention, ECCV 2024): arch 'agent_tiny' of SoftFreeSwin, 'AAAB': agent
+# attention (agents 9-16-49, biases at the 56-28-14 grids, a 3x3 depthwise conv on v) over the whole grid in stages 1-3,
+# softmax windows in stage 4 (cfgs/agent_swin_t.yaml).
+# Everything else (recipe, GPUs x images per GPU, schedule) is cls_swin_t_softmax.py.
+# Reported: Agent-Swin-T ImageNet top-1 82.6 (Agent-Attention README; Swin-T 81.3).
+# Parameters / FLOPs: PENDING
+# Release (evaluate, or start from): https://cloud.tsinghua.edu.cn/f/a2ddc1190c224f768a41/?dl=1 (converted on load).
+_base_ = './cls_swin_t_softmax.py'
+agent_release = 'https://cloud.tsinghua.edu.cn/f/a2ddc1190c224f768a41/?dl=1'
+model = dict(
+    backbone=dict(
+        arch='agent_tiny',
+        attn_cfg=None,
+        global_window=None,
+        drop_path_rate=0.2))  # cfgs/agent_swin_t.yaml
