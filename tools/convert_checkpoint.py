@@ -14,9 +14,10 @@ data, never executed); a whole detector or segmentor checkpoint gives its 'backb
 ``{'state_dict': ...}`` file that ``init_cfg=dict(type='Pretrained', checkpoint=DST)`` loads. The tool prints how
 many keys it placed, which preset the file is (the depths, widths and heads read from its tensors, and the
 arguments that build a model it fits when no preset does) and names any key the family's backbones do not have; a
-file of another family is refused. ``--print-arch`` prints only which preset the file is (DST is then optional). ``--whole`` converts a whole official
-detector or segmentor (mmdet 2.x / mmseg 0.x) into our mmdet 3 / mmseg 1 model's state dict, the backbone's keys
-through FAMILY's converter and the rest as they are: DST is then what ``load_from=DST`` loads to evaluate the release.
+file of another family is refused. ``--print-arch`` prints only which preset the file is (DST is then optional).
+``--whole`` converts a whole official detector or segmentor (mmdet 2.x / mmseg 0.x) into our mmdet 3 / mmseg 1
+model's state dict, the backbone's keys through FAMILY's converter and the rest as they are: DST is then what
+``load_from=DST`` loads to evaluate the release.
 """
 import argparse
 import os

@@ -53,7 +53,8 @@ def official_agent(q, k, v, sd, pre, heads, hw, shape=None, dwc=True):
         return F.interpolate(t, size=shape, mode='bilinear').reshape(heads, n, na)
 
     pos = (rule(sd[pre + '.an_bias']) + rule((sd[pre + '.ah_bias'] + sd[pre + '.aw_bias']).squeeze(0)))
-    agb = rule(sd[pre + '.na_bias']) + rule((sd[pre + '.ha_bias'] + sd[pre + '.wa_bias']).squeeze(0).permute(0, 3, 1, 2))
+    agb = rule(sd[pre + '.na_bias']) + rule(
+        (sd[pre + '.ha_bias'] + sd[pre + '.wa_bias']).squeeze(0).permute(0, 3, 1, 2))
     agent_v = torch.softmax((agents * d ** -0.5) @ k.transpose(-2, -1) + pos.transpose(1, 2), -1) @ v
     out = torch.softmax((q * d ** -0.5) @ agents.transpose(-2, -1) + agb, -1) @ agent_v
     out = out.transpose(1, 2).reshape(b, n, c)
@@ -235,8 +236,8 @@ def test_agent_cswin_release_layout_loads_strictly_and_equals_the_official_compu
     """'AABB': stages 1-2 one agent branch over the whole grid (la_split 56-28) with the LePE conv get_v (our lepe:
     the kernel has no dwc of its own), stages 3-4 the softmax stripes."""
     kinds = ('I', 'I', 'S', 'S')  # the InLine-CSwin layout's branch structure; 'I' blocks hold agent tensors here
-    official = {k: v for k, v in ow.cswin_layout(kinds, dim=16, depths=CSWIN['depths'], heads=CSWIN['num_heads']).items()
-                if '.residual.' not in k}
+    layout = ow.cswin_layout(kinds, dim=16, depths=CSWIN['depths'], heads=CSWIN['num_heads'])
+    official = {k: v for k, v in layout.items() if '.residual.' not in k}
     shapes = {}
     for s, c in ((1, 16), (2, 32)):
         shapes.update(agent_shapes(f'stage{s}.0.attns.0', c, CSWIN['num_heads'][s - 1], AGENTS[s - 1], GRIDS[s - 1],

@@ -26,7 +26,8 @@ __all__ = ['SoftFreeCSWin']
 _INLINE = dict(stripe_widths=(1, 2, 7, 7), attn_cfg=('inline', 'inline', 'softmax', 'softmax'),
                global_window=(True, True, False, False))
 _AGENT = dict(_INLINE, attn_cfg=(dict(type='agent', agent_num=9, window_size=56, kernel_size=0),
-                                  dict(type='agent', agent_num=16, window_size=28, kernel_size=0), 'softmax', 'softmax'))
+                                  dict(type='agent', agent_num=16, window_size=28, kernel_size=0),
+                                  'softmax', 'softmax'))
 ARCH_ZOO: Dict[str, dict] = {
     'tiny': dict(embed_dims=64, depths=(1, 2, 21, 1), num_heads=(2, 4, 8, 16), stripe_widths=(1, 2, 7, 7)),
     'small': dict(embed_dims=64, depths=(2, 4, 32, 2), num_heads=(2, 4, 8, 16), stripe_widths=(1, 2, 7, 7)),

@@ -36,7 +36,8 @@ def _official_stage_key(k: str) -> Optional[str]:
 
 def convert_pvt(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """Official PVT v1 release (and the official InLine-PVT releases: ``attn.residual.*``, the Agent-PVT releases:
-    ``attn.{an,na,ah,aw,ha,wa}_bias``, ``attn.dwc.*`` -> the kernel's) -> our layout. Pure and idempotent (our layout passes through).
+    ``attn.{an,na,ah,aw,ha,wa}_bias``, ``attn.dwc.*`` -> the kernel's) -> our layout. Pure and idempotent (our layout
+    passes through).
 
     Dropped: the classifier (``head``), ``cls_token`` and the final ``norm`` (classification only; our v1 has no
     output norm), and the class-token row of the last stage's positional table (N = s*s + 1 -> s*s).

@@ -125,7 +125,8 @@ class SwinArchSpec(ArchSpec):
     def preset_info(self, p):
         depths, e = p['depths'], p['embed_dims']
         cfgs, glob = _seq(p.get('attn_cfg', 'softmax'), depths), _seq(p.get('global_window', False), depths)
-        kinds = tuple(tuple(_kind(c) if _kind(c) in ('inline', 'agent') else 'softmax' if _kind(c) == 'softmax' and not g
+        kinds = tuple(tuple(_kind(c) if _kind(c) in ('inline', 'agent')
+                            else 'softmax' if _kind(c) == 'softmax' and not g
                             else None for c, g in zip(cs, gs)) for cs, gs in zip(cfgs, glob))
         return dict(stages=[dict(depth=d, dim=e * 2 ** i, heads=h) for i, (d, h) in
                             enumerate(zip(depths, p['num_heads']))], kinds=kinds)

@@ -3,8 +3,8 @@ files (``loading``), and the architecture a file holds (``arch``, read through t
 ``spec.ArchSpec``)."""
 from .arch import (arch_differences, arch_of, arch_report, check_arch, check_model_checkpoint, describe_arch,
                    fitting_args, format_args, structure_differences)
-from .detect import (WRAPPER_KEYS, checkpoint_class, convert_whole_model, detect_family, family_match, get_converter, list_converters,
-                     unplaced_keys, unwrap_state_dict)
+from .detect import (WRAPPER_KEYS, checkpoint_class, convert_whole_model, detect_family, family_match, get_converter,
+                     list_converters, unplaced_keys, unwrap_state_dict)
 from .loading import (RELEASE_METADATA, ReleaseMetadata, checkpoints_in, fetch_release, load_pretrained,
                       missing_checkpoint_message, placement, read_checkpoint, read_pretrained, release_file_name,
                       resolve_checkpoint)
