@@ -5,7 +5,9 @@
 # Recipe (official): AdamW lr 2e-4, wd 1e-4, drop path 0.2, 1x (12 epochs), single-scale 1333x800 as the PVT detection
 # base here, 8 GPUs x 2 images (total batch 16).
 # Reported: box/mask AP 1x 44.5/41.2 (Agent-Attention detection README; PVT-S 1x 40.4/37.8).
-# Parameters / FLOPs: PENDING
+# Parameters / FLOPs (tools/analysis/get_flops.py, 800x1280): ours 40.289M, 292.758 GFLOPs; reported 40M, 293G:
+#   Agent-Attention detection README (mmcv 1.x's counter at 1280x800
+#   plus the attention's products by hand).
 # Backbone start: the official Agent-PVT-S release (ImageNet-1k), fetched and converted on load. To evaluate the official
 #   detector: python tools/convert_checkpoint.py agent_pvt RELEASE.pth OUT.pth --whole, then load_from=OUT.pth
 #   (release: https://cloud.tsinghua.edu.cn/f/8e333aa6b55e45d4b76c/?dl=1).

@@ -6,7 +6,9 @@
 # Recipe (official): AdamW lr 1e-4, wd 0.05 (no decay on norms and the six agent biases), drop path 0.1, 1x (12 epochs),
 # multi-scale training, 8 GPUs x 2 images (total batch 16).
 # Reported: box/mask AP 1x 44.6/40.7 (Agent-Attention detection README; Swin-T 1x 43.7/39.8).
-# Parameters / FLOPs: PENDING
+# Parameters / FLOPs (tools/analysis/get_flops.py, 800x1280): ours 48.409M, 275.385 GFLOPs; reported 48M, 276G:
+#   Agent-Attention detection README (mmcv 1.x's counter at 1280x800
+#   plus the attention's products by hand; ours: mmengine's counter plus each kernel's declared cost).
 # Backbone start: the official Agent-Swin-T release (ImageNet-1k), fetched and converted on load. To evaluate the official
 #   detector: python tools/convert_checkpoint.py agent_swin RELEASE.pth OUT.pth --whole, then load_from=OUT.pth
 #   (release: https://cloud.tsinghua.edu.cn/f/258e208469084e6abf26/?dl=1).

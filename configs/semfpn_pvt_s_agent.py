@@ -4,7 +4,8 @@
 # Everything else (recipe, GPUs x images per GPU, schedule, neck) is semfpn_pvt_v2_b2_softmax.py (the official run:
 # 40k iterations).
 # Reported: mIoU 44.18 (single scale), 56.17 (README's second column) (Agent-Attention segmentation README; PVT-S 39.8).
-# Parameters / FLOPs: PENDING
+# Parameters / FLOPs (tools/analysis/get_flops.py, 512x2048): ours 24.389M, 211.663 GFLOPs; reported 24M, 211G:
+#   Agent-Attention segmentation README.
 # Backbone start: the official Agent-PVT-S release (ImageNet-1k), fetched and converted on load. To evaluate the official
 #   segmentor: python tools/convert_checkpoint.py agent_pvt RELEASE.pth OUT.pth --whole, then load_from=OUT.pth
 #   (release: https://cloud.tsinghua.edu.cn/f/11332fa565e443678e4c/?dl=1).

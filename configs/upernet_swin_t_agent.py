@@ -5,7 +5,8 @@
 # with the six agent biases out of weight decay as the official optimizer.
 # Reported: mIoU 46.68 (single scale), 58.53 (README's second column) (Agent-Attention segmentation README;
 #   Swin-T 44.5).
-# Parameters / FLOPs: PENDING
+# Parameters / FLOPs (tools/analysis/get_flops.py, 512x2048): ours 60.556M, 953.144 GFLOPs; reported 61M, 954G:
+#   Agent-Attention segmentation README.
 # Backbone start: the official Agent-Swin-T release (ImageNet-1k), fetched and converted on load. To evaluate the official
 #   segmentor: python tools/convert_checkpoint.py agent_swin RELEASE.pth OUT.pth --whole, then load_from=OUT.pth
 #   (release: https://cloud.tsinghua.edu.cn/f/280481ee38024bce8364/?dl=1).
