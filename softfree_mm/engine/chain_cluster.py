@@ -92,7 +92,7 @@ class Nodes:
     def receive(self) -> Dict:
         """A follower: node 0's decision, read from the work root once node 0 has passed the barrier (the file is
         read again until it is the one node 0 announced: a shared file system may serve an older copy)."""
-        nonce = self.store.get('decision').decode()
+        nonce = self._get('decision')
         if nonce.startswith('error:'):
             raise UsageError(f'node 0 stopped before any run: {nonce[len("error:"):]}')
         end = time.time() + 300
@@ -111,8 +111,15 @@ class Nodes:
 
     def follow(self, i: int) -> str:
         """A follower, after run ``i``: '' when node 0 found it done, else why the chain stops."""
-        verdict = self.store.get(f'run{i}').decode()
+        verdict = self._get(f'run{i}')
         return '' if verdict == 'ok' else verdict
+
+    def _get(self, key: str) -> str:
+        try:
+            return self.store.get(key).decode()
+        except Exception as e:  # noqa: BLE001  (DistNetworkError, a timeout: node 0's process is gone)
+            raise UsageError(f'node 0 ({self.where}) went away before saying {key}: it stopped; its output says '
+                             f'why ({type(e).__name__})') from None
 
     def leave(self) -> None:
         if not self.leader:
@@ -175,8 +182,8 @@ def submit_command(argv: List[str], request, work_root: str, python: str, tool: 
     cmd = ['sbatch', '--parsable', f'--partition={request.partition}', f'--job-name={request.job_name}',
            f'--nodes={request.nnodes}', f'--ntasks-per-node={per_node}', '--requeue', '--open-mode=append',
            f'--signal=B:USR1@{signal_before}', f'--output={out}']
-    if request.cpus_per_task:
-        cmd.append(f'--cpus-per-task={request.cpus_per_task}')
+    # the stages' srun ask CPUS_PER_TASK (tools/slurm_train.sh: 10 by default): the job must hold as many
+    cmd.append(f"--cpus-per-task={request.cpus_per_task or os.environ.get('CPUS_PER_TASK') or 10}")
     if not request.wants_cpu():
         cmd.append(f'--gres=gpu:{per_node}')
     if time_limit:

@@ -88,7 +88,7 @@ def test_submit_is_one_sbatch_job_with_time_requeue_and_the_signal_running_the_s
     cmd = submit_command(job, tool.request_of(args), 'work_dirs', '/env/bin/python', '/repo/tools/warm_start.py',
                          args.time, args.signal_before, args.sbatch_args)
     for want in ('--partition=p', '--nodes=1', '--ntasks-per-node=8', '--gres=gpu:8', '--requeue', '--time=2-00:00:00',
-                 '--signal=B:USR1@600', '--account=a', '--qos=q', '--open-mode=append'):
+                 '--signal=B:USR1@600', '--account=a', '--qos=q', '--open-mode=append', '--cpus-per-task=10'):
         assert want in cmd, (want, cmd)
     assert cmd[-1].startswith('--wrap=cd ') and cmd[-1].endswith(
         f'exec /env/bin/python /repo/tools/warm_start.py {CONFIG} --launcher slurm --partition p --gpus 8 --in-job')
