@@ -28,15 +28,16 @@ COST_LAYOUTS = OrderedDict(
     swin_t=('swin_t', {}),
     cswin_t=('cswin_t', {}),
 )
-COST_KERNELS = ('softmax', 'poly3', 'linear', 'inline', 'soft', 'soft-l64', 'soft-l256')
+COST_KERNELS = ('softmax', 'poly3', 'linear', 'inline', 'soft', 'soft-l64', 'soft-l256', 'agent')
 KERNEL_CFGS = {'softmax': dict(type='softmax'), 'poly3': dict(type='poly', degree=3),
                'linear': dict(type='linear', feature_map='elu+1'), 'inline': dict(type='inline'),
-               'soft': dict(type='soft')}
+               'soft': dict(type='soft'), 'agent': dict(type='agent')}
 # a form of a kernel that no config ships: (the kernel whose config it starts from, what it sets on each of that
 # kernel's entries in the config's attn_cfg). SOFT with a fixed number of landmarks is linear in N; the shipped
 # configs keep the official ratio form (m = N / ratio^2 landmarks: quadratic, its Newton steps cubic)
 KERNEL_FORMS = {'soft-l64': ('soft', dict(num_landmarks=64)), 'soft-l256': ('soft', dict(num_landmarks=256))}
-KERNEL_NAMES = tuple(KERNEL_CFGS) + tuple(KERNEL_FORMS)  # what --kernels takes with --layouts
+KERNEL_NAMES = tuple(k for k in COST_KERNELS if k in KERNEL_CFGS or k in KERNEL_FORMS)  # what --kernels takes
+# with --layouts, in the sweep's order
 COCO_ASPECT = 1333 / 800
 SHORT_SIDES = (512, 800, 1024)
 LARGE_SIDE = 1600  # for the kernels still within the limits at the largest of SHORT_SIDES
