@@ -137,6 +137,9 @@ def readme_studies(root: str) -> str:
     rule = rr.choose(text, 75, {bb: 'transfer' for bb in dict.fromkeys(r['backbone'] for r in grid)})
     task = ts.summarise(ts.read_rows(osp.join(root, RESULTS, 'task_study', 'runs.csv')))
     lines = fd.readme_lines(read_csv(osp.join(root, RESULTS, 'study', 'runs.csv')), grid, task, rule)
+    import textwrap
+    lines = [textwrap.fill(ln, 116, subsequent_indent='  ', break_long_words=False, break_on_hyphens=False)
+             for ln in lines]  # as the README's other bullets
     return '\n'.join([README_STUDIES[0], *lines, README_STUDIES[1]])
 
 
