@@ -323,8 +323,19 @@ def _paired_cell(e: dict, m: str, digits: int) -> str:
     ci = e[f'd_{m}_ci']
     text = f"{_pm(e[f'd_{m}'], e[f'd_{m}_std'], digits)}, {e[f'd_{m}_above']} of {e[f'd_{m}_n']} seeds above"
     if ci is not None:
-        text += f"; 95 % [{ci[0]:+.{digits}f}, {ci[1]:+.{digits}f}]" + (' within' if e[f'd_{m}_within'] else '')
+        text += f"; 95 % [{ci[0]:+.{digits}f}, {ci[1]:+.{digits}f}]" + (
+            f": no difference detectable at n = {e[f'd_{m}_n']}, half-width {(ci[1] - ci[0]) / 2:.{digits}f}"
+            if e[f'd_{m}_within'] else ': excludes zero')
     return text
+
+
+def floor_seeds(e: dict) -> int:
+    """Seeds of a segmentation row at the background-only floor: mAcc within half a point of one class of eleven
+    (the segmentor predicts background everywhere)."""
+    return sum(r.get('mAcc') is not None and r['mAcc'] < FLOOR_MACC for r in e.get('by_seed', {}).values())
+
+
+FLOOR_MACC = 100 / 11 + 0.5
 
 
 TITLES = {'det': 'demo Mask R-CNN, COCO mAP on the demo val set (100 images)',
@@ -344,6 +355,8 @@ def markdown(summary: List[dict], titles: Optional[Dict[str, str]] = None, refer
             digits = 3 if task == 'det' else 1
             cols = ['kernel', 'start', 'recipe', 'n', 'classifier top-1 %', *prim, *(f'paired Δ {m} vs {reference}'
                                                                                      for m in prim)]
+            if task == 'seg':
+                cols.append('seeds at the background floor')
             out.append('| ' + ' | '.join(cols) + ' |')
             out.append('|' + '---|' * len(cols))
             for e in summary:
@@ -361,6 +374,8 @@ def markdown(summary: List[dict], titles: Optional[Dict[str, str]] = None, refer
                          *(_pm(e[m], e[m + '_std'], digits) for m in prim),
                          *('reference' if (e['kernel'], e['start']) == (reference, 'scratch') else
                            _paired_cell(e, m, digits) for m in prim)]
+                if task == 'seg':
+                    cells.append(f"{floor_seeds(e)} of {e['n']}")
                 out.append('| ' + ' | '.join(cells) + ' |')
             out.append('')
     return '\n'.join(out).rstrip() + '\n'
@@ -391,10 +406,35 @@ def within_and_extremes(summary: List[dict]) -> List[str]:
                            if e[f'd_{m}_within'] is False]
                 hi = max(rows, key=lambda e: e[f'd_{m}'])
                 lo = min(rows, key=lambda e: e[f'd_{m}'])
-                lines.append(f"{layout} {task} {m}: within the spread of softmax: {', '.join(inside) or 'none'}; "
-                             f"outside: {', '.join(outside) or 'none'}; largest paired difference "
+                lines.append(f"{layout} {task} {m}: no difference from softmax detectable (the interval holds zero): "
+                             f"{', '.join(inside) or 'none'}; interval excludes zero: "
+                             f"{', '.join(outside) or 'none'}; largest paired difference "
                              f"{_signed(hi[f'd_{m}'])} ({hi['kernel']}, {_start(hi)}) and {_signed(lo[f'd_{m}'])} "
                              f"({lo['kernel']}, {_start(lo)})")
+    return lines
+
+
+def starts_compared(summary: List[dict]) -> List[str]:
+    """Per layout, task and kernel with a warm start: each warm start minus the same kernel from scratch, paired by
+    seed, the 95 % interval over seeds (the starts compared with each other directly, not each against softmax)."""
+    lines = []
+    for e in summary:
+        if e['start'] == 'scratch' or not e['n']:
+            continue
+        base = next((b for b in summary if (b['layout'], b['task'], b['kernel'], b['start']) ==
+                     (e['layout'], e['task'], e['kernel'], 'scratch')), None)
+        if base is None:
+            continue
+        parts = []
+        for m in PRIMARY[e['task']]:
+            d = [e['by_seed'][k][m] - base['by_seed'][k][m] for k in sorted(e['by_seed'])
+                 if k in base['by_seed'] and e['by_seed'][k].get(m) is not None
+                 and base['by_seed'][k].get(m) is not None]
+            i = interval(d, 'seeds')
+            if i.mean is not None:
+                parts.append(f'{m} {i.text(3 if e["task"] == "det" else 1)}')
+        if parts:
+            lines.append(f"{e['layout']} {e['task']} {e['kernel']}: {_start(e)} minus scratch: " + '; '.join(parts))
     return lines
 
 
@@ -450,9 +490,13 @@ def docs_section(summary: List[dict], out_rel: str) -> str:
     lines saying what is within the seeds' spread."""
     lines = [BEGIN, '', markdown(summary).rstrip(), '',
              f'![detection and segmentation per kernel, seeds and means]({out_rel}/task_study.png)', '',
-             'Within the seeds\' spread of softmax (the paired 95 % interval holds zero), and the largest paired '
-             'differences:', '']
+             'Against softmax, paired by seed (the 95 % interval over seeds; one that holds zero says no '
+             'difference is detectable at that n, not parity), and the largest paired differences:', '']
     lines += [f'- {line}' for line in within_and_extremes(summary)]
+    compared = starts_compared(summary)
+    if compared:
+        lines += ['', 'The starts against each other: each warm start minus the same kernel from scratch, paired by '
+                  'seed:', '', *[f'- {line}' for line in compared]]
     count = sum(e.get(f'd_{m}_ci') is not None for e in summary for m in PRIMARY[e['task']])
     lines += ['', f'Multiplicity: these tables hold {count} paired intervals at 95 % each; by chance alone about '
               f'{0.05 * count:.1f} of them would exclude zero where there is no difference.']

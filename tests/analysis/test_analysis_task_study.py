@@ -62,15 +62,16 @@ def test_paired_differences_intervals_and_table_by_hand_with_a_failed_seed_and_a
     table = ts.markdown(summary)
     assert '| `poly:degree=3` | scratch | scratch-300 | 2 (1 failed) | 71.0 | 0.465 ± 0.007 | 0.305 ± 0.007 | ' \
            f'{mean_cell(-0.01, poly_std)}, 1 of 2 seeds above; 95 % [{-0.01 - half_of(poly_std, 2):+.3f}, ' \
-           f'{-0.01 + half_of(poly_std, 2):+.3f}] within | ' in table, table
+           f'{-0.01 + half_of(poly_std, 2):+.3f}]: no difference detectable at n = 2, half-width ' \
+           f'{half_of(poly_std, 2):.3f} | ' in table, table
     assert '| `soft:landmark_ratio=2` | scratch | scratch-300 | 0 | does not fit: boom: it broke |' in table
     assert '| `linear` | scratch | scratch-300 | 3 | 71.0 | 55.3 ± 1.5 | -4.7 ± 0.6, 0 of 3 seeds above; 95 % ' \
-           '[-6.1, -3.2] |' in table
+           '[-6.1, -3.2]: excludes zero | 0 of 3 |' in table
     lines = ts.within_and_extremes(summary)
-    assert any(line.startswith('pvt seg mIoU: within the spread of softmax: none; outside: linear (scratch) -4.67')
-               for line in lines), lines
-    assert any(line.startswith('pvt det bbox_mAP: within the spread of softmax: poly:degree=3 (scratch); '
-                               'outside: none') for line in lines), lines
+    assert any(line.startswith('pvt seg mIoU: no difference from softmax detectable (the interval holds zero): none; '
+                               'interval excludes zero: linear (scratch) -4.67') for line in lines), lines
+    assert any(line.startswith('pvt det bbox_mAP: no difference from softmax detectable (the interval holds zero): '
+                               'poly:degree=3 (scratch); interval excludes zero: none') for line in lines), lines
 
 
 def test_a_paired_mean_that_cancels_to_rounding_error_reads_as_zero():
@@ -236,3 +237,19 @@ def test_bad_input_is_one_line_naming_the_known_forms(args, message, tmp_path):
     assert proc.returncode == 2 and proc.stdout == ''
     assert proc.stderr.strip() == f'error: {message}', proc.stderr
     assert not (tmp_path / 'w').exists()
+
+
+def test_collapses_are_counted_and_the_starts_compared_with_each_other_by_hand():
+    """A segmentor at mAcc 9.0 (background only: one class of eleven) is one seed at the floor; a warm start's row is
+    also compared with the same kernel from scratch, paired by seed (+1, +3, +5: mean +3, half-width
+    t(0.975, 2) x 2 / sqrt(3) = 4.97)."""
+    rows = [*[_row('seg', 'softmax', s, mIoU=60.0, mAcc=70.0) for s in (0, 1, 2)],
+            *[_row('seg', 'linear', s, mIoU=50.0 + s, mAcc=9.0 if s == 1 else 60.0) for s in (0, 1, 2)],
+            *[_row('seg', 'linear', s, start='transfer', mIoU=51.0 + 3 * s, mAcc=60.0) for s in (0, 1, 2)]]
+    summary = ts.summarise(rows)
+    scratch = next(e for e in summary if e['kernel'] == 'linear' and e['start'] == 'scratch')
+    assert ts.floor_seeds(scratch) == 1
+    assert '| 1 of 3 |' in ts.markdown(summary)
+    (line, ) = ts.starts_compared(summary)
+    assert line.startswith('pvt seg linear: transfer: ') and line.endswith(
+        'minus scratch: mIoU +3.0 [-2.0, +8.0] (95 %, n = 3 seeds)'), line
