@@ -2,8 +2,9 @@
 # downstream/detection/configs/agent_pvt/agent_pvt_s_mrcnn_1x_12-16-28-28.py): PVT v1 (SoftFreePVT arch
 # 'agent_small_downstream': heads 1-2-5-8, no spatial reduction, agent attention everywhere with the detection set-up's
 # agents 12x12 / 16x16 / 28x28 / 28x28, the biases resized).
-# Recipe (official): AdamW lr 2e-4, wd 1e-4, drop path 0.2, 1x (12 epochs), single-scale 1333x800 as the PVT detection
-# base here, 8 GPUs x 2 images (total batch 16).
+# Recipe (official): AdamW lr 2e-4, wd 1e-4, drop path 0.2, 1x (12 epochs), 8 GPUs x 2 images (total batch 16); the
+# official run trains at one scale (1333x800, mmdet's coco_instance), this config keeps the multi-scale pipeline of
+# maskrcnn_pvt_v2_b2_softmax.py.
 # Reported: box/mask AP 1x 44.5/41.2 (Agent-Attention detection README; PVT-S 1x 40.4/37.8).
 # Parameters / FLOPs (tools/analysis/get_flops.py, 800x1280): ours 40.289M, 292.758 GFLOPs; reported 40M, 293G:
 #   Agent-Attention detection README (mmcv 1.x's counter at 1280x800
