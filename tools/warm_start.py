@@ -204,10 +204,11 @@ def main(argv=None):
         from softfree_mm.engine.chain_cluster import Nodes, probe_of
         nodes = Nodes(args.work_root, plan.runs[0].name, say=say)
         if not nodes.leader:  # node 0 looks at the work dirs and decides; this node follows, whatever it would see
-            decision = nodes.receive()
-            say(f'[warm-start] node {nodes.rank} of {nodes.count}: follows node 0\'s decision ({nodes.path}): runs '
-                f'from {plan.runs[decision["first"]].name if decision["first"] < len(plan.runs) else "nothing"}')
             try:
+                decision = nodes.receive()
+                first = decision['first']
+                say(f'[warm-start] node {nodes.rank} of {nodes.count}: follows node 0\'s decision ({nodes.path}): '
+                    f'runs from {plan.runs[first].name if first < len(plan.runs) else "nothing"}')
                 return cr.execute(plan, probe_of(decision), decision['release'], say=say, nodes=nodes)
             finally:
                 nodes.leave()

@@ -75,7 +75,7 @@ def test_node_1_follows_node_0s_decision_where_its_own_view_disagrees(release, t
             f.write(str(root / STAGE1 / 'iter_2.pth'))
         stage1_files = sorted(os.listdir(root / STAGE1))
         start(0)
-        status = [p.wait(600) for p in procs]
+        status = [p.wait(400) for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
@@ -94,3 +94,27 @@ def test_node_1_follows_node_0s_decision_where_its_own_view_disagrees(release, t
     assert (root / STAGE2 / 'iter_4.pth').exists()
     assert osp.isfile(root / f'warm_start_{STAGE1}.nodes.json')
     assert '"world_size": 2' in (root / STAGE2 / 'warm_start_run.json').read_text()
+
+
+def test_a_refusal_on_node_0_stops_node_1_with_node_0s_line(tmp_path):
+    """Node 0 refuses the launch (2 x 32 images a step against the digits scale's 32): node 1, waiting at the
+    barrier, stops at once with node 0's line instead of waiting for a decision that never comes."""
+    port = _free_port_pair()
+    cmd = [sys.executable, TOOL, CLASSIFIER, '--work-root', str(tmp_path / 'w'), '--launcher', 'pytorch', '--gpus', '1',
+           '--iters', '6', '--train-args', '--device cpu']
+    procs = []
+    for rank in (1, 0):
+        env = dict(os.environ, NNODES='2', NODE_RANK=str(rank), MASTER_ADDR='127.0.0.1', PORT=str(port))
+        procs.append(subprocess.Popen(cmd, cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, start_new_session=True))
+    try:
+        (out1, err1), (out0, err0) = (p.communicate(timeout=300) for p in procs)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    refusal = f'{STAGE1} would run 2 x 32 = 64 images a step'
+    assert procs[1].returncode == 2 and err0.strip().startswith(f'error: {refusal}'), err0[-2000:]
+    assert procs[0].returncode == 2, out1[-2000:] + err1[-2000:]
+    assert err1.strip().splitlines() == [f'error: node 0 stopped before any run: {err0.strip()[len("error: "):]}'], err1
+    assert not (tmp_path / 'w' / STAGE1).exists()
