@@ -304,11 +304,29 @@ def _now(p: Plan, pr: Probe, i: int) -> str:
     return 'not started'
 
 
+def _default_note(p: Plan) -> Optional[str]:
+    """One line when the chain runs its backbone layout's default recipe and that default was measured on another
+    layout (``layout_defaults.default_origin``)."""
+    from .layout_defaults import default_origin, default_recipe
+    backbone = (p.cfgs[0].get('model') or {}).get('backbone') if p.cfgs else None
+    if not isinstance(backbone, dict) or not isinstance(backbone.get('type'), str):
+        return None
+    try:
+        if default_recipe(backbone['type']) != p.recipe:
+            return None
+        return default_origin(backbone)
+    except UsageError:  # not one of the package's families: the chain refuses it elsewhere
+        return None
+
+
 def report(p: Plan, pr: Probe) -> List[str]:
     """The lines the tool prints before it runs anything (the whole output of --dry-run)."""
     lines = []
     if p.recipe:
         lines.append(f'[warm-start] recipe {p.recipe} at the {p.scale} scale (softfree_mm/engine/warm_start.py)')
+        note = _default_note(p)
+        if note:
+            lines.append(f'[warm-start] note: {note}')
     n = len(p.runs)
     for i, (r, c) in enumerate(zip(p.runs, p.cfgs)):
         unit, end = target(c)
