@@ -207,7 +207,6 @@ def cost_lines(rows: List[dict]) -> List[str]:
     out = ['| config | recipe | stage-1 s / step | supervised s / step | ratio | trains (M) | student (M) | '
            'both stages, epochs of the supervised recipe | share of pretraining from scratch |',
            '|---|---|---|---|---|---|---|---|---|']
-    from mmengine.config import Config  # noqa: F401  (the backbone of each config: its family)
     for r in rows:
         family = _family_of(r['config'])
         epochs = STAGE1_EPOCHS * float(r['ratio']) + STAGE2_EPOCHS
