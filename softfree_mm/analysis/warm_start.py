@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Sequence
 from ..engine.warm_start import DEFAULT, RECIPES, SCALES, Recipe, finetune_settings, stage_settings
 from .grid_runner import RESULT, Runner, kernel_cfg, kernel_config, top1  # noqa: F401  (the runner both grids take)
 from .sweep import safe_name
+from .warm_start_keep import Kept, row_key
 from .warm_start_report import SCRATCH_ITERS, read_detectors, transfer_curves
 
 
@@ -128,7 +129,8 @@ class Plan:
                  recipe_kernels: Optional[Dict[str, Sequence[str]]] = None,
                  ablation_kernel: str = 'poly:degree=3', det_kernels: Sequence[str] = ('poly:degree=3', 'linear'),
                  backbones: Optional[Dict[str, tuple]] = None, scratch_from: Optional[str] = None,
-                 ablation_seeds: Optional[Sequence[int]] = None, det_from: Optional[str] = None, echo=print):
+                 ablation_seeds: Optional[Sequence[int]] = None, det_from: Optional[str] = None,
+                 keep_from: Optional[str] = None, echo=print):
         self.r, self.root, self.seeds = runner, root, list(seeds)
         self.study = study_rows(scratch_from) if scratch_from else {}
         self.ablation_seeds = list(ablation_seeds) if ablation_seeds is not None else self.seeds
@@ -142,6 +144,13 @@ class Plan:
         # detectors are not run again
         self.det_rows = read_detectors(det_from) if det_from else None
         self.backbones = backbones or {bb: BACKBONES[bb] for bb in DEFAULT_BACKBONES}
+        # an earlier grid's finished rows (--keep-from), kept instead of run again; its teachers are checked to be
+        # the ones new runs get (softfree_mm/analysis/warm_start_keep.py)
+        self.kept = Kept(keep_from) if keep_from else None
+        if self.kept is not None and self.det_rows is None and 'xcit' in self.backbones:
+            from softfree_mm.engine.errors import UsageError
+            raise UsageError(f'--keep-from {keep_from}: give --det-from too (the detectors start from classifier '
+                             'checkpoints, which kept rows do not have)')
         self.echo = echo
         self.rows: List[dict] = []
 
@@ -162,11 +171,24 @@ class Plan:
 
     # ---------------------------------------------------------------- the phases
     def scratch(self, bb: str, kernel: str, seed: int) -> dict:
+        # a kept row first (softmax's included: teacher() trains it again where a new run needs its weights)
+        got = self.kept.run(row_key(bb, kernel, seed, 'scratch', SCRATCH_ITERS)) if self.kept is not None else None
+        if got is not None:
+            return got
         got = self.from_study(bb, kernel, seed)
         if got is not None:
             return got
         key = f'scratch/{bb}/{safe_name(kernel)}/seed{seed}'
         return self.r.train(key, kernel_config(self.base(bb), kernel_cfg(kernel)), [f'randomness.seed={seed}'])
+
+    def teacher(self, bb: str, seed: int) -> dict:
+        """The softmax classifier of ``seed`` trained (again) for its weights: where its row was kept, the same
+        top-1 or a refusal (Kept.check_teacher)."""
+        key = f'scratch/{bb}/softmax/seed{seed}'
+        run = self.r.train(key, kernel_config(self.base(bb), kernel_cfg('softmax')), [f'randomness.seed={seed}'])
+        if self.kept is not None:
+            self.kept.check_teacher(bb, seed, run)
+        return run
 
     def swap(self, bb: str, kernel: str, seed: int, softmax: dict) -> dict:
         key = f'swap/{bb}/{safe_name(kernel)}/seed{seed}'
@@ -219,48 +241,78 @@ def _row(run: dict, **fields) -> dict:
 
 
 def run_grid(plan: Plan) -> dict:
-    """Every run of the grid (cached runs are read, not run); the rows of the classifiers, the detectors and the
-    stage-1 curves, and the groups the ablation chose."""
+    """Every run of the grid (cached runs are read, not run; --keep-from rows are kept, not run); the rows of the
+    classifiers, the detectors and the stage-1 curves, and the groups the ablation chose."""
     r, seeds, bbs = plan.r, plan.seeds, list(plan.backbones)
     large = plan.budgets[-1]
+    kept = plan.kept
     # from scratch, in this code and on this machine: softmax (the teacher) and every kernel, the study's recipe
     tasks = [(bb, k, s) for s in seeds for bb in bbs for k in ('softmax', *plan.backbones[bb][1])]
     scratch = dict(zip(tasks, r.map(lambda t: plan.scratch(*t), tasks)))
     softmax = {(bb, s): scratch[(bb, 'softmax', s)] for bb in bbs for s in seeds}
     grid = [(bb, k, s) for s in seeds for bb in bbs for k in plan.backbones[bb][1]
             if softmax[(bb, s)].get('status') == 'ok']
-    # swap: evaluated as it is, and fine-tuned at each budget; the groups ablation's stage 1
-    swaps = dict(zip(grid, r.map(lambda t: plan.swap(*t, softmax[(t[0], t[2])]), grid)))
     ft_tasks = [(bb, k, s, b) for bb, k, s in grid for b in plan.budgets]
-    swap_ft = dict(zip(ft_tasks, r.map(lambda t: plan.finetune(
-        f'swap_ft/{t[0]}/{safe_name(t[1])}/{t[3]}/seed{t[2]}', t[0], t[1], t[2], t[3],
-        softmax[(t[0], t[2])]['checkpoint'], softmax[(t[0], t[2])]['checkpoint']), ft_tasks)))
     # which parameter groups stage 1 trains: compared at the larger budget (the smaller leaves stage 1 too few steps)
     abl = [(bb, plan.ablation_kernel, s, large, g) for bb in bbs for s in plan.ablation_seeds for g in GROUP_CHOICES
            if softmax[(bb, s)].get('status') == 'ok']
-    stage1 = dict(zip(abl, r.map(lambda t: plan.transfer(*t, softmax[(t[0], t[2])]), abl)))
-    stage2 = dict(zip(abl, r.map(lambda t: plan.transfer_finetune(*t, stage1[t], softmax[(t[0], t[2])]), abl)))
-    scores = {}
-    for (bb, k, s, b, g), run in stage2.items():
-        if top1(run) is not None:
-            scores.setdefault(g, []).append(top1(run))
     # the runs take the recipe's own groups (its definition: what users run); the comparison is reported, and the
     # groups a variant trains (transfer-blocks) are measured against it by the rule of docs/warm_start.md
     chosen = tuple(plan.recipe.groups)
-    plan.echo(f'[warm-start] stage-1 groups: {"+".join(chosen)}, the recipe\'s (mean top-1 after the fine-tune at '
-              f'{large} iterations: ' + ', '.join(f'{"+".join(g)} {sum(v) / len(v):.1f}' for g, v in scores.items()) + ')')
     main = [(bb, k, s, b, chosen) for bb, k, s in grid for b in plan.budgets]
-    todo = [t for t in main if t not in stage1]
-    stage1.update(zip(todo, r.map(lambda t: plan.transfer(*t, softmax[(t[0], t[2])]), todo)))
-    stage2.update(zip(todo, r.map(lambda t: plan.transfer_finetune(*t, stage1[t], softmax[(t[0], t[2])]), todo)))
+    main = abl + [t for t in main if t not in abl]
+    vts = {rec.name: [(bb, k, s, b, tuple(rec.groups)) for bb, k, s in grid for b in plan.budgets
+                      if k in plan.recipe_kernels.get(bb, ())] for rec in plan.recipes}
+
+    def tkey(t, rec=None):  # a warm start's row: what made it
+        return row_key(t[0], t[1], t[2], 'transfer', t[3], (rec or plan.recipe).name, '+'.join(t[4]))
+
+    keys = ([row_key(bb, k, s, 'swap', 0) for bb, k, s in grid]
+            + [row_key(bb, k, s, 'swap', b) for bb, k, s, b in ft_tasks] + [tkey(t) for t in main]
+            + [tkey(t, rec) for rec in plan.recipes for t in vts[rec.name]])
+    if kept is not None:  # the teachers of the seeds with runs to make, trained again (and checked) for their weights
+        need = sorted({(k[0], k[2]) for k in keys
+                       if kept.run(k) is None and not softmax[(k[0], k[2])].get('checkpoint')})
+        plan.echo(f'[warm-start] --keep-from: {sum(kept.run(k) is not None for k in keys)} of {len(keys)} runs kept; '
+                  f'teachers trained again for their weights: {", ".join(f"{b} seed {s}" for b, s in need) or "none"}')
+        softmax.update(zip(need, r.map(lambda t: plan.teacher(*t), need)))
+
+    def keep(key, teacher, fn, stage1=False):
+        got = (kept.stage1(key) if stage1 else kept.run(key)) if kept is not None else None
+        if got is not None:
+            return got
+        if not teacher.get('checkpoint'):  # a kept teacher not trained again (--report-only)
+            st = teacher.get('status')
+            return dict(status='not run' if st in ('ok', 'not run') else 'failed', error=teacher.get('error', ''),
+                        key='/'.join(map(str, key)))
+        return fn()
+
+    # swap: evaluated as it is, and fine-tuned at each budget; the groups ablation's stage 1
+    swaps = dict(zip(grid, r.map(lambda t: keep(row_key(*t, 'swap', 0), softmax[(t[0], t[2])],
+                                                lambda: plan.swap(*t, softmax[(t[0], t[2])])), grid)))
+    swap_ft = dict(zip(ft_tasks, r.map(lambda t: keep(
+        row_key(*t[:3], 'swap', t[3]), softmax[(t[0], t[2])], lambda: plan.finetune(
+            f'swap_ft/{t[0]}/{safe_name(t[1])}/{t[3]}/seed{t[2]}', t[0], t[1], t[2], t[3],
+            softmax[(t[0], t[2])]['checkpoint'], softmax[(t[0], t[2])]['checkpoint'])), ft_tasks)))
+    stage1 = dict(zip(main, r.map(lambda t: keep(tkey(t), softmax[(t[0], t[2])],
+                                                 lambda: plan.transfer(*t, softmax[(t[0], t[2])]), stage1=True), main)))
+    stage2 = dict(zip(main, r.map(lambda t: keep(tkey(t), softmax[(t[0], t[2])], lambda: plan.transfer_finetune(
+        *t, stage1[t], softmax[(t[0], t[2])])), main)))
+    scores = {}
+    for (bb, k, s, b, g), run in stage2.items():
+        if (bb, k, s, b, g) in abl and top1(run) is not None:
+            scores.setdefault(g, []).append(top1(run))
+    plan.echo(f'[warm-start] stage-1 groups: {"+".join(chosen)}, the recipe\'s (mean top-1 after the fine-tune at '
+              f'{large} iterations: '
+              + ', '.join(f'{"+".join(g)} {sum(v) / len(v):.1f}' for g, v in scores.items()) + ')')
     # the other recipes, each on its kernels at every budget, stage 1 shared where two recipes' are the same
     variants = {}
     for rec in plan.recipes:
-        vt = [(bb, k, s, b, tuple(rec.groups)) for bb, k, s in grid for b in plan.budgets
-              if k in plan.recipe_kernels.get(bb, ())]
-        one = dict(zip(vt, r.map(lambda t: plan.transfer(*t, softmax[(t[0], t[2])], recipe=rec), vt)))
-        two = dict(zip(vt, r.map(lambda t: plan.transfer_finetune(*t, one[t], softmax[(t[0], t[2])], recipe=rec),
-                                 vt)))
+        vt = vts[rec.name]
+        one = dict(zip(vt, r.map(lambda t: keep(tkey(t, rec), softmax[(t[0], t[2])], lambda: plan.transfer(
+            *t, softmax[(t[0], t[2])], recipe=rec), stage1=True), vt)))
+        two = dict(zip(vt, r.map(lambda t: keep(tkey(t, rec), softmax[(t[0], t[2])], lambda: plan.transfer_finetune(
+            *t, one[t], softmax[(t[0], t[2])], recipe=rec)), vt)))
         variants[rec.name] = (one, two)
     det = []  # the detectors on XCiT from each start (none with --det-from: its rows are kept)
     if plan.det_rows is None and 'xcit' in plan.backbones:
@@ -302,6 +354,6 @@ def run_grid(plan: Plan) -> dict:
         det_rows = list(plan.det_rows)
     curves = []
     for (bb, k, s, b, g), run in stage1.items():
-        for c in transfer_curves(run):
+        for c in (run['curves'] if run.get('kept') else transfer_curves(run)):
             curves.append(dict(c, backbone=bb, kernel=k, seed=s, iters=b, groups='+'.join(g)))
     return dict(rows=rows, detectors=det_rows, curves=curves, groups=chosen, scores=scores)

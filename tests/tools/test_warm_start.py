@@ -439,3 +439,84 @@ def test_the_docs_section_is_the_table_and_plots_and_is_replaced_on_every_run(tm
             'would take `transfer-final`.') in table
     assert '![each recipe against scratch, paired by seed](results/warm_start/recipes.png)' in text
     assert (out / 'recipes.png').is_file()
+
+
+def _kept_folder(path, rows):
+    import csv
+    fields = ['backbone', 'kernel', 'seed', 'start', 'iters', 'transfer_iters', 'groups', 'source', 'status', 'top1',
+              'wall_s', 'cpu_s', 'recipe', 'transfer_loss', 'transfer_s_per_iter', 'transfer_wall_s',
+              'finetune_s_per_iter', 'error']
+    os.makedirs(path, exist_ok=True)
+    with open(osp.join(path, 'classifiers.csv'), 'w', newline='') as f:
+        w = csv.DictWriter(f, fieldnames=fields, restval='')
+        w.writeheader()
+        w.writerows(rows)
+    with open(osp.join(path, 'transfer_curves.csv'), 'w', newline='') as f:
+        f.write('iter,block,loss,loss_transfer,backbone,kernel,seed,iters,groups\n'
+                '5,0,0.25,0.5,pvt,linear,0,75,kernel+qkv\n')
+    return str(path)
+
+
+def test_keep_from_runs_only_what_is_missing_and_refuses_another_teacher(tmp_path):
+    """--keep-from: a kept row (identified by backbone, kernel, seed, start, iterations, recipe, groups) is not run
+    again and comes back as written, stage-1 curves included; only the missing runs are asked for, and their teacher
+    is trained again (here its finished result.json, read by the real runner) only where one is missing; a teacher
+    whose top-1 is not the kept one's stops the grid naming both; rows of a seed without its teacher's row are not
+    kept; XCiT's detectors cannot start from kept rows, so --det-from is required there."""
+    from softfree_mm.engine.errors import UsageError
+    seed0 = [dict(backbone='pvt', kernel='softmax', seed=0, start='scratch', iters=300, status='ok', top1=76.0,
+                  source='grid', wall_s=90.0),
+             dict(backbone='pvt', kernel='linear', seed=0, start='scratch', iters=300, status='ok', top1=66.0,
+                  source='study'),
+             dict(backbone='pvt', kernel='linear', seed=0, start='swap', iters=0, status='ok', top1=10.5,
+                  source='grid'),
+             dict(backbone='pvt', kernel='linear', seed=0, start='swap', iters=75, status='ok', top1=60.0,
+                  source='grid'),
+             dict(backbone='pvt', kernel='linear', seed=0, start='transfer', iters=75, transfer_iters=25,
+                  groups='kernel+qkv', recipe='transfer', status='ok', top1=64.5, source='grid', transfer_loss=0.125,
+                  transfer_wall_s=7.0, wall_s=11.0)]
+    half = dict(seed0[-1], recipe='transfer-half', transfer_iters=37, top1=63.0)
+    plan_args = dict(budgets=(75, ), backbones={'pvt': (ws.BACKBONES['pvt'][0], ['linear'])}, ablation_seeds=[],
+                     recipes=['transfer', 'transfer-half'], recipe_kernels={'pvt': ['linear']})
+
+    def grid(folder, teacher_top1=76.0, seeds=(0, )):
+        runner = ws.Runner(str(tmp_path / 'w'), osp.join(ROOT, 'tools'), report_only=True)
+        asked, train = [], runner.train
+        runner.train = lambda key, *a, **k: asked.append(key) or train(key, *a, **k)
+        runner.test = lambda key, *a, **k: asked.append(key) or dict(status='not run', key=key)
+        teacher = tmp_path / 'w' / 'scratch' / 'pvt' / 'softmax' / 'seed0'
+        os.makedirs(teacher, exist_ok=True)
+        (teacher / 'result.json').write_text(json.dumps(dict(status='ok', top1_final=teacher_top1,
+                                                             checkpoint='c.pth')))
+        result = ws.run_grid(ws.Plan(runner, ROOT, list(seeds), keep_from=folder, **plan_args))
+        return asked, {(r['kernel'], r['start'], r['iters'], r.get('recipe', '')): r for r in result['rows']}, result
+
+    import json
+    asked, rows, result = grid(_kept_folder(tmp_path / 'a', seed0))
+    assert asked[0] == 'scratch/pvt/softmax/seed0' and len(asked) == 2 and asked[1].startswith('transfer/pvt/linear/')
+    assert rows[('linear', 'transfer', 75, 'transfer-half')]['status'] == 'not run'
+    kept = rows[('linear', 'transfer', 75, 'transfer')]
+    assert (kept['top1'], kept['source'], kept['transfer_loss'], kept['transfer_wall_s'], kept['wall_s']) == \
+        (64.5, 'grid', 0.125, 7.0, 11.0)
+    assert (rows[('linear', 'scratch', 300, '')]['source'], rows[('linear', 'swap', 0, '')]['top1']) == ('study', 10.5)
+    assert result['curves'] == [dict(iter=5, block=0, loss=0.25, loss_transfer=0.5, backbone='pvt', kernel='linear',
+                                     seed=0, iters=75, groups='kernel+qkv')]
+    # everything kept: nothing runs, no teacher either
+    asked, rows, _ = grid(_kept_folder(tmp_path / 'b', seed0 + [half]))
+    assert asked == [] and rows[('linear', 'transfer', 75, 'transfer-half')]['top1'] == 63.0
+    # another teacher: refused before any new run
+    with pytest.raises(UsageError, match=r'the pvt teacher of seed 0 trained again reaches top-1 75.0 where the kept '
+                                         r"rows' teacher reached 76.0"):
+        grid(_kept_folder(tmp_path / 'c', seed0), teacher_top1=75.0)
+    # a seed whose teacher row is missing keeps nothing
+    orphan = [dict(r, seed=1) for r in seed0[1:]]
+    asked, rows, result = grid(_kept_folder(tmp_path / 'd', seed0 + [half] + orphan), seeds=(0, 1))
+    assert 'scratch/pvt/softmax/seed1' in asked
+    assert [r['status'] for r in result['rows'] if r['seed'] == 1] == ['not run', 'not run']  # its scratch rows only
+    with pytest.raises(UsageError, match='give --det-from too'):
+        ws.Plan(ws.Runner(str(tmp_path / 'x'), osp.join(ROOT, 'tools')), ROOT, [0],
+                keep_from=_kept_folder(tmp_path / 'e', seed0))
+    with pytest.raises(UsageError, match='no column top1, source'):
+        (tmp_path / 'f').mkdir()
+        (tmp_path / 'f' / 'classifiers.csv').write_text('backbone,kernel,seed,start,iters,recipe,groups,status\n')
+        ws.Plan(ws.Runner(str(tmp_path / 'x'), osp.join(ROOT, 'tools')), ROOT, [0], keep_from=str(tmp_path / 'f'))

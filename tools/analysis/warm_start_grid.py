@@ -7,6 +7,7 @@ each start.
     python tools/analysis/warm_start_grid.py [--work-dir work_dirs/warm_start] [--out docs/results/warm_start]
         [--seeds 0 1 2] [--budgets 30 75] [--scratch-from docs/results/study/runs.csv] [--ablation-seeds 0 1 2]
         [--recipes transfer transfer-half transfer-final transfer-attn transfer-newhead] [--det-from CSV]
+        [--keep-from docs/results/warm_start]
         [--backbones xcit pvt] [--docs docs/warm_start.md] [--jobs 2] [--threads 1] [--report-only]
     python tools/analysis/warm_start_grid.py --cost CONFIG [CONFIG ...] [--device cpu|cuda] [--batch 8] [--steps 3]
         [--csv PATH]
@@ -14,7 +15,11 @@ each start.
 The from-scratch top-1 of a kernel is the kernel study's run of the same seed (--scratch-from, its runs.csv; '' trains
 them all again); the grid trains from scratch only what it needs the weights of: softmax (the teachers) and the
 detectors' kernels on XCiT. --det-from keeps an earlier grid's detectors.csv (its rows, marked as read) instead of
-running the detectors again. The stage-1 groups are compared on --ablation-seeds (default: every seed).
+running the detectors again. --keep-from keeps an earlier grid's finished rows (its --out folder: classifiers.csv
+and transfer_curves.csv), each identified by backbone, kernel, seed, start, iterations, recipe and groups, and runs
+only the rest: a teacher the new runs need is trained again and must reach its kept row's top-1, else the grid stops
+(softfree_mm/analysis/warm_start_keep.py); it needs --det-from where XCiT runs. The stage-1 groups are compared on
+--ablation-seeds (default: every seed).
 --recipes: the warm-start recipes of softfree_mm/engine/warm_start.py to run, the first the default the others are
 measured against (paired by kernel and seed; the others on x^3, x, linear, relu and InLine in PVTv2, x^3 and linear
 in XCiT); the table then names the default the rule of docs/warm_start.md picks per backbone.
@@ -48,6 +53,8 @@ def main(argv=None):
     p.add_argument('--ablation-seeds', nargs='+', type=int, help='seeds of the stage-1 groups comparison')
     p.add_argument('--recipes', nargs='+', default=['transfer'], help='warm-start recipes, the default first')
     p.add_argument('--det-from', default='', help="an earlier grid's detectors.csv: keep its rows, run no detector")
+    p.add_argument('--keep-from', default='',
+                   help="an earlier grid's --out folder: keep its finished rows, run the rest")
     p.add_argument('--docs', default=osp.join('docs', 'warm_start.md'),
                    help="the page whose generated section is rewritten ('': none)")
     p.add_argument('--backbones', nargs='+', default=None,
@@ -80,6 +87,9 @@ def main(argv=None):
         fail(f"--scratch-from {args.scratch_from}: no such file (the kernel study's runs.csv, or '')")
     if args.docs and not osp.isfile(args.docs if osp.isabs(args.docs) else osp.join(ROOT, args.docs)):
         fail(f"--docs {args.docs}: no such page (the page for the grid's section, or '' for none)")
+    keep_from = args.keep_from and (args.keep_from if osp.isabs(args.keep_from) else osp.join(ROOT, args.keep_from))
+    if keep_from and not osp.isdir(keep_from):
+        fail(f"--keep-from {args.keep_from}: no such folder (an earlier grid's --out folder, or '')")
     det_from = args.det_from and (args.det_from if osp.isabs(args.det_from) else osp.join(ROOT, args.det_from))
     if det_from and not osp.isfile(det_from):
         fail(f"--det-from {args.det_from}: no such file (an earlier grid's detectors.csv, or '' to run them)")
@@ -96,7 +106,7 @@ def main(argv=None):
                        echo=lambda m: print(m, flush=True), report_only=args.report_only)
     plan = ws.Plan(runner, ROOT, args.seeds, args.budgets, recipe=args.recipes[0], recipes=args.recipes[1:],
                    scratch_from=scratch_from or None, ablation_seeds=ablation, det_from=det_from or None,
-                   backbones={b: ws.BACKBONES[b] for b in backbones},
+                   keep_from=keep_from or None, backbones={b: ws.BACKBONES[b] for b in backbones},
                    echo=lambda m: print(m, flush=True))
     result = ws.run_grid(plan)
     docs = args.docs and (args.docs if osp.isabs(args.docs) else osp.join(ROOT, args.docs))
