@@ -172,16 +172,19 @@ def run_one(config: str, spec, seed: int, work_root: str, train_py: str, cfg_opt
 
 def study(configs: Sequence[str], kernels: Sequence, seeds: Sequence[int], work_root: str, train_py: str,
           cfg_options: Sequence[str] = (), key: str = 'model.backbone.attn_cfg', in_process: bool = False,
-          echo=None, jobs: int = 1, threads: Optional[int] = None) -> List[dict]:
+          echo=None, jobs: int = 1, threads: Optional[int] = None, kept=None) -> List[dict]:
     """Every (config, kernel, seed), one row each, listed config-major, then kernel, then seed. Trained seed by
     seed (so that a study stopped part way has whole seeds of the grid), ``jobs`` training processes at a time
-    with ``threads`` torch threads each."""
+    with ``threads`` torch threads each; a run ``kept`` has (``KeptStudy.get``) is its row, not trained."""
     if jobs < 1 or (jobs > 1 and in_process):
         raise ValueError(f'study: jobs must be >= 1, and 1 when training in this process; got jobs={jobs}')
     grid = [(ci, ki, s) for s in seeds for ci in range(len(configs)) for ki in range(len(kernels))]
 
     def one(task):
         ci, ki, s = task
+        got = kept.get(osp.splitext(osp.basename(configs[ci]))[0], kernel_label(kernels[ki]), s) if kept else None
+        if got is not None:
+            return got
         return run_one(configs[ci], kernels[ki], s, work_root, train_py, cfg_options, key, in_process, echo,
                        threads)
 

@@ -168,6 +168,24 @@ def test_study_tables_equal_the_runs_logs_and_a_refused_kernel_is_a_failed_row(d
     again, = glob.glob(osp.join(work, 'tiny', 'poly_degree=3', 'seed3', '*', 'vis_data', 'scalars.json'))
     assert _csv(osp.join(out, 'runs.csv'))[1]['log'] == osp.relpath(again, work)
 
+    # --keep-from: the outputs kept without their work folders (another machine); one new kernel trained and added
+    # in the study's order, the kept runs not trained again, their rows and curves as they were, a refused (failed)
+    # kept row kept outside the selection
+    kept_runs = {r['kernel']: r for r in _csv(osp.join(out, 'runs.csv'))}
+    kept_curves = _csv(osp.join(out, 'norm_curves.csv'))
+    work2, out2 = str(tmp_path / 'work2'), str(tmp_path / 'out2')
+    assert tool.main(['--configs', cfg, '--kernels', 'softmax', 'relu', '--seeds', '3', '--work-dir', work2,
+                      '--out', out2, '--in-process', '--keep-from', out]) == 0
+    assert sorted(os.listdir(osp.join(work2, 'tiny'))) == ['relu']  # softmax was kept, not trained
+    merged = _csv(osp.join(out2, 'runs.csv'))
+    assert [r['kernel'] for r in merged] == ['softmax', 'poly:degree=3', 'soft', 'relu']
+    assert merged[:3] == [kept_runs[k] for k in ('softmax', 'poly:degree=3', 'soft')]
+    assert merged[3]['status'] == 'ok' and merged[3]['seed'] == '3'
+    curves2 = _csv(osp.join(out2, 'norm_curves.csv'))
+    assert [c for c in curves2 if c['kernel'] != 'relu'] == kept_curves
+    assert {c['kernel'] for c in curves2} == {'softmax', 'poly:degree=3', 'relu'}
+    assert '| relu(s) / N | `relu` | 1 |' in open(osp.join(out2, 'table.md')).read()
+
 
 def test_refusals_in_two_parallel_training_processes_are_failed_rows(demo, tmp_path):
     """The study's own way (one tools/train.py process per run, two at a time, one torch thread each): the refusal

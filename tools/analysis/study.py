@@ -20,6 +20,10 @@ Writes into --out: runs.csv (one row per run: final and best top-1, final traini
 the first record, peak memory, wall and CPU seconds), norm_curves.csv (every AttentionStatsHook record per run and
 layer: ||A||_F, the score-Jacobian norm, both over sqrt(N)), summary.csv and table.md (mean ± sample std over the
 seeds, chance and the validation set's standard error stated), accuracy.png and norms_<config>.png.
+--keep-from: an earlier study's --out folder (runs.csv, norm_curves.csv) whose finished runs are kept, not trained
+again (softfree_mm/analysis/study_keep.py); the outputs hold them all, the selection's new runs added (so
+`--kernels agent --configs configs/demo/study_pvt_v2_b0_digits.py --keep-from docs/results/study --out
+docs/results/study` adds one kernel's rows to the committed study).
 Bad input: one line, exit status 2.
 """
 import os
@@ -62,6 +66,7 @@ def main(argv=None):
     p.add_argument('--threads', type=int, help='torch threads per training process (default: cores / jobs)')
     p.add_argument('--report-only', action='store_true', help='train nothing; report the finished runs')
     p.add_argument('--cfg-options', nargs='+', default=[], metavar='KEY=VALUE', help='applied to every run')
+    p.add_argument('--keep-from', default='', help="an earlier study's --out folder: keep its finished runs")
     args = p.parse_args(argv)
     if len(set(args.seeds)) != len(args.seeds):
         fail(f'--seeds {args.seeds}: each seed once')
@@ -104,21 +109,35 @@ def main(argv=None):
     from softfree_mm.analysis import study_plots
     from softfree_mm.analysis.tables import write_csv
     from softfree_mm.attention import kernel_label
+    kept = None
+    if args.keep_from:
+        from softfree_mm.analysis.study_keep import KeptStudy
+        if not osp.isdir(args.keep_from):
+            fail(f"--keep-from {args.keep_from}: no such folder (an earlier study's --out folder, or '')")
+        kept = KeptStudy(args.keep_from)
     train_py = osp.join(ROOT, 'tools', 'train.py')
     out = args.out or osp.join(args.work_dir, 'results')
     os.makedirs(out, exist_ok=True)
     start = time.time()
     if args.report_only:
-        rows = st.finished(args.configs, specs, args.seeds, args.work_dir)
+        rows = [kept.get(osp.splitext(osp.basename(c))[0], kernel_label(k), s) if kept else None
+                for c in args.configs for k in specs for s in args.seeds]
+        rows = [r for r in rows if r] + st.finished(args.configs, specs, args.seeds, args.work_dir)
         print(f'{len(rows)} of {len(args.configs) * len(specs) * len(args.seeds)} runs have finished')
     else:
         rows = st.study(args.configs, specs, args.seeds, args.work_dir, train_py, args.cfg_options, key=args.key,
                         in_process=args.in_process, echo=lambda m: print(m, flush=True), jobs=args.jobs,
-                        threads=None if args.in_process else threads)
+                        threads=None if args.in_process else threads, kept=kept)
+    curves = st.norm_curves([r for r in rows if not (kept and kept.get(r['config'], r['kernel'], r['seed']))],
+                            args.work_dir)
+    if kept is not None:  # the kept runs outside the selection too, and their curves
+        rows, curves = kept.merged(rows, curves)
+        specs = kernel_specs(list(dict.fromkeys(r['kernel'] for r in rows)))
+        names = list(dict.fromkeys(r['config'] for r in rows))
     descriptions = {kernel_label(s): st.describe(s) for s in specs}
     summary = st.summarise(rows, descriptions)
-    curves = st.norm_curves(rows, args.work_dir)
-    n_val = {n: val_images(c, options) for n, c in zip(names, args.configs)}
+    paths = {osp.splitext(osp.basename(c))[0]: c for c in list(args.configs) + [osp.join(ROOT, c) for c in CONFIGS]}
+    n_val = {n: val_images(paths[n], options) if n in paths else None for n in names}
     write_csv(osp.join(out, 'runs.csv'), rows, st.RUN_FIELDS)
     write_csv(osp.join(out, 'norm_curves.csv'), curves, st.CURVE_FIELDS)
     write_csv(osp.join(out, 'summary.csv'), summary, ('config', 'kernel', 'what', 'n', 'failed', 'top1_final',
