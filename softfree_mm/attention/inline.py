@@ -25,6 +25,7 @@ from torch import nn
 
 from . import ATTENTION, dispatch
 from .base import AttentionKernel, default_scale, resolve_hw, upcast, work_dtype, no_autocast
+from .fused_linear import allowed as fused_linear_allowed
 from .score_map import ScoreMap
 
 FEATURE_MAPS = ('identity', 'relu', 'leakyrelu', 'exp')
@@ -325,6 +326,22 @@ class InLineAttention(AttentionKernel):
             return out.to(v.dtype)
         grid = self._grid(q, k, hw) if self.local_residual else None
         dtype = v.dtype
+        n = k.shape[2]
+        s = default_scale(scale, q.shape[-1], q)
+        if (self.feature_map in ('identity', 'relu') and not isinstance(s, torch.Tensor) and fused_linear_allowed(q)
+                and self.order(q.shape[2], n, q.shape[3], v.shape[3], False, q.device.type) == 'factorised'):
+            # the linear part by the fused bidirectional kernel (fused_linear.py), the residual as below
+            from .fused_linear import fused_linear
+            with no_autocast(v):
+                out = fused_linear(q, k, v, 'injective', self.feature_map, alpha=s / n, beta=1.0 / n)
+            if out is not None:
+                if not self.local_residual:
+                    return out.to(dtype)
+                q, k, v = upcast(q, k, v)
+                with no_autocast(q):  # the residual in fp32, as below
+                    dt = torch.promote_types(q.dtype, v.dtype)
+                    res = self._residual(q.to(dt), k.to(dt), v.to(dt), grid, context)
+                    return (out.to(dt) + res).to(dtype)
         q, k, v = upcast(q, k, v)
         with no_autocast(q):  # the key-value sums in fp32
             dt = torch.promote_types(q.dtype, v.dtype)
@@ -339,12 +356,17 @@ class InLineAttention(AttentionKernel):
                 out = (fq @ kv) * (s / n) + offset * v.mean(2, keepdim=True)
             else:  # A = (s phi(q) phi(k)^T + offset) / N built (XCiT's channel attention: d_h x d_h)
                 out = ((fq @ fk.transpose(-2, -1)) * s + offset) @ (v / n)
-            if self.local_residual == 'head':
-                r = self._residual_weights(k.mean(2, keepdim=True))  # (B, h, 1, 9)
-                out = out + local_conv(v, r, grid)
-            elif self.local_residual == 'channel':
-                out = out + self._channel_term(k, v, grid, None, context)
+            out = out + self._residual(q, k, v, grid, context)
         return out.to(dtype)
+
+    def _residual(self, q, k, v, grid, context):
+        """The local residual's output without a mask (0 without one)."""
+        if self.local_residual == 'head':
+            r = self._residual_weights(k.mean(2, keepdim=True))  # (B, h, 1, 9)
+            return local_conv(v, r, grid)
+        if self.local_residual == 'channel':
+            return self._channel_term(k, v, grid, None, context)
+        return 0.0
 
     def _forward_context(self, q, k, v, hw, scale, bias, mask, context):
         return self._forward(q, k, v, hw, scale, bias, mask, context=context)

@@ -2,7 +2,7 @@
 ``taylor`` (first-order Taylor expansion of exp, 1 + q^.k^).
 
 Each has two association orders (``dispatch.order``): the factorised one computes ``A @ v`` in O(N d dv) through
-``k^T @ v`` and never builds ``A``; the explicit one builds ``A``, O(Nq Nk (d + dv)). Without a mask the call takes
+``k^T @ v`` and never builds ``A`` (``linear``'s, on CUDA, by the fused bidirectional kernel of fused_linear.py); the explicit one builds ``A``, O(Nq Nk (d + dv)). Without a mask the call takes
 the cheaper for its shapes: the factorised order in token attention (N >> d), the explicit one in XCiT's channel
 attention (a d_h x d_h matrix, where ``k^T v`` would be N x N). With a mask (Swin's shifted windows, padded keys)
 it is the explicit one, with sums and normalisers taken over the valid keys of each row only, so a masked key gives
@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from . import ATTENTION, dispatch
 from .base import AttentionKernel, upcast, work_dtype, no_autocast
+from .fused_linear import allowed as fused_linear_allowed
 from .score_map import row_normalised_map
 
 FEATURE_MAPS = ('elu+1', 'relu')
@@ -101,12 +102,22 @@ class _FactorisedAttention(AttentionKernel):
         with no_autocast(q):  # sums and normalisers in fp32 (fp64 for fp64 inputs)
             return self._explicit(q, k, mask)
 
+    def _fused(self, q, k, v):
+        """``A @ v`` by the fused bidirectional kernel (fused_linear.py) in the inputs' dtype, or None (no form of
+        its own, or the fused kernel cannot take the call)."""
+        return None
+
     def _forward(self, q, k, v, hw, scale, bias, mask):
         dtype, wd = v.dtype, work_dtype(v)
+        factorised = self.order(q.shape[2], k.shape[2], q.shape[3], v.shape[3], mask is not None,
+                                q.device.type) == 'factorised'
+        if factorised and fused_linear_allowed(q):  # CUDA (or CPU tensors under TRITON_INTERPRET=1)
+            out = self._fused(q, k, v)
+            if out is not None:
+                return out.to(dtype)
         with no_autocast(v):  # sums and normalisers in fp32 (fp64 for fp64 inputs)
             q, k, v = q.to(wd), k.to(wd), v.to(wd)
-            if self.order(q.shape[2], k.shape[2], q.shape[3], v.shape[3], mask is not None,
-                          q.device.type) == 'factorised':
+            if factorised:
                 out = self._fast(q, k, v)
             else:
                 out = self._explicit(q, k, mask) @ v
@@ -136,6 +147,11 @@ class LinearAttention(_FactorisedAttention):
 
     def phi(self, x):
         return elu_plus_one(x) if self.feature_map == 'elu+1' else torch.relu(x)
+
+    def _fused(self, q, k, v):
+        from .fused_linear import fused_linear
+        with no_autocast(v):
+            return fused_linear(q, k, v, 'normalised', self.feature_map, eps=self.eps)
 
     def _fast(self, q, k, v):
         qf, kf = self.phi(q), self.phi(k)

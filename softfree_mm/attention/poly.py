@@ -21,6 +21,7 @@ from torch.utils.checkpoint import checkpoint
 from . import ATTENTION, dispatch
 from .base import AttentionKernel, cast_back, default_scale, key_count, scores, work_dtype, no_autocast
 from .blocked import memory as blocked_memory, pointwise_attention
+from .fused_linear import allowed as fused_linear_allowed
 from .score_map import pointwise_map
 
 SCALE_OPTIONS = "'sqrt_n' (1/sqrt(number of keys a row may look at)) or a float > 0"
@@ -177,6 +178,14 @@ class PolyAttention(AttentionKernel):
                 if out is not None:
                     return cast_back(out, out_dtype)
                 path = 'tiled'
+            if path == 'factorised' and self.degree == 1 and fused_linear_allowed(q):
+                # x/sqrt(N): coef * (s q) (k^T v), the fused bidirectional kernel (fused_linear.py)
+                s, c = default_scale(scale, q.shape[-1], q), self._coef(None, q, k)
+                if not isinstance(s, torch.Tensor) and not isinstance(c, torch.Tensor):
+                    from .fused_linear import fused_linear
+                    out = fused_linear(q, k, v, 'plain', 'identity', alpha=s * c)
+                    if out is not None:
+                        return cast_back(out, out_dtype)
             q, k, v = q.to(wd), k.to(wd), v.to(wd)
             if path == 'factorised':
                 out = self.factorised(q, k, v, scale)
