@@ -88,19 +88,31 @@ def pow2(n: int) -> int:
     return max(16, 1 << (int(n) - 1).bit_length())
 
 
-def block_configs(d: int, dv: int, dtype: torch.dtype):
-    """Block shapes to try in order (the first that compiles and passes the check is kept): for each program
-    (forward, dk-dv, dq) its (rows, keys, warps, stages). Under the interpreter: small blocks (every program is
-    numpy; the tests' sizes then span several blocks)."""
-    if interpreting():
-        return [dict(fwd=(32, 32, 4, 1), dkdv=(32, 32, 4, 1), dq=(32, 32, 4, 1))]
-    warps = 8 if max(pow2(d), pow2(dv)) > 64 else 4
-    if dtype == torch.float32:
-        return [dict(fwd=(64, 32, 4, 2), dkdv=(32, 64, 4, 2), dq=(64, 32, 4, 2)),
-                dict(fwd=(32, 32, 4, 1), dkdv=(16, 32, 4, 1), dq=(32, 16, 4, 1))]
-    return [dict(fwd=(128, 64, warps, 3), dkdv=(64, 64, warps, 2), dq=(64, 64, warps, 2)),
-            dict(fwd=(64, 64, 4, 2), dkdv=(32, 64, 4, 2), dq=(64, 32, 4, 2)),
-            dict(fwd=(32, 32, 4, 1), dkdv=(16, 32, 4, 1), dq=(32, 16, 4, 1))]
+# each program's candidates (BLOCK_M, BLOCK_N, num_warps, num_stages), timed by triton.autotune at the first call of
+# each key (_fused_pointwise_kernels.TUNE_KEY: head sizes, dtype, activation, size buckets) inside the run that uses
+# them; a candidate that does not compile (too much shared memory in fp32) is skipped by the tuner
+TUNE = {
+    'fwd': [(128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 2), (64, 32, 4, 2), (64, 128, 8, 2),
+            (128, 128, 8, 2), (32, 32, 4, 1)],
+    'dkdv': [(64, 64, 8, 2), (64, 64, 4, 2), (32, 64, 4, 2), (64, 128, 8, 2), (32, 128, 4, 2), (16, 32, 4, 1)],
+    'dq': [(64, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 2), (128, 64, 8, 2), (128, 32, 4, 2), (32, 16, 4, 1)],
+}
+# under the interpreter one candidate each (numpy runs every program; the tests' sizes span several blocks)
+INTERPRETED = {'fwd': [(32, 32, 4, 1)], 'dkdv': [(32, 32, 4, 1)], 'dq': [(32, 32, 4, 1)]}
+
+
+def tune_configs() -> dict:
+    return INTERPRETED if interpreting() else TUNE
+
+
+def bucket(n: int) -> int:
+    """The autotuning bucket of a size: the next power of two, at least 64."""
+    return max(64, 1 << (int(n) - 1).bit_length())
+
+
+def largest_blocks(configs: dict) -> tuple:
+    """(rows, keys): the largest BLOCK_M and BLOCK_N among the candidates (the check spans two of each)."""
+    return (max(c[0] for cs in configs.values() for c in cs), max(c[1] for cs in configs.values() for c in cs))
 
 
 def precision(dtype) -> Optional[str]:
@@ -147,11 +159,12 @@ def _tolerance(dtype):
 
 def check(kind, power, device, dtype, d, dv, flags, cfg, apply: Callable) -> Optional[str]:
     """Run the fused kernel (``apply``: the autograd Function's, with the Function's arguments) on a small problem of
-    two blocks each way, the second partial (batch 1, 2 heads), against :func:`reference`, forward and the gradients
+    two of the largest candidate blocks each way, the second partial (batch 1, 2 heads), against :func:`reference`, forward and the gradients
     of q, k, v; None when every relative error (to the largest value of the reference) is within the dtype's
     tolerance, else the cause."""
     g = torch.Generator(device='cpu').manual_seed(0)
-    nq, nk, h = max(cfg[p][0] for p in ('fwd', 'dkdv', 'dq')) + 5, max(cfg[p][1] for p in ('fwd', 'dkdv', 'dq')) + 3, 2
+    bm, bn = largest_blocks(tune_configs())
+    nq, nk, h = bm + 5, bn + 3, 2
 
     def rand(*shape):
         return torch.randn(*shape, generator=g).to(device)
@@ -191,18 +204,14 @@ def ready(kind, power, q, v, flags, apply: Callable) -> Tuple[Optional[dict], Op
         return state, None
     if isinstance(state, str):
         return None, state
-    cause = 'no block configuration'
-    for cfg in block_configs(q.shape[-1], v.shape[-1], q.dtype):
-        try:
-            cause = check(kind, power, q.device, q.dtype, q.shape[-1], v.shape[-1], flags, cfg, apply)
-        except Exception as e:  # noqa: BLE001  (compile errors, too little shared memory: try smaller blocks)
-            cause = f'its first-use check raised {type(e).__name__}: {first_line(e)}'
-            continue
-        if cause is None:
-            cfg = dict(cfg, key=key)
-            STATE[key] = cfg
-            return cfg, None
-        break  # wrong numbers: not a matter of block sizes
+    cfg = dict(key=key)  # the blocks: triton.autotune's choice per call (_fused_pointwise_kernels.TUNE_KEY)
+    try:
+        cause = check(kind, power, q.device, q.dtype, q.shape[-1], v.shape[-1], flags, cfg, apply)
+    except Exception as e:  # noqa: BLE001  (compile errors of every candidate, too little shared memory)
+        cause = f'its first-use check raised {type(e).__name__}: {first_line(e)}'
+    if cause is None:
+        STATE[key] = cfg
+        return cfg, None
     return None, fail(key, kind, power, q, cause)
 
 

@@ -1,4 +1,4 @@
-"""The Triton programs behind ``fused_pointwise.py`` (forward, and the two backward passes).
+"""The Triton programs behind ``fused_pointwise.py`` (forward, and the two backward passes), each autotuned.
 
 Imported only when a fused kernel is first used (``fused_pointwise.kernels``): the package itself imports without
 triton. :func:`build` wraps the functions with ``triton.jit``, which reads TRITON_INTERPRET at that moment, so the
@@ -21,7 +21,7 @@ import triton.language as tl
 def _fwd(Q, K, V, O, BIAS, SHIFT, COEF, MASK,
          sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod,
          sbb, sbh, sbm, sbn, srb, srh, srm, scb, sch, scm, smb, smh, smm, smn,
-         H, NQ, NK, D, DV, alpha, shift_value, coef_value,
+         H, NQ, NK, D, DV, alpha, shift_value, coef_value, NQ_BUCKET, NK_BUCKET,
          KIND: tl.constexpr, POWER: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SHIFT: tl.constexpr,
          HAS_COEF: tl.constexpr, HAS_MASK: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
@@ -94,7 +94,7 @@ def _fwd(Q, K, V, O, BIAS, SHIFT, COEF, MASK,
 def _bwd_dkdv(Q, K, V, DO, DK, DV_, BIAS, SHIFT, COEF, MASK,
               sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod,
               sbb, sbh, sbm, sbn, srb, srh, srm, scb, sch, scm, smb, smh, smm, smn,
-              H, NQ, NK, D, DV, alpha, shift_value, coef_value,
+              H, NQ, NK, D, DV, alpha, shift_value, coef_value, NQ_BUCKET, NK_BUCKET,
               KIND: tl.constexpr, POWER: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SHIFT: tl.constexpr,
               HAS_COEF: tl.constexpr, HAS_MASK: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
@@ -184,7 +184,7 @@ def _bwd_dkdv(Q, K, V, DO, DK, DV_, BIAS, SHIFT, COEF, MASK,
 def _bwd_dq(Q, K, V, DO, DQ, BIAS, SHIFT, COEF, MASK,
             sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod,
             sbb, sbh, sbm, sbn, srb, srh, srm, scb, sch, scm, smb, smh, smm, smn,
-            H, NQ, NK, D, DV, alpha, shift_value, coef_value,
+            H, NQ, NK, D, DV, alpha, shift_value, coef_value, NQ_BUCKET, NK_BUCKET,
             KIND: tl.constexpr, POWER: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SHIFT: tl.constexpr,
             HAS_COEF: tl.constexpr, HAS_MASK: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
@@ -258,6 +258,19 @@ def _bwd_dq(Q, K, V, DO, DQ, BIAS, SHIFT, COEF, MASK,
     tl.store(DQ + out_rows[:, None] * D + rd[None, :], dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
-def build():
-    """(forward, dk-dv, dq), jit-compiled, or interpreted under TRITON_INTERPRET=1."""
-    return tuple(triton.jit(fn) for fn in (_fwd, _bwd_dkdv, _bwd_dq))
+# what each program's block sizes, warps and stages are tuned for: the head sizes, the activation and its extras,
+# and the sizes' power-of-two buckets (``NQ_BUCKET``, ``NK_BUCKET``: a new image size within a bucket does not tune
+# again); the inputs' dtype is part of every triton.autotune key
+TUNE_KEY = ['D', 'DV', 'NQ_BUCKET', 'NK_BUCKET', 'KIND', 'POWER', 'HAS_BIAS', 'HAS_SHIFT', 'HAS_COEF', 'HAS_MASK']
+
+
+def build(configs):
+    """(forward, dk-dv, dq), jit-compiled, or interpreted under TRITON_INTERPRET=1, each under ``triton.autotune``
+    over its candidates ``configs[program]``: (BLOCK_M, BLOCK_N, num_warps, num_stages) tuples (one candidate: no
+    timing, as under the interpreter)."""
+    out = []
+    for fn, name in ((_fwd, 'fwd'), (_bwd_dkdv, 'dkdv'), (_bwd_dq, 'dq')):
+        cands = [triton.Config({'BLOCK_M': m, 'BLOCK_N': n}, num_warps=w, num_stages=st)
+                 for m, n, w, st in configs[name]]
+        out.append(triton.autotune(configs=cands, key=TUNE_KEY)(triton.jit(fn)))
+    return tuple(out)

@@ -17,8 +17,8 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from ._fused_pointwise_check import (FAILED, KINDS, fail, first_line, interpreting, label, pow2, precision, ready,
-                                     say_once, unsupported)
+from ._fused_pointwise_check import (FAILED, KINDS, bucket, fail, first_line, interpreting, label, pow2, precision,
+                                     ready, say_once, tune_configs, unsupported)
 
 _KERNELS: Dict[bool, tuple] = {}  # interpreted? -> (forward, dk-dv, dq)
 LAUNCHES = {'forward': 0, 'backward': 0}  # fused launches made in this process (what ran, for the tests)
@@ -28,7 +28,7 @@ def kernels():
     interp = interpreting()
     if interp not in _KERNELS:
         from . import _fused_pointwise_kernels as src
-        _KERNELS[interp] = src.build()
+        _KERNELS[interp] = src.build(tune_configs())
     return _KERNELS[interp]
 
 
@@ -76,14 +76,17 @@ def _launch_forward(q, k, v, args: _Args, alpha, shift_value, coef_value, kind, 
     fwd, _, _ = kernels()
     b, h, nq, nk, d, dv = args.dims
     out = torch.empty(b, h, nq, dv, dtype=q.dtype, device=q.device)
-    bm, bn, warps, stages = cfg['fwd']
     const = _constants(q, kind, power)
-    grid = ((nq + bm - 1) // bm, b * h)
     LAUNCHES['forward'] += 1
-    fwd[grid](q, k, v, out, args.bias, args.shift, args.coef, args.mask, *args.strides(q, k, v, out),
-              h, nq, nk, d, dv, float(alpha), float(shift_value), float(coef_value), **const, **args.flags,
-              BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=pow2(d), BLOCK_DV=pow2(dv), num_warps=warps, num_stages=stages)
+    fwd[lambda meta: (triton_cdiv(nq, meta['BLOCK_M']), b * h)](
+        q, k, v, out, args.bias, args.shift, args.coef, args.mask, *args.strides(q, k, v, out),
+        h, nq, nk, d, dv, float(alpha), float(shift_value), float(coef_value), bucket(nq), bucket(nk), **const,
+        **args.flags, BLOCK_D=pow2(d), BLOCK_DV=pow2(dv))
     return out
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
 
 
 def _launch_backward(q, k, v, dout, args: _Args, alpha, shift_value, coef_value, kind, power, cfg, need_q,
@@ -93,20 +96,18 @@ def _launch_backward(q, k, v, dout, args: _Args, alpha, shift_value, coef_value,
     const = dict(_constants(q, kind, power), **args.flags, BLOCK_D=pow2(d), BLOCK_DV=pow2(dv))
     strides = args.strides(q, k, v, dout)
     side = (args.bias, args.shift, args.coef, args.mask)
-    scalars = (h, nq, nk, d, dv, float(alpha), float(shift_value), float(coef_value))
+    scalars = (h, nq, nk, d, dv, float(alpha), float(shift_value), float(coef_value), bucket(nq), bucket(nk))
     dq = dk = dv_ = None
     LAUNCHES['backward'] += 1
     if need_kv:
-        bm, bn, warps, stages = cfg['dkdv']
         dk = torch.empty(b, h, nk, d, dtype=k.dtype, device=k.device)
         dv_ = torch.empty(b, h, nk, dv, dtype=v.dtype, device=v.device)
-        dkdv[((nk + bn - 1) // bn, b * h)](q, k, v, dout, dk, dv_, *side, *strides, *scalars, **const,
-                                             BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+        dkdv[lambda meta: (triton_cdiv(nk, meta['BLOCK_N']), b * h)](q, k, v, dout, dk, dv_, *side, *strides,
+                                                                      *scalars, **const)
     if need_q:
-        bm, bn, warps, stages = cfg['dq']
         dq = torch.empty(b, h, nq, d, dtype=q.dtype, device=q.device)
-        dq_kernel[((nq + bm - 1) // bm, b * h)](q, k, v, dout, dq, *side, *strides, *scalars, **const,
-                                                BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+        dq_kernel[lambda meta: (triton_cdiv(nq, meta['BLOCK_M']), b * h)](q, k, v, dout, dq, *side, *strides,
+                                                                          *scalars, **const)
     return dq, dk, dv_
 
 

@@ -353,3 +353,25 @@ def test_under_jit_trace_fused_becomes_tiles_and_auto_the_cpu_rule(monkeypatch):
     traced = torch.jit.trace(lambda a, b, c: kern(a, b, c), (q, k, v), check_trace=False)
     assert fp.LAUNCHES['forward'] == before
     torch.testing.assert_close(traced(q, k, v), build_attention(_cfg('poly3', impl='explicit'))(q, k, v))
+
+
+def test_every_program_is_autotuned_per_head_size_dtype_and_size_bucket(monkeypatch):
+    """Compiled (not interpreted), the forward and both backward programs are triton.autotune'd over their own
+    candidates, keyed by the head sizes, the activation and its extras and the sizes' power-of-two buckets (the
+    inputs' dtype is in every autotune key), so that the measuring run tunes them; nothing compiles here (no GPU)."""
+    pytest.importorskip('triton')
+    from triton.runtime.autotuner import Autotuner
+    from softfree_mm.attention import _fused_pointwise_kernels as src
+    monkeypatch.delenv('TRITON_INTERPRET', raising=False)
+    monkeypatch.setattr(fp, '_KERNELS', {})
+    progs = fp.kernels()
+    assert not fp_check.interpreting() and len(progs) == 3
+    for prog, name in zip(progs, ('fwd', 'dkdv', 'dq')):
+        assert isinstance(prog, Autotuner) and prog.keys == src.TUNE_KEY
+        got = [(c.kwargs['BLOCK_M'], c.kwargs['BLOCK_N'], c.num_warps, c.num_stages) for c in prog.configs]
+        assert got == fp_check.TUNE[name] and len(got) > 1
+    assert {'D', 'DV', 'NQ_BUCKET', 'NK_BUCKET', 'KIND', 'POWER'} <= set(src.TUNE_KEY)
+    assert [fp_check.bucket(n) for n in (1, 64, 65, 1000, 4096, 4097)] == [64, 64, 128, 1024, 4096, 8192]
+    # under the interpreter: one candidate each (no timing), the check spanning two of its blocks
+    monkeypatch.setenv('TRITON_INTERPRET', '1')
+    assert all(len(c) == 1 for c in fp_check.tune_configs().values())
