@@ -43,7 +43,7 @@ test-pythons: setup
 
 # on a CUDA machine: set-up (offline from GPU_CHECK_WHEELS where the node has no package index), the fused-kernel
 # and CUDA-only tests, kernels vs SDPA (bf16, fp32, N = 1k..64k), a Mask R-CNN training step against mmdet's
-# backbones, one summary file (about 9 minutes); without CUDA it stops at once with one line
+# backbones, one summary file (7 minutes: bash tools/gpu_check.sh --plan); without CUDA it stops at once with one line
 gpu-check:
 	bash tools/gpu_check.sh
 

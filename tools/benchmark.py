@@ -40,11 +40,17 @@ flops: GFLOPs (attention included) and parameters of backbone x kernel x size, n
 detector: one Mask R-CNN training step (loss, backward, AdamW step) on 2 random images of 800x1216 with our
   backbones (swin_t / pvt_v2_b2 with softmax, poly3, inline) and with mmdet's own SwinTransformer /
   PyramidVisionTransformerV2 in the same detector (backbone:mmdet), each in a fresh subprocess: images/s, peak
-  memory, and the ratios to mmdet's backbone and to our softmax one. Names: backbone:kernel, default all.
+  memory, and the ratios to mmdet's backbone and to our softmax one (of the same layout). Names: backbone:kernel
+  (any configs/maskrcnn_<backbone>_<kernel>.py, or backbone:mmdet), optionally +nosr (PVTv2 without spatial
+  reduction) or +explicit / +factorised (the association order forced, as before the rule chose it); default the
+  Swin-T and PVTv2-b2 rows. --profile DIR: one more step each under torch.profiler, its top operators in DIR.
 --ceilings (kernels): measures the device's dense matrix rate (n = 8192, the run's dtype) and copy bandwidth first,
   and reports each kernel's fraction of them (of_matrix_rate, of_copy_bandwidth). On CUDA, times are CUDA events.
 
-Kernel specs: a name, or name:arg=value,... (poly:degree=1, soft:num_landmarks=64). Bad input: one line, exit 2.
+Kernel specs: a name, or name:arg=value,... (poly:degree=1, soft:num_landmarks=64); in kernels mode also peer:fbi_la
+(fla-org's flash bidirectional linear attention, where installed; else its rows are skipped, said on stderr). Each
+kernels row names the path the call took (fused linear / fused pointwise / the kernel's quadratic path or order).
+Bad input: one line, exit 2.
 CUDA is used when available (--device cpu to force the CPU); threads are torch's default (set OMP_NUM_THREADS).
 """
 import argparse
@@ -97,6 +103,11 @@ def parse_size(text):
 
 
 def _kernel(text, plain_products=False):
+    if plain_products and text.startswith('peer:'):  # another project's kernel (benchmark.kernels.PEERS)
+        from softfree_mm.analysis.benchmark.kernels import PEERS
+        if text[len('peer:'):] not in PEERS:
+            raise ValueError(f"unknown peer {text!r}; known: {', '.join('peer:' + p for p in PEERS)}")
+        return text
     from softfree_mm.attention import normalize_cfg, parse_kernel
     cfg = parse_kernel(text)
     if not (plain_products and cfg == 'matmul'):  # kernels mode also times the plain products
@@ -207,7 +218,11 @@ def build_parser(default_device):
     c.add_argument('--size', type=size, default=(512, 768), help='HxW (default 512x768)')
     c.set_defaults(handler=run_compare)
     d = modes.add_parser('detector', parents=[common], help='one Mask R-CNN training step per detector')
-    d.add_argument('--detectors', nargs='+', default=None, help='backbone:kernel names (default all)')
+    d.add_argument('--detectors', nargs='+', default=None,
+                   help='backbone:kernel[+nosr|+explicit|+factorised] names (default: Swin-T and PVTv2-b2 with '
+                        'softmax, poly3, inline and mmdet\'s own backbone)')
+    d.add_argument('--profile', default=None, help='a folder: one more step of each detector under torch.profiler, '
+                                                   'its top operators written there')
     d.add_argument('--size', type=size, default=None, help='HxW (default 800x1216)')
     d.set_defaults(handler=run_detector)
     # the top-level help lists every mode's options (each mode's own --help says what they mean)
@@ -319,17 +334,20 @@ def run_compare(args, out):
 
 
 def run_detector(args, out):
-    from softfree_mm.analysis.benchmark.detector import DETECTOR_COLUMNS, DETECTOR_SIZE, DETECTORS, run_detectors
+    from softfree_mm.analysis.benchmark.detector import (DETECTOR_COLUMNS, DETECTOR_SIZE, DETECTORS, parse_detector,
+                                                         run_detectors)
     names = args.detectors or list(DETECTORS)
-    bad = [n for n in names if n not in DETECTORS]
-    if bad:
-        raise BadArgs(f'detector: unknown detector(s) {bad}; valid: {", ".join(DETECTORS)}')
+    for n in names:
+        try:
+            parse_detector(n)
+        except ValueError as e:
+            raise BadArgs(str(e))
     size = args.size or DETECTOR_SIZE
     if size[0] % 32 or size[1] % 32:
         raise BadArgs(f'detector: --size must be a multiple of 32 each way (the FPN strides), got '
                       f'{size[0]}x{size[1]}')
     rows = run_detectors(names, size=size, batch=args.batch, dtype=args.dtype, device=args.device,
-                         repeats=args.repeats, log=out.progress)
+                         repeats=args.repeats, log=out.progress, profile=args.profile or '')
     out.show(rows, DETECTOR_COLUMNS, f'Mask R-CNN training step, batch {args.batch}, {args.dtype}, one '
                                      'subprocess a detector')
     return rows

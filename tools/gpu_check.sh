@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU check, one command on any CUDA machine: `make gpu-check` (or `bash tools/gpu_check.sh`), at most 9 minutes
-# (GPU_CHECK_BUDGET), one summary file:
+# The GPU check, one command on any CUDA machine: `make gpu-check` (or `bash tools/gpu_check.sh`), one prepared run
+# that fits 7 minutes of device time (GPU_CHECK_BUDGET, 420 s; its steps' caps add up to plan_seconds, leaving the
+# rest to the set-up), one summary file:
 #   0. a CUDA GPU at all? (nvidia-smi lists one) - else one line and exit status 2, at once, before any set-up;
 #   1. set-up: the project's environment when it is ready; else, with GPU_CHECK_WHEELS=DIR (default
 #      work_dirs/gpu_wheels when it exists: a node without a package index), a venv on the machine's own torch
@@ -8,32 +9,47 @@
 #      from DIR in one pip call (--no-index, nothing compiled: mmcv's ops are softfree_mm's stand-in for mmcv._ext on
 #      torchvision's kernels), then this package (-e, which puts the stand-in in place in every process of the venv),
 #      then a check in a bare Python that mmcv.ops and the mm packages import; without DIR, tools/setup_env.sh (a
-#      package index);
-#   2. torch sees CUDA (else the cause in one line: driver too old for the torch build, ...);
-#   3. the kernels against SDPA at N = 1k..64k, forward + backward, bf16 then fp32 (fp16 where the GPU has no bf16),
-#      CUDA events, peak memory, TFLOP/s and GB/s against the device's measured matrix rate and copy bandwidth (each
-#      fused variant checks itself against the explicit path on first use; a failure is listed in the summary);
-#   4. one Mask R-CNN training step at 800x1216, batch 2: our Swin-T / PVTv2-b2 with softmax, poly3 and inline
-#      against mmdet's own SwinTransformer / PyramidVisionTransformerV2 in the same detector;
-#   4b. what each kernel costs as images grow (tools/benchmark.py backbone --layouts, bf16): backbones in their det
-#      layouts per kernel at short sides 800 and 1600, cost_<dtype>.csv;
-#   5. the warm start's stage 1 against a supervised step of the same classifier (XCiT-S12 and Swin-T, poly3, batch 64
-#      at 224: tools/analysis/warm_start_grid.py --cost), the GPU seconds per step that project its GPU-hours;
-#   6. the fused Triton kernels compiled on the GPU against the explicit path (tests/attention/test_attention_fused.py);
-#   7. the CUDA-only tests (tests/test_cuda.py);
-#   8. the summary in work_dirs/gpu_check/summary.txt (each step's log beside it, the tables in *.csv).
-# Every step after the set-up runs under `timeout` with its own cap and at most what is left of the budget; a step
-# cut short is a FAIL saying so, steps with no time left are SKIP, and the summary still comes. GPU_CHECK_STEPS
-# (e.g. "detector tests") runs only those steps (a second run after a first one that ran out of time).
-# Environment: GPU_CHECK_DIR (work_dirs/gpu_check), GPU_CHECK_BUDGET (540), GPU_CHECK_WHEELS, GPU_CHECK_PYTHON (the
-# Python that holds torch, for the offline venv: python3), GPU_CHECK_TOKENS ("1024 4096 16384 65536"),
-# GPU_CHECK_STEPS, and what tools/setup_env.sh reads (SOFTFREE_VENV, TORCH_INDEX_URL, MMCV_CUDA, ...).
+#      package index); a peer's wheel in DIR (fbi_la: fla-org's flash bidirectional linear attention) is installed
+#      too when it is there;
+#   2. cuda: torch sees CUDA (else the cause in one line: driver too old for the torch build, ...);
+#   3. fused: the fused Triton kernels compiled on the GPU against the explicit path (pointwise and linear tests; the
+#      pointwise blocks not tuned there: SOFTFREE_ATTN_TUNE=0);
+#   4. bench-bf16: the kernels against SDPA at N = 1k..64k, batch 1 x 4 heads of 64, forward + backward, bf16 (fp16
+#      where the GPU has no bf16), CUDA events, TFLOP/s and GB/s against the device's matrix rate and copy
+#      bandwidth, the path each kernel took (fused linear / fused pointwise / its quadratic path or order);
+#   5. bench-anchor: the anchors' shape, batch 8 x 16 heads of 64, N = 4k..64k: softmax, the linear-time kernels and
+#      the peer peer:fbi_la where installed (else its rows are skipped, said in the log);
+#   6. bench-window: Swin's window shape, 49 tokens x 4096 windows, 3 heads of 32;
+#   7. detector: one Mask R-CNN training step at 800x1216, batch 2, fp32: our Swin-T / PVTv2-b2 (softmax, poly3,
+#      inline) against mmdet's own in the same detector, with a torch.profiler table of each step's top operators
+#      (profile_*.txt);
+#   8. detector-bf16: the same step in bf16 AMP for InLine PVTv2-b2 against our softmax PVTv2-b2 without reduction,
+#      XCiT-S12 + linear with the association rule and with the former factorised order (an N x N k^T v), and
+#      the PVTv2-b2 pair against mmdet's;
+#   and on request (GPU_CHECK_STEPS): bench-fp32, cost (what each kernel costs as images grow), warm-start (stage 1
+#   against a supervised step), tests (the CUDA-only tests);
+#   last: the summary in work_dirs/gpu_check/summary.txt (each step's log beside it, the tables in *.csv).
+# Every step after the set-up runs under `timeout` with its own cap (CAP below) and at most what is left of the
+# budget; a step cut short is a FAIL saying so, steps with no time left are SKIP, and the summary still comes.
+# GPU_CHECK_STEPS (e.g. "detector tests") runs only those steps (a second run after a first one that ran out of
+# time). Environment: GPU_CHECK_DIR (work_dirs/gpu_check), GPU_CHECK_BUDGET (420), GPU_CHECK_WHEELS,
+# GPU_CHECK_PYTHON (the Python that holds torch, for the offline venv: python3), GPU_CHECK_TOKENS ("1024 4096 16384
+# 65536"), GPU_CHECK_STEPS, and what tools/setup_env.sh reads (SOFTFREE_VENV, TORCH_INDEX_URL, MMCV_CUDA, ...).
 #   bash tools/gpu_check.sh --fetch-wheels DIR [PYTHON_VERSION]   on a machine WITH a package index: the wheels (all
 #   binary, no source to build) that the offline set-up installs, for the GPU node's Python (default 3.12), into DIR.
+#   bash tools/gpu_check.sh --plan   prints the default run's steps, their caps and their sum (no GPU needed).
 # Sourced (`source tools/gpu_check.sh`), it only defines its functions (tests/tools/test_gpu_check.py runs them on CPU).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-STEPS_ALL="cuda fused bench-bf16 bench-fp32 detector cost warm-start tests"
+# the default run (GPU_CHECK_STEPS unset), in order, and every step there is
+PLAN="cuda fused bench-bf16 bench-anchor bench-window detector detector-bf16"
+STEPS_ALL="$PLAN bench-fp32 cost warm-start tests"
+# each step's cap in seconds (the default run's add up to plan_seconds: at most GPU_CHECK_BUDGET less SETUP_SECONDS)
+declare -A CAP=([cuda]=15 [fused]=45 [bench-bf16]=60 [bench-anchor]=40 [bench-window]=15 [detector]=110
+                [detector-bf16]=110 [bench-fp32]=90 [cost]=150 [warm-start]=90 [tests]=150)
+DEFAULT_BUDGET=420
+SETUP_SECONDS=25  # what the run leaves the set-up: a ready environment's check (the offline set-up takes longer)
+FIXED_TOKENS="4096 16384 65536"  # the anchors' sizes (bench-anchor)
 # what the offline set-up installs with --no-deps from the wheel folder: setuptools as torch requires it (>= 77.0.3)
 # with pkg_resources (< 82: mmengine imports it) and wheel, the build that the -e install runs without isolation
 # (pyproject.toml); mmengine's, mmdet's, mmseg's and mmpretrain's requirements (and theirs) that a CUDA image with
@@ -62,12 +78,24 @@ begin() {
     SUMMARY="$OUT/summary.txt"
     : > "$SUMMARY"
     START=$(date +%s)
-    BUDGET=${GPU_CHECK_BUDGET:-540}
+    BUDGET=${GPU_CHECK_BUDGET:-$DEFAULT_BUDGET}
     FAILED=0
 }
 
-wanted() {  # wanted NAME: the step is in GPU_CHECK_STEPS (all when unset)
-    case " ${GPU_CHECK_STEPS:-$STEPS_ALL} " in *" $1 "*) return 0 ;; *) return 1 ;; esac
+wanted() {  # wanted NAME: the step is in GPU_CHECK_STEPS (the default run's PLAN when unset)
+    case " ${GPU_CHECK_STEPS:-$PLAN} " in *" $1 "*) return 0 ;; *) return 1 ;; esac
+}
+
+plan_seconds() {  # the default run's caps added up
+    local s total=0
+    for s in $PLAN; do total=$(( total + CAP[$s] )); done
+    echo "$total"
+}
+
+plan() {  # the default run: each step and its cap, their sum against the budget
+    local s
+    for s in $PLAN; do printf '%-14s %4ss\n' "$s" "${CAP[$s]}"; done
+    echo "steps: $(plan_seconds)s of the ${GPU_CHECK_BUDGET:-$DEFAULT_BUDGET}s budget (set-up: the rest, ${SETUP_SECONDS}s or more)"
 }
 
 # step NAME CAP COMMAND...: runs it with its output in $OUT/NAME.log under `timeout` (CAP seconds, or what is left of
@@ -110,11 +138,15 @@ detail() {
     case $1 in
         cuda) tail -n 1 "$OUT/cuda.log" ;;
         tests|fused) grep -E '[0-9]+ passed' "$OUT/$1.log" | tail -n 1 ;;
+        bench-anchor) grep -E '^\| [^|]+ \| 16384 \| fwdbwd ' "$OUT/$1.log" \
+                     | awk -F'|' '{printf "%s%sms x%s (%s) ", $2, $5, $6, $(NF-1)}' ;;
+        bench-window) grep -E '^\| [^|]+ \| 49 \| fwdbwd ' "$OUT/$1.log" \
+                     | awk -F'|' '{printf "%s%sms x%s (%s) ", $2, $5, $6, $(NF-1)}' ;;
         warm-start) grep -oE '^transfer_[a-z0-9_]+\.py: stage 1 [0-9.]+ s/step, the classifier [0-9.]+ s/step' \
                         "$OUT/warm-start.log" | tr '\n' ' ' ;;
         bench-*) grep -E '^\| (softmax|poly|relu|sigmoid|linear) \| 16384 \| fwdbwd ' "$OUT/$1.log" \
-                     | awk -F'|' '{printf "%s%sms x%s ", $2, $5, $6}' ;;
-        detector) grep -E '^\| pvt_v2_b2:(mmdet|softmax|poly3) ' "$OUT/detector.log" | awk -F'|' '{printf "%s%s img/s ", $2, $7}' ;;
+                     | awk -F'|' '{printf "%s%sms x%s (%s) ", $2, $5, $6, $(NF-1)}' ;;
+        detector*) grep -E '^\| [a-z0-9_]+:[a-z0-9_+]+ ' "$OUT/$1.log" | awk -F'|' '{printf "%s%s img/s ", $2, $7}' ;;
         *) echo ;;
     esac
 }
@@ -130,8 +162,9 @@ finish() {
 ops = "ops: the mmcv._ext stand-in on torchvision" if mmcv_ext_is_standin() else "compiled ops"
 print(f"mmcv {mmcv.__version__} ({ops}), mmdet {mmdet.__version__}")' 2>/dev/null
         # a fused kernel that failed its first-use check (the benchmarks then measured the tiled path)
-        grep -h 'softfree_mm: fused .* attention kernel' "$OUT"/*.log 2>/dev/null | sort -u | sed 's/^/warning: /'
-        for f in "$OUT"/bench-*.log "$OUT"/detector.log; do
+        grep -hE 'softfree_mm: fused .*attention.*(instead|not used)' "$OUT"/*.log 2>/dev/null | sort -u \
+            | sed 's/^/warning: /'
+        for f in "$OUT"/bench-*.log "$OUT"/detector*.log; do
             [ -f "$f" ] || continue
             echo "--- $(basename "$f" .log)"
             grep -E '^(ceilings:|\| )' "$f"
@@ -203,6 +236,12 @@ offline_setup() {  # offline_setup WHEELS VENV: a venv on this machine's torch, 
         "${OFFLINE_ALL[@]}" || return 2
     # also writes softfree_mm-mmcv-ext.pth into the venv's site-packages (mmcv._ext for every process there)
     "$py" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-build-isolation -e "$ROOT" || return 2
+    # a peer kernel's wheel brought along in the folder (the benchmark's peer:fbi_la): installed, else skipped there
+    local peer
+    for peer in "$wheels"/flash_bla-*.whl "$wheels"/fbi_la-*.whl; do
+        [ -f "$peer" ] || continue
+        "$py" -m pip install -q --disable-pip-version-check --no-index --no-deps "$peer" || return 2
+    done
     # transformers first: where it is absent (most images), no need to import the mm packages twice
     if "$py" -c 'import transformers' 2>/dev/null \
             && ! "$py" -c 'import mmdet.models, mmseg.models, mmpretrain.models' 2>/dev/null; then
@@ -225,12 +264,14 @@ main() {
     cd "$ROOT"
     case "${1-}" in
         '') ;;
+        --plan) plan; exit 0 ;;
         --fetch-wheels)
             [ -n "${2-}" ] || { echo "usage: bash tools/gpu_check.sh --fetch-wheels DIR [PYTHON_VERSION]" >&2; exit 2; }
             [ $# -le 3 ] || { echo "error: unexpected argument '$4' after --fetch-wheels DIR PYTHON_VERSION" >&2; exit 2; }
             fetch_wheels "$2" "${3-}"
             exit $? ;;
-        *) echo "error: unknown argument '$1' (valid: --fetch-wheels DIR [PYTHON_VERSION], or none)" >&2; exit 2 ;;
+        *) echo "error: unknown argument '$1' (valid: --plan, --fetch-wheels DIR [PYTHON_VERSION], or none)" >&2
+           exit 2 ;;
     esac
     if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
         echo "gpu-check: no CUDA GPU on this machine (nvidia-smi lists none); run it where nvidia-smi lists a GPU" >&2
@@ -249,7 +290,7 @@ main() {
     else
         step setup 0 bash tools/setup_env.sh || finish
     fi
-    step cuda 60 "$PY" -c '
+    step cuda "${CAP[cuda]}" "$PY" -c '
 import sys, torch
 sys.path.insert(0, ".")
 if not torch.cuda.is_available():
@@ -259,26 +300,39 @@ print(f"{torch.cuda.device_count()} x {p.name} (sm_{p.major}{p.minor}, {p.total_
     ' || finish
     HALF=$(timeout 60 "$PY" -c 'import torch; print("bf16" if torch.cuda.is_bf16_supported() else "fp16")')
     KERNELS=(softmax poly relu sigmoid linear inline poly:degree=1 soft:num_landmarks=64)
+    wanted fused && step fused "${CAP[fused]}" env SOFTFREE_ATTN_TUNE=0 "$PY" -m pytest \
+        tests/attention/test_attention_fused.py tests/attention/test_attention_fused_linear.py -q -p no:cacheprovider -x
     # shellcheck disable=SC2086  # TOKENS: a list of numbers
-    wanted bench-bf16 && step "bench-$HALF" 120 "$PY" tools/benchmark.py kernels --device cuda --dtype "$HALF" \
-        --tokens $TOKENS --backward --heads 4 --head-dim 64 --ceilings --kernels "${KERNELS[@]}" \
+    wanted bench-bf16 && step "bench-$HALF" "${CAP[bench-bf16]}" "$PY" tools/benchmark.py kernels --device cuda \
+        --dtype "$HALF" --tokens $TOKENS --backward --heads 4 --head-dim 64 --ceilings --kernels "${KERNELS[@]}" \
         --csv "$OUT/kernels_$HALF.csv"
     # shellcheck disable=SC2086
-    wanted bench-fp32 && step bench-fp32 90 "$PY" tools/benchmark.py kernels --device cuda --dtype fp32 \
-        --tokens $TOKENS --backward --heads 4 --head-dim 64 --ceilings --kernels "${KERNELS[@]}" \
+    wanted bench-anchor && step bench-anchor "${CAP[bench-anchor]}" "$PY" tools/benchmark.py kernels --device cuda \
+        --dtype "$HALF" --tokens $FIXED_TOKENS --backward --batch 8 --heads 16 --head-dim 64 --no-memory --repeats 3 \
+        --kernels softmax linear poly:degree=1 inline peer:fbi_la --csv "$OUT/kernels_anchor_$HALF.csv"
+    wanted bench-window && step bench-window "${CAP[bench-window]}" "$PY" tools/benchmark.py kernels --device cuda \
+        --dtype "$HALF" --tokens 49 --backward --batch 4096 --heads 3 --head-dim 32 --no-memory --repeats 3 \
+        --kernels softmax poly relu linear inline --csv "$OUT/kernels_window_$HALF.csv"
+    wanted detector && step detector "${CAP[detector]}" "$PY" tools/benchmark.py detector --device cuda --batch 2 \
+        --size 800x1216 --repeats 3 --csv "$OUT/detector.csv" --profile "$OUT" --detectors swin_t:mmdet \
+        swin_t:softmax swin_t:inline pvt_v2_b2:mmdet pvt_v2_b2:softmax pvt_v2_b2:poly3
+    wanted detector-bf16 && step detector-bf16 "${CAP[detector-bf16]}" "$PY" tools/benchmark.py detector \
+        --device cuda --dtype "$HALF" --batch 2 --size 800x1216 --repeats 3 --csv "$OUT/detector_$HALF.csv" \
+        --detectors pvt_v2_b2:mmdet pvt_v2_b2:softmax pvt_v2_b2:softmax+nosr pvt_v2_b2:inline \
+        xcit_s12:linear+factorised xcit_s12:linear
+    # shellcheck disable=SC2086
+    wanted bench-fp32 && step bench-fp32 "${CAP[bench-fp32]}" "$PY" tools/benchmark.py kernels --device cuda \
+        --dtype fp32 --tokens $TOKENS --backward --heads 4 --head-dim 64 --ceilings --kernels "${KERNELS[@]}" \
         --csv "$OUT/kernels_fp32.csv"
-    wanted detector && step detector 280 "$PY" tools/benchmark.py detector --device cuda --batch 2 --size 800x1216 \
-        --repeats 3 --csv "$OUT/detector.csv" --detectors swin_t:mmdet swin_t:softmax pvt_v2_b2:mmdet \
-        pvt_v2_b2:softmax pvt_v2_b2:poly3 swin_t:poly3 pvt_v2_b2:inline swin_t:inline
     # what each kernel costs as images grow, in bf16 (fp16 without bf16): the CPU sweep's layouts and kernels, sizes
     # a lent GPU does in its share of the budget (each case capped at 30 s), whole models left to the CPU sweep
-    wanted cost && step cost 150 "$PY" tools/benchmark.py backbone --device cuda --dtype "$HALF" --layouts \
+    wanted cost && step cost "${CAP[cost]}" "$PY" tools/benchmark.py backbone --device cuda --dtype "$HALF" --layouts \
         pvt_v2_b2 pvt_v2_b2_nosr swin_t --kernels softmax poly3 linear inline --short-sides 800 1600 \
         --large-side 0 --seg-size 0 --no-models --repeats 3 --time-limit 30 --mem-limit 64 --csv "$OUT/cost_$HALF.csv"
-    wanted warm-start && step warm-start 90 "$PY" tools/analysis/warm_start_grid.py --cost configs/transfer_xcit_s12_poly3.py \
-        configs/transfer_swin_t_poly3.py --device cuda --batch 64 --steps 5 --csv "$OUT/warm_start_cost.csv"
-    wanted fused && step fused 150 "$PY" -m pytest tests/attention/test_attention_fused.py -q -p no:cacheprovider -x
-    wanted tests && step tests 150 "$PY" -m pytest tests/test_cuda.py -q -p no:cacheprovider -rs
+    wanted warm-start && step warm-start "${CAP[warm-start]}" "$PY" tools/analysis/warm_start_grid.py --cost \
+        configs/transfer_xcit_s12_poly3.py configs/transfer_swin_t_poly3.py --device cuda --batch 64 --steps 5 \
+        --csv "$OUT/warm_start_cost.csv"
+    wanted tests && step tests "${CAP[tests]}" "$PY" -m pytest tests/test_cuda.py -q -p no:cacheprovider -rs
     finish
 }
 

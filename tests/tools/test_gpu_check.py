@@ -15,6 +15,7 @@ import json
 import math
 import os
 import os.path as osp
+import re
 import shutil
 import subprocess
 import sys
@@ -72,13 +73,15 @@ finish
 
 
 def test_benchmark_runs_as_the_gpu_check_calls_it(capsys):
-    """The gpu check's kernel benchmark command (its arguments but the device and the sizes) and the table rows its
-    summary reads (on CPU, small N, bf16): the ceilings line and a row per kernel with its fractions of them."""
+    """The gpu check's kernel benchmark commands (their arguments but the device and the sizes) and the table rows
+    its summary reads (on CPU, small N, bf16): the ceilings line, a row per kernel with its fractions of them and the
+    path it took; the anchors' command (batch x heads, a peer that is not installed: its rows skipped, said once) and
+    the window shape's."""
     import benchmark  # tools/benchmark.py (tests/conftest.py puts tools/ on sys.path)
     text = open(osp.join(ROOT, 'tools', 'gpu_check.sh')).read()
     assert 'GPU_CHECK_TOKENS:-1024 4096 16384 65536' in text
-    assert 'tools/benchmark.py kernels --device cuda --dtype "$HALF" \\\n        --tokens $TOKENS --backward --heads 4 ' \
-           '--head-dim 64 --ceilings --kernels "${KERNELS[@]}"' in text
+    assert '--dtype "$HALF" --tokens $TOKENS --backward --heads 4 --head-dim 64 --ceilings --kernels "${KERNELS[@]}"' \
+        in text
     kernels = 'softmax poly relu sigmoid linear inline poly:degree=1 soft:num_landmarks=64'
     assert f'KERNELS=({kernels})' in text
     assert benchmark.main(['kernels', '--device', 'cpu', '--dtype', 'bf16', '--tokens', '16', '--backward',
@@ -87,9 +90,82 @@ def test_benchmark_runs_as_the_gpu_check_calls_it(capsys):
     out = capsys.readouterr().out.splitlines()
     ceil = [line for line in out if line.startswith('ceilings: ')]
     assert len(ceil) == 1 and 'matrix_TFLOP_per_s=' in ceil[0] and 'copy_GB_per_s=' in ceil[0]
+    paths = {}
     for name in kernels.split():
         rows = [line for line in out if line.startswith(f'| {name} | 16 | fwdbwd ')]
         assert len(rows) == 1 and float(rows[0].split('|')[4]) > 0, name
+        paths[name] = rows[0].split('|')[-2].strip()
+    # N = 16 < d = 64: the association rule takes linear's explicit order here
+    assert paths['linear'] == 'explicit order' and paths['poly'] == 'explicit' and paths['softmax'] == 'torch'
+    anchor = ('--tokens $FIXED_TOKENS --backward --batch 8 --heads 16 --head-dim 64 --no-memory --repeats 3 \\\n'
+              '        --kernels softmax linear poly:degree=1 inline peer:fbi_la')
+    assert anchor in text and 'FIXED_TOKENS="4096 16384 65536"' in text
+    assert '--tokens 49 --backward --batch 4096 --heads 3 --head-dim 32' in text
+    assert benchmark.main(['kernels', '--device', 'cpu', '--dtype', 'bf16', '--tokens', '49', '--backward',
+                           '--batch', '2', '--heads', '2', '--head-dim', '16', '--no-memory', '--repeats', '1',
+                           '--kernels', 'softmax', 'linear', 'inline', 'peer:fbi_la']) == 0
+    cap = capsys.readouterr()
+    rows = [line for line in cap.out.splitlines() if line.startswith('| ') and ' | 49 | ' in line]
+    assert {r.split('|')[1].strip() for r in rows} == {'softmax', 'linear', 'inline'}
+    assert cap.err.count('peer fbi_la: none of flash_bla.ops.linear_attn.fused, fbi_la.ops.linear_attn.fused') == 1
+
+
+def test_the_default_run_is_planned_within_seven_minutes_and_names_only_valid_detectors():
+    """The prepared run: its steps' caps add up to at most the budget (420 s, 7 minutes) less the set-up's share,
+    each default step runs under its own cap, `--plan` says so; every detector the two detector steps name is valid
+    (the benchmark's parser), the bf16 step holds InLine PVTv2-b2 with its no-reduction softmax reference and
+    XCiT-S12 + linear before and after the association rule, and the fp32 step writes the profile tables."""
+    import re
+    from softfree_mm.analysis.benchmark.detector import parse_detector
+    proc = subprocess.run(['bash', '-c', f"source {osp.join(ROOT, 'tools', 'gpu_check.sh')!r}; plan_seconds; "
+                           'echo $DEFAULT_BUDGET $SETUP_SECONDS; echo $PLAN'], capture_output=True, text=True,
+                          timeout=60)
+    total, budget_setup, plan = proc.stdout.splitlines()
+    budget, setup = map(int, budget_setup.split())
+    assert budget == 420 and int(total) + setup <= budget
+    text = open(osp.join(ROOT, 'tools', 'gpu_check.sh')).read()
+    for name in plan.split():
+        assert f'step {name} "${{CAP[{name}]}}"' in text or f'step "bench-$HALF" "${{CAP[{name}]}}"' in text or \
+            f'step cuda "${{CAP[cuda]}}"' in text, name
+    shown = subprocess.run(['bash', osp.join(ROOT, 'tools', 'gpu_check.sh'), '--plan'], capture_output=True,
+                           text=True, timeout=60)
+    assert shown.returncode == 0 and f'steps: {total}s of the 420s budget' in shown.stdout
+    dets = {}
+    for step in ('detector', 'detector-bf16'):
+        block = text[text.index(f'wanted {step} && step'):]
+        block = block[:block.index('\n    wanted', 1)]
+        dets[step] = re.findall(r'[a-z0-9_]+:[a-z0-9_]+(?:\+[a-z]+)?', block.split('--detectors', 1)[1])
+        for name in dets[step]:
+            parse_detector(name)
+    assert {'pvt_v2_b2:inline', 'pvt_v2_b2:softmax+nosr', 'xcit_s12:linear', 'xcit_s12:linear+factorised'} <= \
+        set(dets['detector-bf16'])
+    assert {'swin_t:mmdet', 'swin_t:softmax', 'swin_t:inline', 'pvt_v2_b2:mmdet', 'pvt_v2_b2:softmax',
+            'pvt_v2_b2:poly3'} <= set(dets['detector'])
+    assert '--profile "$OUT"' in text[text.index('wanted detector && step'):text.index('wanted detector-bf16')]
+
+
+def test_detector_names_options_and_a_profiled_step(tmp_path, capsys):
+    """backbone:kernel[+option]: PVTv2 without spatial reduction and a forced association order reach the model's
+    config; bad names are one line naming what is valid; one real CPU step with --profile writes its top operators
+    and the row's layout."""
+    import benchmark
+    from softfree_mm.analysis.benchmark.detector import detector_config, parse_detector
+    assert detector_config('pvt_v2_b2:softmax+nosr').model.backbone.sr_ratios == [1, 1, 1, 1]
+    assert detector_config('xcit_s12:linear+factorised').model.backbone.attn_cfg['impl'] == 'factorised'
+    for bad, why in (('swin_t:softmax+nosr', "+nosr is PVTv2's"), ('swin_t:nope', 'unknown detector'),
+                     ('pvt_v2_b2:mmdet+explicit', 'one association order')):
+        with pytest.raises(ValueError, match=re.escape(why)):
+            parse_detector(bad)
+    assert benchmark.main(['detector', '--device', 'cpu', '--size', '64x64', '--batch', '1', '--repeats', '1',
+                           '--detectors', 'pvt_v2_b2:softmax+nosr', '--profile', str(tmp_path),
+                           '--csv', str(tmp_path / 'd.csv')]) == 0
+    (prof,) = list(tmp_path.glob('profile_*.txt'))
+    assert prof.name == 'profile_pvt_v2_b2_softmax_nosr_fp32.txt'
+    body = prof.read_text()
+    assert body.startswith('# one Mask R-CNN training step of pvt_v2_b2:softmax+nosr') and 'Self CPU' in body
+    import csv
+    (row,) = list(csv.DictReader(open(tmp_path / 'd.csv')))
+    assert row['layout'] == 'no reduction' and float(row['images_per_s']) > 0
 
 
 def _source(script, tmp_path, env=None):
@@ -243,12 +319,13 @@ def test_offline_setup_and_fetch_wheels_name_what_is_missing_or_wrong_in_one_lin
     assert not (tmp_path / 'w').exists() and not log.exists()
     proc = subprocess.run(['bash', script, '--fetch_wheels'], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.strip() == (
-        "error: unknown argument '--fetch_wheels' (valid: --fetch-wheels DIR [PYTHON_VERSION], or none)")
+        "error: unknown argument '--fetch_wheels' (valid: --plan, --fetch-wheels DIR [PYTHON_VERSION], or none)")
 
 
 def test_gpu_check_steps_runs_only_the_named_steps():
     text = open(osp.join(ROOT, 'tools', 'gpu_check.sh')).read()
-    for name in ('cuda', 'fused', 'bench-bf16', 'bench-fp32', 'detector', 'warm-start', 'tests'):
+    for name in ('cuda', 'fused', 'bench-bf16', 'bench-anchor', 'bench-window', 'bench-fp32', 'detector',
+                 'detector-bf16', 'warm-start', 'tests'):
         assert f'wanted {name} ' in text or name == 'cuda', name
     proc = subprocess.run(['bash', '-c', f"source {osp.join(ROOT, 'tools', 'gpu_check.sh')!r}; "
                            'GPU_CHECK_STEPS="detector tests"; for s in fused detector tests; do wanted $s && echo $s; '

@@ -11,7 +11,7 @@ if len(sys.argv) != 3 or sys.argv[1] not in ('point', 'detector'):
 spec = json.loads(sys.argv[2])
 if sys.argv[1] == 'detector':
     res = detector_point(spec['name'], tuple(spec['size']), spec['batch'], spec['dtype'], spec['device'],
-                         spec['repeats'])
+                         spec['repeats'], profile=spec.get('profile', ''))
 else:
     res = backbone_point(spec['name'], spec['kernel'], tuple(spec['size']), spec['batch'], spec['dtype'],
                          spec['device'], spec['repeats'], spec['flops'], spec.get('clock', 'wall'))

@@ -46,10 +46,72 @@ class _Matmul(torch.nn.Module):
         return nq * nk * (d + dv)
 
 
+# peers: other projects' kernels timed beside ours where they are installed (a missing one: its rows are skipped).
+# fbi_la: fla-org/flash-bidirectional-linear-attention (Triton, non-causal linear attention with its elu+1
+# normaliser; (B, h, N, d) inputs), importable as flash_bla (today) or fbi_la (before)
+PEERS = {'fbi_la': (('flash_bla.ops.linear_attn.fused', 'fbi_la.ops.linear_attn.fused'), 'linear_attention')}
+
+
+class PeerMissing(Exception):
+    pass
+
+
+class _Peer(torch.nn.Module):
+    """A peer's function ``fn(q, k, v)`` as a kernel (its cost counted as linear attention's)."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, q, k, v, hw=None):
+        return self.fn(q, k, v)
+
+    @staticmethod
+    def flops(nq, nk, d, dv, masked=False):
+        return (nq + nk) * d * dv + nq * d
+
+
+def build_peer(name: str):
+    import importlib
+    if name not in PEERS:
+        raise ValueError(f"unknown peer {name!r}; known: {', '.join(PEERS)}")
+    modules, fn = PEERS[name]
+    for mod in modules:
+        try:
+            return _Peer(getattr(importlib.import_module(mod), fn))
+        except (ImportError, AttributeError):
+            continue
+    raise PeerMissing(f'peer {name}: none of {", ".join(modules)} imports here (install it, e.g. its wheel in '
+                      'the GPU check\'s wheel folder); its rows are skipped')
+
+
 def build_kernel(cfg, heads: int, head_dim: int):
     if cfg == 'matmul':
         return _Matmul()
+    if isinstance(cfg, str) and cfg.startswith('peer:'):
+        return build_peer(cfg[len('peer:'):])
     return build_attention(cfg, num_heads=heads, head_dim=head_dim)
+
+
+def path_taken(kern, q, k, v, launched: Dict[str, int]) -> str:
+    """Which path a call took: a fused Triton kernel where one launched in it (``launched``: the launch counts'
+    changes), else the kernel's own declaration (its quadratic path, or its association order), 'peer' / 'torch'."""
+    if launched.get('linear'):
+        return 'fused linear'
+    if launched.get('pointwise'):
+        return 'fused pointwise'
+    if isinstance(kern, _Peer):
+        return 'peer'
+    n, d, dv = k.shape[2], q.shape[3], v.shape[3]
+    if hasattr(kern, 'path'):
+        return kern.path(q, k, v)
+    order = kern.order(q.shape[2], n, d, dv, False, q.device.type) if hasattr(kern, 'order') else None
+    return f'{order} order' if order else 'torch'
+
+
+def _launches() -> Dict[str, int]:
+    from ...attention import fused_linear, fused_pointwise
+    return {'linear': fused_linear.LAUNCHES['forward'], 'pointwise': fused_pointwise.LAUNCHES['forward']}
 
 
 def _side(n: int) -> Tuple[int, int]:
@@ -106,6 +168,14 @@ def run_kernels(kernels: Sequence, tokens: Sequence[int], heads: int = 1, head_d
     ``time_ratio_range`` the lowest and highest of those per-repeat ratios.
     """
     rows = []
+    kept = []
+    for c in kernels:  # a peer that is not installed: said once, its rows skipped
+        try:
+            build_kernel(c, heads, head_dim)
+            kept.append(c)
+        except PeerMissing as e:
+            print(f'benchmark: {e}', file=sys.stderr)
+    kernels = kept
     for n in tokens:
         torch.manual_seed(0)
         hw = _side(n)
@@ -124,10 +194,14 @@ def run_kernels(kernels: Sequence, tokens: Sequence[int], heads: int = 1, head_d
 
         fns = {'fwd': fwd, 'fwdbwd': fwdbwd}
         times = {(i, p): [] for i in range(len(kerns)) for p in passes}
+        paths = {}
         try:
-            for i, kern in enumerate(kerns):  # warm-up
+            for i, kern in enumerate(kerns):  # warm-up, and which path each kernel takes
                 for p in passes:
+                    before = _launches()
                     fns[p](kern)
+                    after = _launches()
+                    paths[i] = path_taken(kern, q, k, v, {x: after[x] - before[x] for x in after})
         except torch.cuda.OutOfMemoryError:  # this N and the larger ones do not fit: the rows so far still come
             print(f'benchmark: {kernel_label(kernels[i])} ({p}) ran out of {device} memory at N={n}; '
                   f'N >= {n} not measured', file=sys.stderr)
@@ -145,7 +219,7 @@ def run_kernels(kernels: Sequence, tokens: Sequence[int], heads: int = 1, head_d
                 sec = statistics.median(times[(i, p)])
                 row = dict(kernel=kernel_label(cfg), N=n, heads=heads, head_dim=head_dim, batch=batch,
                            dtype=str(dtype).replace('torch.', ''), device=str(device), threads=torch.get_num_threads(),
-                           clock=clock, **{'pass': p}, ms=sec * 1e3, GFLOPs=2 * macs / 1e9 * (1 if p == 'fwd' else 3),
+                           clock=clock, path=paths.get(i, ''), **{'pass': p}, ms=sec * 1e3, GFLOPs=2 * macs / 1e9 * (1 if p == 'fwd' else 3),
                            _times=times[(i, p)])
                 row['GFLOP_per_s'] = row['GFLOPs'] / sec
                 row['TFLOP_per_s'] = row['GFLOP_per_s'] / 1e3
@@ -208,5 +282,5 @@ def scaling(rows: List[Dict], reference='softmax') -> List[Dict]:
 
 
 KERNEL_COLUMNS = ('kernel', 'N', 'pass', 'ms', 'time_ratio', 'time_ratio_range', 'peak_MiB', 'memory_ratio',
-                  'saved_MiB', 'GFLOP_per_s', 'of_matrix_rate', 'GB_per_s', 'of_copy_bandwidth')
+                  'saved_MiB', 'GFLOP_per_s', 'of_matrix_rate', 'GB_per_s', 'of_copy_bandwidth', 'path')
 
