@@ -25,7 +25,7 @@ import triton.language as tl
 
 def _state(K, V, SP, ZP, VP, skb, skh, skn, skd, svb, svh, svn, svd,
            H, NK, D, DV, CHUNK, NCHUNK,
-           FEAT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+           FEAT: tl.constexpr, UPCAST: tl.constexpr, HALF: tl.constexpr, PRECISION: tl.constexpr,
            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
     pid_c = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -58,8 +58,10 @@ def _state(K, V, SP, ZP, VP, skb, skh, skn, skd, svb, svh, svn, svd,
         f = tl.where(ok[:, None] & d_ok[None, :], f, 0.0)
         if UPCAST:
             acc += tl.dot(tl.trans(f), v.to(tl.float32))
-        else:
-            acc += tl.dot(tl.trans(f.to(v.dtype)), v, input_precision=PRECISION)
+        elif HALF:  # 16-bit inputs: the features rounded to them, the product on the tensor cores, fp32 sums
+            acc += tl.dot(tl.trans(f.to(v.dtype)), v)
+        else:  # fp32 inputs (and 16-bit ones under the interpreter): fp32 operands
+            acc += tl.dot(tl.trans(f), v.to(tl.float32), input_precision=PRECISION)
         z += tl.dot(tl.trans(f), ones, input_precision='ieee')
         vs += tl.dot(tl.trans(v.to(tl.float32)), ones, input_precision='ieee')
     base = pid_bh * NCHUNK + pid_c

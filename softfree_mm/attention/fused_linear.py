@@ -110,6 +110,7 @@ def _state(q, k, v, cfg):
     vp = torch.empty(b * h, nchunk, bdv, 16, **f32)
     state_k[(nchunk, b * h)](k, v, sp, zp, vp, *k.stride(), *v.stride(), h, nk, d, dv, chunk, nchunk,
                              FEAT=cfg['feat'], UPCAST=bool(interpreting() and q.dtype == torch.bfloat16),
+                             HALF=bool(q.dtype != torch.float32 and not interpreting()),
                              PRECISION=_precision(q.dtype), BLOCK_N=cfg['block'], BLOCK_D=bd, BLOCK_DV=bdv,
                              num_warps=cfg['warps'])
     return sp.sum(1).contiguous(), zp[..., 0].sum(1).contiguous(), vp[..., 0].sum(1).contiguous()
