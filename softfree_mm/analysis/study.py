@@ -57,6 +57,8 @@ def describe(spec) -> str:
         return 'SOFT' + (f" (landmark ratio {cfg['landmark_ratio']})" if 'landmark_ratio' in cfg else '')
     if t == 'synthesizer':
         return f"Synthesizer ({cfg.get('mode', 'random')})"
+    if t == 'agent':
+        return f"Agent attention ({cfg.get('agent_num', 49)} agents)"
     return label
 
 
