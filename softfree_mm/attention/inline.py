@@ -279,7 +279,9 @@ class InLineAttention(AttentionKernel):
 
     # ------------------------------------------------------------------ API
     def _matrix(self, q, k, hw, scale, bias, mask):
-        grid = self._grid(q, k, hw) if self.local_residual else None
+        # the grid only for the 'head' residual, a term of A; the official 'channel' one is outside A, so A's rows of
+        # any subset of queries (attention transfer samples them) are the linear part's
+        grid = self._grid(q, k, hw) if self.local_residual == 'head' else None
         q, k = upcast(q, k)
         with no_autocast(q):  # sums and means in fp32
             a, kbar, keep = self._masked_parts(q, k, default_scale(scale, q.shape[-1], q), mask)
@@ -288,7 +290,7 @@ class InLineAttention(AttentionKernel):
     def _score_map(self, q, k, hw, scale, bias, mask):
         """S = s phi(q) phi(k)^T, and per row over its N valid keys ``A = (S + 1 - mean S) / N`` (plus the 'head'
         residual's weights, which do not depend on S): ``||J_i||_F^2 = (N - 1) / N^2``."""
-        grid = self._grid(q, k, hw) if self.local_residual else None
+        grid = self._grid(q, k, hw) if self.local_residual == 'head' else None
         q, k = upcast(q, k)
         with no_autocast(q):
             fq, fk = _feature(q, self.feature_map), _feature(k, self.feature_map)

@@ -330,3 +330,19 @@ def test_masked_keys_content_changes_nothing_residual_included(residual):
     torch.testing.assert_close(kern(q, k2, v2, hw=(3, 4), mask=mask), out, rtol=1e-10, atol=1e-12)
     # and the change is visible without the mask (the perturbation is not a no-op)
     assert not torch.allclose(kern(q, k2, v2, hw=(3, 4)), kern(q, k, v, hw=(3, 4)))
+
+
+def test_a_subset_of_query_rows_gets_the_rows_of_the_full_matrix_with_the_official_residual():
+    """The official 'channel' residual is outside A, so A's rows for a subset of the queries (attention transfer's
+    sampled rows: fewer queries than keys, no grid for them) are the full matrix's rows; the 'head' residual, a term
+    of A laid out on the queries' grid, still needs the full grid and says so."""
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 2, 16, 8), torch.randn(2, 2, 16, 8)
+    rows = torch.tensor([3, 0, 11])
+    kern = build_attention(dict(type='inline', local_residual='channel'), num_heads=2, head_dim=8)
+    full = kern.attention_matrix(q, k, hw=(4, 4))
+    part = kern.attention_matrix(q[:, :, rows], k, hw=None)
+    assert torch.allclose(part, full[:, :, rows], atol=1e-6)
+    head = build_attention(dict(type='inline', local_residual='head'), num_heads=2, head_dim=8)
+    with pytest.raises(ValueError, match='needs as many queries as keys'):
+        head.attention_matrix(q[:, :, rows], k, hw=None)
