@@ -199,7 +199,7 @@ def test_detector_configs_differ_from_mmdets_only_in_the_backbone():
                 assert ours[part] == ref[part], (backbone, kernel, part)
         assert ref.backbone.type == ref_type and ref.backbone.init_cfg is None
         assert 'SyncBN' not in str(ref)
-    with pytest.raises(ValueError, match="unknown detector 'swin_t:poly2'; valid: swin_t:softmax"):
+    with pytest.raises(ValueError, match="unknown detector 'swin_t:poly2'; valid: backbone:kernel of .*swin_t:softmax"):
         detector.detector_config('swin_t:poly2')
 
 
@@ -226,7 +226,7 @@ def test_detector_ratios_are_to_mmdets_backbone_and_to_our_softmax():
 
 
 @pytest.mark.parametrize('argv,message', [
-    (['detector', '--detectors', 'swin_t:flash'], "detector: unknown detector(s) ['swin_t:flash']"),
+    (['detector', '--detectors', 'swin_t:flash'], "detector: unknown detector 'swin_t:flash'; valid: backbone:kernel of"),
     (['detector', '--size', '800x1200'], 'detector: --size must be a multiple of 32 each way'),
     (['detector', '--batch', '0'], '--batch must be >= 1, got 0'),
 ])
