@@ -6,12 +6,12 @@ not trained again, a failed one (a kernel the backbone refuses) stays in the out
 again. The merged rows are in the study's order (configs, then kernels, in the order first met, then seeds), the
 kept rows' norm curves read from the folder's norm_curves.csv.
 """
-import csv
 import os.path as osp
 from typing import Dict, List, Tuple
 
 from ..engine.errors import UsageError
 from .study import CURVE_FIELDS, RUN_FIELDS
+from .tables import read_csv
 
 INTS = ('seed', 'best_iter', 'iters', 'threads', 'step')
 TEXT = ('config', 'kernel', 'status', 'mem_kind', 'error', 'log', 'layer')
@@ -30,14 +30,8 @@ def _typed(row: dict) -> dict:
 
 
 def _read(path: str, fields, what: str) -> List[dict]:
-    with open(path, newline='') as f:
-        reader = csv.DictReader(f)
-        rows = list(reader)
-    missing = [c for c in fields if c not in (reader.fieldnames or ())]
-    if missing:
-        raise UsageError(f'--keep-from {osp.dirname(path)}: its {what} has no column {", ".join(missing)} (not the '
-                         'kernel study\'s outputs)')
-    return [_typed(r) for r in rows]
+    where = f'--keep-from {osp.dirname(path)}: its {what} (not the kernel study\'s outputs?)'
+    return [_typed(r) for r in read_csv(path, fields, where)]
 
 
 class KeptStudy:

@@ -1,4 +1,4 @@
-"""Rows written out: one CSV writer for every tool and analysis."""
+"""Rows written out and read back: one CSV writer for every tool and analysis, and the reader of committed outputs."""
 import csv
 from typing import Dict, Iterable, List, Optional, Sequence
 
@@ -17,3 +17,16 @@ def write_csv(path: str, rows: Iterable[Dict], fields: Optional[Sequence[str]] =
         w.writeheader()
         for r in rows:
             w.writerow({k: '' if r.get(k) is None else r[k] for k in fields})
+
+
+def read_csv(path: str, needed: Sequence[str], where: str) -> List[Dict[str, str]]:
+    """The rows of a committed CSV (strings) that must hold the columns ``needed``; else a UsageError starting with
+    ``where`` that names the missing columns."""
+    from ..engine.errors import UsageError
+    with open(path, newline='') as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    missing = [c for c in needed if c not in (reader.fieldnames or ())]
+    if missing:
+        raise UsageError(f'{where} has no column {", ".join(missing)}')
+    return rows

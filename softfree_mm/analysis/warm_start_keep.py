@@ -11,6 +11,7 @@ import os.path as osp
 from typing import Dict, List, Optional, Tuple
 
 from ..engine.errors import UsageError
+from .tables import read_csv
 
 Key = Tuple[str, str, int, str, int, str, str]  # backbone, kernel, seed, start, iters, recipe, groups
 NEEDED = ('backbone', 'kernel', 'seed', 'start', 'iters', 'recipe', 'groups', 'status', 'top1', 'source')
@@ -32,13 +33,7 @@ class Kept:
         path = osp.join(folder, 'classifiers.csv')
         if not osp.isfile(path):
             raise UsageError(f'--keep-from {folder}: no classifiers.csv there (an earlier grid\'s --out folder)')
-        with open(path, newline='') as f:
-            reader = csv.DictReader(f)
-            rows = list(reader)
-        missing = [c for c in NEEDED if c not in (reader.fieldnames or ())]
-        if missing:
-            raise UsageError(f'--keep-from {folder}: its classifiers.csv has no column {", ".join(missing)} '
-                             '(not a warm-start grid\'s)')
+        rows = read_csv(path, NEEDED, f'--keep-from {folder}: its classifiers.csv (not a warm-start grid\'s?)')
         self.folder = folder
         ok = [r for r in rows if r['status'] == 'ok' and r['top1'] not in (None, '')]
         teachers = {(r['backbone'], int(r['seed'])) for r in ok if r['kernel'] == 'softmax' and r['start'] == 'scratch'}
