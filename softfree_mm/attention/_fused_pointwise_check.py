@@ -58,12 +58,9 @@ def say_once(message: str) -> None:
         logger.warning(message)
 
 
-def unsupported(q, k, v, kind: str, power: int, bias=None) -> Optional[str]:
-    """Why the fused kernel cannot take this call (None: it can)."""
-    if kind not in KINDS:
-        return f'unknown activation {kind!r}'
-    if kind == 'pow' and not 1 <= power <= MAX_POWER:
-        return f'power {power} (the fused kernel has powers 1 to {MAX_POWER})'
+def tensor_problem(q, k, v) -> Optional[str]:
+    """What no fused kernel here takes in q, k and v (device, dtypes, head sizes, (batch, head) pairs), or None; the
+    fused pointwise and the fused linear kernel both ask it."""
     dev = q.device
     if dev.type != 'cuda' and not (dev.type == 'cpu' and interpreting()):
         return f'{dev.type} tensors (fused kernels run on CUDA, or on CPU tensors under TRITON_INTERPRET=1)'
@@ -78,6 +75,18 @@ def unsupported(q, k, v, kind: str, power: int, bias=None) -> Optional[str]:
         return f'head_dim {d} / dv {dv} (fused: at most {MAX_HEAD_DIM})'
     if q.shape[0] * q.shape[1] > MAX_PAIRS:
         return f'{q.shape[0] * q.shape[1]} (batch, head) pairs (fused: at most {MAX_PAIRS})'
+    return None
+
+
+def unsupported(q, k, v, kind: str, power: int, bias=None) -> Optional[str]:
+    """Why the fused kernel cannot take this call (None: it can)."""
+    if kind not in KINDS:
+        return f'unknown activation {kind!r}'
+    if kind == 'pow' and not 1 <= power <= MAX_POWER:
+        return f'power {power} (the fused kernel has powers 1 to {MAX_POWER})'
+    why = tensor_problem(q, k, v)
+    if why is not None:
+        return why
     if bias is not None and bias.requires_grad:
         return 'a bias that needs a gradient (the fused backward gives none)'
     return triton_error()

@@ -19,12 +19,10 @@ from typing import Dict, Optional
 
 import torch
 
-from ._fused_pointwise_check import first_line, interpreting, pow2, say_once
+from ._fused_pointwise_check import first_line, interpreting, pow2, say_once, tensor_problem
 
 FORMS = {'normalised': 0, 'plain': 1, 'injective': 2}
 FEATURES = {'identity': 0, 'relu': 1, 'elu+1': 2}
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-MAX_HEAD_DIM = 128
 TOLERANCE = {torch.float32: 2e-4, torch.bfloat16: 4e-2, torch.float16: 1e-2}
 
 _KERNELS: Dict[bool, tuple] = {}
@@ -50,17 +48,9 @@ def unsupported(q, k, v, form: str, feature: str) -> Optional[str]:
     """Why the fused kernel cannot take this call (None: it can)."""
     if form not in FORMS or feature not in FEATURES:
         return f'form {form!r} / feature map {feature!r} (fused: {", ".join(FORMS)} with {", ".join(FEATURES)})'
-    dev = q.device
-    if dev.type != 'cuda' and not (dev.type == 'cpu' and interpreting()):
-        return f'{dev.type} tensors'
-    if k.device != dev or v.device != dev:
-        return 'q, k and v on different devices'
-    if len({q.dtype, k.dtype, v.dtype}) != 1 or q.dtype not in DTYPES:
-        return f'dtype {q.dtype} / {k.dtype} / {v.dtype} (fused: one of float32, bfloat16, float16)'
-    if q.shape[-1] > MAX_HEAD_DIM or v.shape[-1] > MAX_HEAD_DIM:
-        return f'head_dim {q.shape[-1]} / dv {v.shape[-1]} (fused: at most {MAX_HEAD_DIM})'
-    if q.shape[0] * q.shape[1] > 65535:
-        return f'{q.shape[0] * q.shape[1]} (batch, head) pairs (fused: at most 65535)'
+    why = tensor_problem(q, k, v)
+    if why is not None:
+        return why
     if torch.jit.is_tracing():
         return 'torch.jit tracing'
     try:

@@ -151,7 +151,7 @@ def test_a_variant_that_fails_its_check_is_not_used_and_says_so_once(interp, mon
 
 def test_unsupported_calls_name_why():
     q = torch.randn(1, 1, 4, 8)
-    assert 'cpu tensors' in fl.unsupported(q, q, q, 'normalised', 'elu+1')
+    assert fl.unsupported(q, q, q, 'normalised', 'elu+1').startswith('cpu tensors')
     assert "form 'causal'" in fl.unsupported(q, q, q, 'causal', 'elu+1')
     assert not fl.allowed(torch.empty(1, device='meta'))
 
