@@ -163,11 +163,35 @@ class Study:
         cache[key] = run
         return run
 
-    def task_run(self, layout: str, task: str, kernel: str, start: str, seed: int, classifier: dict) -> dict:
+    def task_key(self, layout: str, task: str, kernel: str, start: str, seed: int) -> str:
+        """The runner's folder of a detector / segmentor run (its test: + '/test')."""
         from ..engine.warm_start import DEFAULT
         recipe = self.layouts[layout].default
         tag = '' if start == 'scratch' or recipe == DEFAULT else f'-{recipe}'  # the runs of 'transfer' keep their keys
-        key = f'{task}/{layout}/{safe_name(kernel)}/{start}{tag}/seed{seed}'
+        return f'{task}/{layout}/{safe_name(kernel)}/{start}{tag}/seed{seed}'
+
+    def curves(self, rows: Sequence[dict]) -> Dict[tuple, List[dict]]:
+        """The training records (task_curves.read_log) of each ok row whose run is in the work dir: its training
+        log, when the run's test there gives the row's numbers (a kept row made elsewhere, or by another run of the
+        same key, gets none: its committed curve is kept instead)."""
+        from .task_curves import identity, read_log
+        out = {}
+        for r in rows:
+            if r.get('status') != 'ok' or r.get('source') != 'study' or r['layout'] not in self.layouts:
+                continue
+            key = self.task_key(r['layout'], r['task'], r['kernel'], r['start'], r['seed'])
+            train, test = self.r.done(key), self.r.done(key + '/test')
+            if not (train and test and train.get('status') == test.get('status') == 'ok' and train.get('log')):
+                continue
+            m = (test.get('metrics') or {}).get(TEST_KEYS[r['task']] + PRIMARY[r['task']][0])
+            if m is None or r.get(PRIMARY[r['task']][0]) is None or abs(float(m) - r[PRIMARY[r['task']][0]]) > 1e-6:
+                continue
+            if osp.isfile(train['log']):
+                out[identity(r)] = read_log(train['log'])
+        return out
+
+    def task_run(self, layout: str, task: str, kernel: str, start: str, seed: int, classifier: dict) -> dict:
+        key = self.task_key(layout, task, kernel, start, seed)
         if classifier.get('status') != 'ok':
             if classifier.get('status') == 'not run':
                 return dict(status='not run', error='', key=key)
@@ -486,9 +510,9 @@ BEGIN, END = '<!-- task_study: made by tools/analysis/task_study.py, do not edit
     '<!-- task_study: end -->'
 
 
-def docs_section(summary: List[dict], out_rel: str) -> str:
+def docs_section(summary: List[dict], out_rel: str, seg_profiles: Sequence[dict] = ()) -> str:
     """The generated part of docs/study.md's "Detection and segmentation" section: the tables, the plot, the
-    lines saying what is within the seeds' spread."""
+    lines saying what is within the seeds' spread; the segmentors' training losses where curves were kept."""
     lines = [BEGIN, '', markdown(summary).rstrip(), '',
              f'![detection and segmentation per kernel, seeds and means]({out_rel}/task_study.png)', '',
              'Against softmax, paired by seed (the 95 % interval over seeds; one that holds zero says no '
@@ -501,6 +525,13 @@ def docs_section(summary: List[dict], out_rel: str) -> str:
     count = sum(e.get(f'd_{m}_ci') is not None for e in summary for m in PRIMARY[e['task']])
     lines += ['', f'Multiplicity: these tables hold {count} paired intervals at 95 % each; by chance alone about '
               f'{0.05 * count:.1f} of them would exclude zero where there is no difference.']
+    if seg_profiles:
+        from .task_curves import WINDOW, seg_markdown
+        lines += ['', f'The segmentors\' training losses (each the mean of the logged losses over the {WINDOW} '
+                  'iterations up to the one named; [curves.csv](' + out_rel + '/curves.csv) holds every record) for '
+                  'the runs whose curves were kept (the rows made after the curves were; the earlier seeds\' logs '
+                  'are gone):', '', seg_markdown(seg_profiles).rstrip(), '',
+                  f'![segmentor training losses per seed]({out_rel}/seg_curves.png)']
     lines += ['', END]
     return '\n'.join(lines)
 
@@ -511,9 +542,11 @@ def write_docs(path: str, section: str) -> None:
     write_section(path, section, BEGIN, END, 'Detection and segmentation')
 
 
-def write_outputs(rows: List[dict], out: str, docs: Optional[str] = None, root: str = '') -> List[dict]:
-    """runs.csv, summary.csv, table.md and task_study.png under ``out``; the section of ``docs``. Errors name the
-    child configs under the work root, not this machine's path."""
+def write_outputs(rows: List[dict], out: str, docs: Optional[str] = None, root: str = '',
+                  curves: Optional[Sequence[dict]] = None) -> List[dict]:
+    """runs.csv, summary.csv, table.md and task_study.png under ``out``; with ``curves`` (task_curves.merged's rows)
+    also curves.csv and seg_curves.png; the section of ``docs``. Errors name the child configs under the work root,
+    not this machine's path."""
     import os
     os.makedirs(out, exist_ok=True)
     prefix = osp.join(root, '') if root else None
@@ -527,7 +560,13 @@ def write_outputs(rows: List[dict], out: str, docs: Optional[str] = None, root: 
         f.write(markdown(summary))
     if rows:
         plot(clean, summary, osp.join(out, 'task_study.png'))
+    profiles = []
+    if curves is not None:
+        from . import task_curves as tc
+        write_csv(osp.join(out, 'curves.csv'), list(curves), tc.CURVE_FIELDS)
+        profiles = tc.seg_profiles(clean, curves, FLOOR_MACC)
+        tc.plot_seg(profiles, curves, osp.join(out, 'seg_curves.png'))
     if docs:
         rel = osp.relpath(out, osp.dirname(docs))
-        write_docs(docs, docs_section(summary, rel))
+        write_docs(docs, docs_section(summary, rel, profiles))
     return summary

@@ -22,7 +22,10 @@ finished so far. The finished rows of --keep-from (by default --out's runs.csv, 
 they are and not run again, also when the work dir is gone (another machine); their classifiers are not retrained
 unless another run needs them ('' keeps none); rows outside the selection stay in the outputs. A kernel a layout
 does not take is a row with the fit error's line; a run that fails is a row with its error; the grid goes on. Writes into --out: runs.csv (one row per layout, task, kernel, start, seed),
-summary.csv, table.md, task_study.png, and the section of --docs between its markers ('' leaves the page alone).
+summary.csv, table.md, task_study.png, curves.csv (every logged training loss of each run, under the row's identity:
+read from the run's log where its run is in --work-dir and its test there gives the row's numbers, else kept from the
+--keep-from folder's curves.csv), seg_curves.png and a table of the segmentors' losses, and the section of --docs
+between its markers ('' leaves the page alone).
 Bad input: one line, exit status 2.
 """
 import os.path as osp
@@ -83,9 +86,17 @@ def main(argv=None):
               flush=True)
     study = ts.Study(runner, ROOT, args.seeds, layouts, args.tasks or ts.TASKS, args.kernels, det_from or None,
                      args.starts, keep=keep, echo=lambda m: print(m, flush=True))
+    from softfree_mm.analysis import task_curves as tc
+    curves_from = osp.join(osp.dirname(keep_from), 'curves.csv') if keep_from else ''
+    try:
+        kept_curves = tc.read_curves(curves_from) if curves_from else {}
+    except (KeyError, ValueError) as e:
+        fail(f'{curves_from}: {e}')
     rows = study.run()
+    curves = tc.merged(rows, study.curves(rows), kept_curves)
     docs = args.docs and (args.docs if osp.isabs(args.docs) else osp.join(ROOT, args.docs))
-    summary = ts.write_outputs(rows, osp.abspath(args.out), docs or None, root=osp.abspath(args.work_dir))
+    summary = ts.write_outputs(rows, osp.abspath(args.out), docs or None, root=osp.abspath(args.work_dir),
+                               curves=curves)
     for line in ts.within_and_extremes(summary):
         print(line, flush=True)
     return 0
