@@ -66,9 +66,23 @@ def recipe_rule(root: str) -> str:
 
 def task_study(root: str) -> str:
     """docs/study.md's detection and segmentation tables (tools/analysis/task_study.py)."""
+    from . import task_curves as tc
     from . import task_study as ts
-    summary = ts.summarise(ts.read_rows(osp.join(root, RESULTS, 'task_study', 'runs.csv')))
-    return ts.docs_section(summary, 'results/task_study')
+    rows = ts.read_rows(osp.join(root, RESULTS, 'task_study', 'runs.csv'))
+    summary = ts.summarise(rows)
+    curves = [c for recs in [[dict(zip(tc.IDENTITY, k), **r) for r in v] for k, v in
+                             tc.read_curves(osp.join(root, RESULTS, 'task_study', 'curves.csv')).items()]
+              for c in recs]
+    return ts.docs_section(summary, 'results/task_study', tc.seg_profiles(rows, curves, ts.FLOOR_MACC))
+
+
+def task_layer_stats(root: str) -> str:
+    """docs/study.md's per-layer measurements of the task study's classifiers and segmentors
+    (tools/analysis/task_layer_stats.py)."""
+    from . import task_layer_stats as tl
+    path = osp.join(root, RESULTS, 'task_study', 'layer_stats.csv')
+    rows = read_csv(path) if osp.isfile(path) else []
+    return _wrap(TASK_LAYER_STATS, tl.section_lines(rows))
 
 
 def cost_headline(root: str) -> str:
@@ -89,6 +103,7 @@ STUDY_NORMS = _markers('kernel study norms', 'docs/results/study/norm_curves.csv
 WARM_FINDINGS = _markers('warm-start findings', 'docs/results/warm_start/')
 WARM_COST = _markers('stage-1 cost', 'docs/results/warm_start/cost_cpu.csv')
 README_STUDIES = _markers('studies headline', 'docs/results/')
+TASK_LAYER_STATS = _markers('task study layer stats', 'docs/results/task_study/layer_stats.csv')
 
 
 def _wrap(markers, lines: List[str]) -> str:
@@ -153,6 +168,8 @@ def _sections() -> List[Section]:
         Section('docs/warm_start.md', rr.BEGIN, rr.END, recipe_rule, 'The recipe rule, version 2'),
         Section('docs/warm_start.md', wr.BEGIN, wr.END, warm_start_grid, 'The evidence at small scale'),
         Section('docs/study.md', ts.BEGIN, ts.END, task_study, 'Detection and segmentation'),
+        Section('docs/study.md', *TASK_LAYER_STATS, task_layer_stats,
+                'Why x^3 / sqrt(N) collapses in segmentation'),
         Section('README.md', *README_STUDIES, readme_studies, 'Headline figures'),
         Section('docs/warm_start.md', *WARM_FINDINGS, warm_findings, 'What holds'),
         Section('docs/warm_start.md', *WARM_COST, warm_cost, 'What stage 1 costs'),

@@ -170,23 +170,36 @@ class Study:
         tag = '' if start == 'scratch' or recipe == DEFAULT else f'-{recipe}'  # the runs of 'transfer' keep their keys
         return f'{task}/{layout}/{safe_name(kernel)}/{start}{tag}/seed{seed}'
 
+    def local_run(self, row: dict) -> Optional[dict]:
+        """The work dir's training result of an ok row's detector / segmentor, when the run's test there gives the
+        row's numbers (None for a kept row made elsewhere, or by another run of the same key)."""
+        if row.get('status') != 'ok' or row.get('source') != 'study' or row['layout'] not in self.layouts:
+            return None
+        key = self.task_key(row['layout'], row['task'], row['kernel'], row['start'], row['seed'])
+        train, test = self.r.done(key), self.r.done(key + '/test')
+        if not (train and test and train.get('status') == test.get('status') == 'ok'):
+            return None
+        metric = PRIMARY[row['task']][0]
+        m = (test.get('metrics') or {}).get(TEST_KEYS[row['task']] + metric)
+        if m is None or row.get(metric) is None or abs(float(m) - row[metric]) > 1e-6:
+            return None
+        return train
+
+    def local_classifier(self, row: dict) -> Optional[dict]:
+        """The work dir's finished classifier run the row's detector / segmentor started from (None: not there)."""
+        if not self.r.report_only:
+            raise ValueError('local_classifier reads finished runs only: give the Study a report-only Runner')
+        run = self.classifier(row['layout'], row['kernel'], row['start'], row['seed'], {})
+        return run if run.get('status') == 'ok' and run.get('checkpoint') else None
+
     def curves(self, rows: Sequence[dict]) -> Dict[tuple, List[dict]]:
-        """The training records (task_curves.read_log) of each ok row whose run is in the work dir: its training
-        log, when the run's test there gives the row's numbers (a kept row made elsewhere, or by another run of the
-        same key, gets none: its committed curve is kept instead)."""
+        """The training records (task_curves.read_log) of each row whose run is in the work dir (local_run): a kept
+        row made elsewhere gets none, its committed curve is kept instead."""
         from .task_curves import identity, read_log
         out = {}
         for r in rows:
-            if r.get('status') != 'ok' or r.get('source') != 'study' or r['layout'] not in self.layouts:
-                continue
-            key = self.task_key(r['layout'], r['task'], r['kernel'], r['start'], r['seed'])
-            train, test = self.r.done(key), self.r.done(key + '/test')
-            if not (train and test and train.get('status') == test.get('status') == 'ok' and train.get('log')):
-                continue
-            m = (test.get('metrics') or {}).get(TEST_KEYS[r['task']] + PRIMARY[r['task']][0])
-            if m is None or r.get(PRIMARY[r['task']][0]) is None or abs(float(m) - r[PRIMARY[r['task']][0]]) > 1e-6:
-                continue
-            if osp.isfile(train['log']):
+            train = self.local_run(r)
+            if train and train.get('log') and osp.isfile(train['log']):
                 out[identity(r)] = read_log(train['log'])
         return out
 
