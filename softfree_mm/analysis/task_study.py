@@ -11,7 +11,7 @@ detectors.csv instead of run again (``det_from``).
 import csv
 import os.path as osp
 from collections import OrderedDict
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..engine.warm_start import RECIPES as RECIPES_BY_NAME
 from .study import error_cell
@@ -33,14 +33,20 @@ class Layout:
     """A backbone layout of the study: its classifier config (the kernel study's), its demo detector and segmentor
     configs (the study sets the kernel), its kernels, and the starts it runs besides ``scratch``."""
 
-    def __init__(self, title: str, classifier: str, det: str, seg: str, kernels: Sequence[str],
+    def __init__(self, title: str, classifier: str, det: Optional[str], seg: str, kernels: Sequence[str],
                  starts: Sequence[str] = ('scratch', 'transfer'), warm: Sequence[str] = ('poly:degree=3', 'linear'),
-                 recipe: Optional[str] = None):
+                 recipe: Optional[str] = None, classifiers: Optional[str] = None):
         self.title, self.classifier, self.det, self.seg = title, classifier, det, seg
         self.kernels, self.starts, self.warm = list(kernels), list(starts), list(warm)
         self.recipe = recipe
+        # the layout whose classifier runs (same config) this one's detectors / segmentors start from
+        self.classifiers = classifiers
 
-    def config(self, task: str) -> str:
+    @property
+    def tasks(self) -> Tuple[str, ...]:
+        return tuple(t for t in TASKS if self.config(t))
+
+    def config(self, task: str) -> Optional[str]:
         return {'det': self.det, 'seg': self.seg}[task]
 
     @property
@@ -63,6 +69,11 @@ LAYOUTS = OrderedDict(
                # its warm-start rows were made with transfer-final, token attention's default by the recipe rule's
                # version 1; the study keeps it so that later seeds pair with them (version 2 ships `transfer`)
                recipe='transfer-final'),
+    # the hypothesis run of "Why x^3 / sqrt(N) collapses in segmentation" (docs/study.md): pvt's segmentor with every
+    # forward at the classifier's token count (crops of 64, sliding 64 px windows at test), from pvt's classifiers
+    pvt_n64=Layout('PVTv2-b0 without spatial reduction, the segmentor at the classifier\'s token count (crops of 64)',
+                   'configs/demo/study_pvt_v2_b0_digits.py', None, 'configs/demo/semfpn_pvt_v2_b0_digits_n64.py',
+                   ['softmax', 'poly:degree=3'], warm=('poly:degree=3', ), recipe='transfer-final', classifiers='pvt'),
     xcit=Layout('XCiT-T12 (channel attention)', 'configs/demo/study_xcit_t12_digits.py',
                 'configs/demo/maskrcnn_xcit_t12_poly3_demo.py', 'configs/demo/semfpn_xcit_t12_poly3_demo.py',
                 ['softmax', 'poly:degree=3', 'linear'], starts=('scratch', 'swap', 'transfer')),
@@ -135,16 +146,26 @@ class Study:
         self.kept = {(r['layout'], r['task'], r['kernel'], r['start'], r['recipe'], r['seed']): r for r in self.keep
                      if r.get('status') == 'ok' and r.get('source') == 'study'}
         # the classifiers: the warm-start grid's plan over these layouts (its budgets: 75 = 25 % of 300)
-        backbones = {x: (lay.classifier, [k for k in self.kernels[x] if k != REFERENCE])
-                     for x, lay in self.layouts.items()}
+        backbones = {}
+        for x, lay in self.layouts.items():
+            got = backbones.setdefault(self.bb(x), (lay.classifier, []))[1]
+            got += [k for k in self.kernels[x] if k != REFERENCE and k not in got]
         self.plan = Plan(runner, root, self.seeds, budgets=(75, ), backbones=backbones, echo=echo)
 
+    def tasks_of(self, layout: str) -> List[str]:
+        """The selected tasks the layout has a config for."""
+        return [t for t in self.tasks if t in LAYOUTS[layout].tasks]
+
+    def bb(self, layout: str) -> str:
+        """The name of a layout's classifier runs (another layout's where it shares them)."""
+        return LAYOUTS[layout].classifiers or layout
+
     def classifier(self, layout: str, kernel: str, start: str, seed: int, cache: dict) -> dict:
-        """The classifier run of a start (cached in ``cache`` by its arguments)."""
-        key = (layout, kernel, start, seed)
+        """The classifier run of a start (cached in ``cache`` by the runs' name, kernel, start and seed)."""
+        key = (self.bb(layout), kernel, start, seed)
         if key in cache:
             return cache[key]
-        p = self.plan
+        p, layout = self.plan, self.bb(layout)
         if start == 'scratch' or kernel == REFERENCE:
             run = p.scratch(layout, kernel, seed)
         else:
@@ -157,7 +178,7 @@ class Study:
                 run = p.finetune(f'swap_ft/{layout}/{safe_name(kernel)}/75/seed{seed}', layout, kernel, seed, 75,
                                  softmax['checkpoint'], softmax['checkpoint'])
             else:
-                recipe = RECIPES_BY_NAME[self.layouts[layout].default]
+                recipe = RECIPES_BY_NAME[LAYOUTS[layout].default]
                 stage1 = p.transfer(layout, kernel, seed, 75, recipe.groups, softmax, recipe=recipe)
                 run = p.transfer_finetune(layout, kernel, seed, 75, recipe.groups, stage1, softmax, recipe=recipe)
         cache[key] = run
@@ -236,26 +257,30 @@ class Study:
         todo = [(x, k, s, seed) for seed in self.seeds for x, k, s in cases if (x, k) not in unfit]
         cache = {}
         kept = {(x, task, k, s, seed): self.kept.get((x, task, k, s, recipe_of(x, s), seed))
-                for x, k, s, seed in todo for task in self.tasks}
-        runs = [(x, task, k, s, seed) for x, k, s, seed in todo for task in self.tasks
+                for x, k, s, seed in todo for task in self.tasks_of(x)}
+        runs = [(x, task, k, s, seed) for x, k, s, seed in todo for task in self.tasks_of(x)
                 if not (task == 'det' and self.det_rows.get((x, k, s, seed))) and not kept[(x, task, k, s, seed)]]
         # classifiers whose weights a run needs (a warm start: also its softmax teacher's): the softmax ones first
-        # (every warm start reads them), then the others, `jobs` at a time
+        # (every warm start reads them), then the others, `jobs` at a time; one call per run (layouts share them)
         need = {(x, k, s, seed) for x, _, k, s, seed in runs}
         need |= {(x, REFERENCE, 'scratch', seed) for x, k, s, seed in need if s != 'scratch'}
-        self.r.map(lambda t: self.classifier(*t, cache), [t for t in todo if t in need and t[1] == REFERENCE])
-        self.r.map(lambda t: self.classifier(*t, cache), [t for t in todo if t in need and t[1] != REFERENCE])
+
+        def unique(ts):
+            return list({(self.bb(t[0]), *t[1:]): t for t in ts}.values())
+        self.r.map(lambda t: self.classifier(*t, cache), unique(t for t in todo if t in need and t[1] == REFERENCE))
+        self.r.map(lambda t: self.classifier(*t, cache), unique(t for t in todo if t in need and t[1] != REFERENCE))
         done = dict(zip(runs, self.r.map(
-            lambda t: self.task_run(t[0], t[1], t[2], t[3], t[4], cache[(t[0], t[2], t[3], t[4])]), runs)))
+            lambda t: self.task_run(t[0], t[1], t[2], t[3], t[4], cache[(self.bb(t[0]), t[2], t[3], t[4])]),
+            runs)))
         rows = []
         for x, k, s in cases:
             for seed in self.seeds:
-                for task in self.tasks:
+                for task in self.tasks_of(x):
                     base = dict(layout=x, task=task, kernel=k, start=s, recipe=recipe_of(x, s), seed=seed)
                     if (x, k) in unfit:
                         rows.append(dict(base, status='unfit', error=unfit[(x, k)], source='study'))
                         continue
-                    cls = cache.get((x, k, s, seed), {})
+                    cls = cache.get((self.bb(x), k, s, seed), {})
                     read = self.det_rows.get((x, k, s, seed)) if task == 'det' else None
                     if read:
                         rows.append(dict(base, **read))

@@ -221,7 +221,7 @@ def test_a_kernel_the_layout_refuses_is_a_row_with_its_fit_error():
 
 
 @pytest.mark.parametrize('args,message', [
-    (['--layouts', 'pvt', 'swin'], "unknown backbone layout 'swin'; known: pvt, xcit"),
+    (['--layouts', 'pvt', 'swin'], "unknown backbone layout 'swin'; known: pvt, pvt_n64, xcit"),
     (['--tasks', 'cls'], "unknown task 'cls'; known: det, seg"),
     (['--layouts', 'xcit', '--kernels', 'inline'], "unknown kernel 'inline' for xcit; known: softmax, poly:degree=3, "
                                                    'linear'),
@@ -253,3 +253,27 @@ def test_collapses_are_counted_and_the_starts_compared_with_each_other_by_hand()
     (line, ) = ts.starts_compared(summary)
     assert line.startswith('pvt seg linear: transfer: ') and line.endswith(
         'minus scratch: mIoU +3.0 [-2.0, +8.0] (95 %, n = 3 seeds)'), line
+
+
+def test_a_layout_that_shares_anothers_classifiers_runs_none_of_its_own_and_only_its_tasks(tmp_path):
+    """pvt_n64 (the segmentor at the classifier's token count) starts from pvt's classifier runs: none of its own,
+    the same checkpoint passed to its segmentor, its own segmentor config; it has no detector rows."""
+    tools, runs, log = tmp_path / 'tools', str(tmp_path / 'runs'), str(tmp_path / 'calls.log')
+    tools.mkdir()
+    for name in ('train.py', 'test.py'):
+        (tools / name).write_text(FAKE_TOOL.replace("sys.argv[:2]", "sys.argv").format(log=log))
+    assert ts.LAYOUTS['pvt_n64'].classifiers == 'pvt' and ts.LAYOUTS['pvt_n64'].tasks == ('seg', )
+    _finished(runs, 'scratch/pvt/softmax/seed0', checkpoint='softmax.pth', top1_final=70.0)
+    _finished(runs, 'seg/pvt/softmax/scratch/seed0', checkpoint='seg.pth')
+    _finished(runs, 'seg/pvt/softmax/scratch/seed0/test', metrics=dict(mIoU=60.0, aAcc=90.0, mAcc=70.0))
+    _finished(runs, 'det/pvt/softmax/scratch/seed0', checkpoint='det.pth')
+    _finished(runs, 'det/pvt/softmax/scratch/seed0/test', metrics={'coco/bbox_mAP': 0.4, 'coco/segm_mAP': 0.3})
+    runner = Runner(runs, str(tools), jobs=2, echo=lambda m: None)
+    rows = ts.Study(runner, ROOT, [0], ['pvt', 'pvt_n64'], ['det', 'seg'], ['softmax'], echo=lambda m: None).run()
+    assert [(r['layout'], r['task'], r['status']) for r in rows] == [
+        ('pvt', 'det', 'ok'), ('pvt', 'seg', 'ok'), ('pvt_n64', 'seg', 'failed')]
+    (call, ) = open(log).read().splitlines()  # one run: pvt_n64's segmentor (the fake tool fails it)
+    config = osp.join(runs, 'seg/pvt_n64/softmax/scratch/seed0', 'seg_pvt_n64_softmax_scratch_seed0.py')
+    assert call.split()[1] == config and 'model.backbone.init_cfg.checkpoint=softmax.pth' in call
+    assert 'semfpn_pvt_v2_b0_digits_n64.py' in open(config).read()
+    assert not osp.exists(osp.join(runs, 'scratch', 'pvt_n64'))
