@@ -49,8 +49,8 @@ def measure(entry: dict, sizes: Sequence[int], num_images: int, split: str = 'va
 
 
 def largest_gain(rows: Sequence[dict]) -> List[dict]:
-    """Per (identity, model, size): the layer of the largest output gain over v, that gain, and the median gain of
-    the layers (the summary docs/study.md shows; the CSV holds every layer)."""
+    """Per (identity, model, size): the layer of the largest output gain over v, that gain, that layer's output and
+    score RMS, and the median gain of the layers (the summary docs/study.md shows; the CSV holds every layer)."""
     groups = {}
     for r in rows:
         groups.setdefault(tuple(r[k] for k in (*IDENTITY, 'model', 'size')), []).append(r)
@@ -64,7 +64,7 @@ def largest_gain(rows: Sequence[dict]) -> List[dict]:
         median = gains[mid] if len(gains) % 2 else (gains[mid - 1] + gains[mid]) / 2
         out.append(dict(zip((*IDENTITY, 'model', 'size'), key), mIoU=rs[0]['mIoU'], floor=rs[0]['floor'],
                         top_layer=top['layer'], top_gain=float(top['gain']), median_gain=median,
-                        top_out_rms=float(top['out_rms'])))
+                        top_out_rms=float(top['out_rms']), top_score_rms=float(top['score_rms'])))
     return out
 
 
@@ -80,7 +80,8 @@ def markdown(summary: Sequence[dict], sizes: Optional[Sequence[int]] = None) -> 
         by.setdefault(tuple(e[k] for k in (*IDENTITY, 'model')), {})[int(e['size'])] = e
     head = ['kernel', 'start', 'seed', 'model', 'segmentor mIoU', 'at the floor',
             'layer of the largest gain (first size)'] + \
-        [f'largest gain at {s} px' for s in sizes] + [f'median gain at {s} px' for s in sizes]
+        [f'largest gain at {s} px' for s in sizes] + [f'its score RMS at {s} px' for s in sizes] + \
+        [f'median gain at {s} px' for s in sizes]
     lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
     for key, per in by.items():
         first = per[sizes[0]] if sizes[0] in per else next(iter(per.values()))
@@ -90,6 +91,7 @@ def markdown(summary: Sequence[dict], sizes: Optional[Sequence[int]] = None) -> 
                  '' if miou in (None, '') else f'{float(miou):.1f}', 'yes' if _bool(first['floor']) else 'no',
                  first['top_layer'].replace('backbone.', '')]
         cells += [f"{per[s]['top_gain']:.3g}" if s in per else '' for s in sizes]
+        cells += [f"{per[s]['top_score_rms']:.3g}" if s in per else '' for s in sizes]
         cells += [f"{per[s]['median_gain']:.3g}" if s in per else '' for s in sizes]
         lines.append('| ' + ' | '.join(cells) + ' |')
     return '\n'.join(lines) + '\n'

@@ -82,11 +82,13 @@ def test_a_rows_classifier_and_segmentor_measured_at_each_size_on_their_own_imag
 def test_largest_and_median_gain_by_hand():
     base = dict(layout='pvt', task='seg', kernel='k', start='scratch', recipe='r', seed=0, model='segmentor',
                 mIoU=8.3, floor='True', size=64)
-    rows = [dict(base, layer=f'backbone.l{i}', gain=g, out_rms=10 * g) for i, g in enumerate((0.5, 4.0, 1.0, 2.0))]
+    rows = [dict(base, layer=f'backbone.l{i}', gain=g, out_rms=10 * g, score_rms=g + 1)
+            for i, g in enumerate((0.5, 4.0, 1.0, 2.0))]
     (e,) = tl.largest_gain(rows)
-    assert (e['top_layer'], e['top_gain'], e['median_gain'], e['top_out_rms']) == ('backbone.l1', 4.0, 1.5, 40.0)
+    assert (e['top_layer'], e['top_gain'], e['median_gain'], e['top_out_rms'], e['top_score_rms']) == (
+        'backbone.l1', 4.0, 1.5, 40.0, 5.0)
     table = tl.markdown([e]).splitlines()
-    assert table[2] == '| `k` | scratch | 0 | segmentor | 8.3 | yes | l1 | 4 | 1.5 |'
+    assert table[2] == '| `k` | scratch | 0 | segmentor | 8.3 | yes | l1 | 4 | 5 | 1.5 |'
 
 
 def test_the_tool_keeps_what_its_out_holds_and_refuses_bad_input(work, tmp_path, capsys):
