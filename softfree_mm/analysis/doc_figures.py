@@ -76,6 +76,14 @@ def task_study(root: str) -> str:
     return ts.docs_section(summary, 'results/task_study', tc.seg_profiles(rows, curves, ts.FLOOR_MACC))
 
 
+def patch_oracle(root: str) -> str:
+    """docs/study.md's table of the patch-majority oracle on the demo scenes (tools/analysis/patch_oracle.py)."""
+    rows = read_csv(osp.join(root, RESULTS, 'task_study', 'patch_oracle.csv'))
+    lines = ['| patch (px) | mIoU % | aAcc % | mAcc % | images |', '|---|---|---|---|---|']
+    lines += [f"| {r['patch']} | {r['mIoU']:.1f} | {r['aAcc']:.1f} | {r['mAcc']:.1f} | {r['images']} |" for r in rows]
+    return _wrap(PATCH_ORACLE, lines)
+
+
 def task_layer_stats(root: str) -> str:
     """docs/study.md's per-layer measurements of the task study's classifiers and segmentors
     (tools/analysis/task_layer_stats.py)."""
@@ -103,6 +111,7 @@ STUDY_NORMS = _markers('kernel study norms', 'docs/results/study/norm_curves.csv
 WARM_FINDINGS = _markers('warm-start findings', 'docs/results/warm_start/')
 WARM_COST = _markers('stage-1 cost', 'docs/results/warm_start/cost_cpu.csv')
 README_STUDIES = _markers('studies headline', 'docs/results/')
+PATCH_ORACLE = _markers('patch oracle', 'docs/results/task_study/patch_oracle.csv')
 TASK_LAYER_STATS = _markers('task study layer stats', 'docs/results/task_study/layer_stats.csv')
 
 
@@ -170,6 +179,7 @@ def _sections() -> List[Section]:
         Section('docs/study.md', ts.BEGIN, ts.END, task_study, 'Detection and segmentation'),
         Section('docs/study.md', *TASK_LAYER_STATS, task_layer_stats,
                 'Why x^3 / sqrt(N) collapses in segmentation'),
+        Section('docs/study.md', *PATCH_ORACLE, patch_oracle, "XCiT's weak segmentation"),
         Section('README.md', *README_STUDIES, readme_studies, 'Headline figures'),
         Section('docs/warm_start.md', *WARM_FINDINGS, warm_findings, 'What holds'),
         Section('docs/warm_start.md', *WARM_COST, warm_cost, 'What stage 1 costs'),
