@@ -111,3 +111,6 @@ def test_the_tool_keeps_what_its_out_holds_and_refuses_bad_input(work, tmp_path,
                           (['--kernels', 'nope'], 'nope')):
         status, _, err = call(*base, *args)
         assert status == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+    (tmp_path / 'other.csv').write_text('a,b\n1,2\n')
+    status, _, err = call(*base, '--runs', str(tmp_path / 'other.csv'))
+    assert status == 2 and 'not a runs.csv of the task study' in err, err

@@ -52,7 +52,11 @@ def main(argv=None):
         ts.check_names([args.layout], args.kernels, ['seg'], args.starts)
     except UsageError as e:
         fail(str(e))
-    rows = [r for r in ts.read_rows(args.runs) if r['layout'] == args.layout and r['task'] == 'seg'
+    try:
+        every = ts.read_rows(args.runs)
+    except (KeyError, ValueError) as e:
+        fail(f"--runs {args.runs}: not a runs.csv of the task study ({type(e).__name__}: {e})")
+    rows = [r for r in every if r['layout'] == args.layout and r['task'] == 'seg'
             and (args.kernels is None or r['kernel'] in args.kernels)
             and (args.seeds is None or r['seed'] in args.seeds) and (args.starts is None or r['start'] in args.starts)]
     runner = Runner(osp.abspath(args.work_dir), osp.join(ROOT, 'tools'), echo=lambda m: None, report_only=True)
