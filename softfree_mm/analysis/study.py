@@ -45,7 +45,8 @@ def describe(spec) -> str:
     if t == 'poly':
         p, c = cfg.get('degree', 3), cfg.get('scale', 'sqrt_n')
         x = 'x' if p == 1 else f'x^{p}'
-        return f'poly {x} / sqrt(N)' if c == 'sqrt_n' else (f'poly {x} unscaled' if c == 1 else f'poly {c:g} {x}')
+        name = f'poly {x} / sqrt(N)' if c == 'sqrt_n' else (f'poly {x} unscaled' if c == 1 else f'poly {c:g} {x}')
+        return name + (', q and k standardised' if cfg.get('qk_norm') else '')
     if t == 'relu':
         return 'relu(s) / N'
     if t == 'linear':

@@ -65,7 +65,10 @@ LAYOUTS = OrderedDict(
     pvt=Layout('PVTv2-b0 without spatial reduction (token attention)', 'configs/demo/study_pvt_v2_b0_digits.py',
                'configs/demo/maskrcnn_pvt_v2_b0_digits.py', 'configs/demo/semfpn_pvt_v2_b0_digits.py',
                ['softmax', 'poly:degree=3', 'poly:degree=1', 'linear', 'relu', 'inline', 'soft:landmark_ratio=2',
-                'agent'],
+                'agent', 'poly:degree=3,qk_norm=True'],
+               # x^3 with standardised q and k: the remedy "Why x^3 / sqrt(N) collapses in segmentation" tests, from
+               # both starts as x^3
+               warm=('poly:degree=3', 'poly:degree=3,qk_norm=True', 'linear'),
                # its warm-start rows were made with transfer-final, token attention's default by the recipe rule's
                # version 1; the study keeps it so that later seeds pair with them (version 2 ships `transfer`)
                recipe='transfer-final'),

@@ -11,6 +11,12 @@ Without bias and mask the power factorises through symmetric tensor powers,
 the smaller one. ``p = 1`` is plain linear attention ``c * s * q @ (k^T @ v)``. Otherwise, where one (batch, head)
 matrix is larger than a tile, forward and backward run in tiles (``blocked.py``) and never hold ``A``; on CUDA the
 explicit matrix within a memory budget and the fused Triton kernel beyond it (``dispatch.py``, ``impl``).
+
+``qk_norm=True`` (an option of ours, not the paper's; off by default): each head's q and k rows are standardised
+(zero mean, unit variance over the head dim, no learned parameters) before the scores, so that the paper's premise
+for ``c = 1/sqrt(N)`` (q, k ~ N(0, 1)) holds however training scales them and ``|S| <= s * d = sqrt(d)``. Why: in the
+task study's segmentors the deep stages' score RMS grows from about 1 to 10-35 and ``S^3`` turns that into output gains
+of 1e5-1e6 (docs/study.md, "Why x^3 / sqrt(N) collapses in segmentation").
 """
 import math
 from typing import Tuple
@@ -20,6 +26,8 @@ from torch.utils.checkpoint import checkpoint
 
 from . import ATTENTION, dispatch
 from .base import AttentionKernel, cast_back, default_scale, key_count, scores, work_dtype, no_autocast
+
+QK_NORM_EPS = 1e-6
 from .blocked import memory as blocked_memory, pointwise_attention
 from .fused_linear import allowed as fused_linear_allowed
 from .score_map import pointwise_map
@@ -70,14 +78,20 @@ class PolyAttention(AttentionKernel):
             path. SOFTFREE_ATTN_IMPL overrides it.
         explicit_mib (None | float > 0): on CUDA with 'auto', the memory the explicit matrix may take (MiB);
             None: the smaller of 512 MiB and an eighth of the free GPU memory.
+        qk_norm (bool): standardise each q and k row over the head dim before the scores (``(x - mean) /
+            sqrt(var + 1e-6)``, no parameters: a checkpoint loads unchanged); the module's docstring says why.
     """
 
     supports_bias = True
     supports_mask = True
     complexity = 'quadratic'  # the instance says 'linear' for degree 1
 
-    def __init__(self, num_heads=None, head_dim=None, degree=3, scale='sqrt_n', impl='auto', explicit_mib=None):
+    def __init__(self, num_heads=None, head_dim=None, degree=3, scale='sqrt_n', impl='auto', explicit_mib=None,
+                 qk_norm=False):
         super().__init__(num_heads, head_dim)
+        if not isinstance(qk_norm, bool):
+            raise ValueError(f'poly: qk_norm must be True or False, got {qk_norm!r}')
+        self.qk_norm = qk_norm
         self.impl = dispatch.check_impl('poly', impl, factorised=True)
         self.explicit_mib = dispatch.check_explicit_mib('poly', explicit_mib)
         dispatch.forced()  # a bad SOFTFREE_ATTN_IMPL is refused at build time
@@ -94,6 +108,7 @@ class PolyAttention(AttentionKernel):
 
     def extra_repr(self) -> str:
         extra = '' if self.impl == 'auto' else f', impl={self.impl!r}'
+        extra += ', qk_norm=True' if self.qk_norm else ''
         return f'{super().extra_repr()}, degree={self.degree}, scale={self.scale!r}{extra}'
 
     # ------------------------------------------------------------------ cost model (static shapes only)
@@ -124,12 +139,14 @@ class PolyAttention(AttentionKernel):
         return nq * nk * (d + dv)  # S = q k^T, A @ v (explicit or in tiles)
 
     def memory(self, nq, nk, d, dv, masked=False, hw=None):
+        normed = (nq + nk) * d if self.qk_norm else 0  # the standardised q and k, kept for backward
         if self.order(nq, nk, d, dv, masked) == 'factorised':
             # chunks recomputed in backward: kept are the key-value sum and the output; one chunk's features held
             m = self.num_features(d)
             rows = max(1, _CHUNK_ELEMENTS // m, -(-max(nq, nk) // _MAX_CHUNKS))
-            return m * dv + nq * dv, min(max(nq, nk), rows) * m
-        return blocked_memory(nq, nk, dv, 2, masked)  # the scores and the weights, or tiles
+            return m * dv + nq * dv + normed, min(max(nq, nk), rows) * m
+        saved, largest = blocked_memory(nq, nk, dv, 2, masked)  # the scores and the weights, or tiles
+        return saved + normed, largest
 
     def uses_factorised(self, q, k, v, bias=None, mask=None) -> bool:
         return self.order(q.shape[2], k.shape[2], q.shape[3], v.shape[3], bias is not None or mask is not None,
@@ -143,7 +160,21 @@ class PolyAttention(AttentionKernel):
             return key_count(mask, q, k).rsqrt()
         return self.scale
 
+    def _standardised(self, q, k):
+        """(q, k) as the scores see them: unchanged, or with ``qk_norm`` each row standardised over the head dim
+        (in the working dtype, returned in the inputs' dtype)."""
+        if not self.qk_norm:
+            return q, k
+        with no_autocast(q):
+            def std(x):
+                xw = x.to(work_dtype(x))
+                return cast_back(torch.nn.functional.layer_norm(xw, xw.shape[-1:], eps=QK_NORM_EPS), x.dtype)
+            return std(q), std(k)
+
     def _score_map(self, q, k, hw, scale, bias, mask):
+        return self._power_map(*self._standardised(q, k), scale, bias, mask)
+
+    def _power_map(self, q, k, scale, bias, mask):
         wd, p = work_dtype(q), self.degree
         with no_autocast(q):
             q, k = q.to(wd), k.to(wd)
@@ -170,6 +201,7 @@ class PolyAttention(AttentionKernel):
         out_dtype = v.dtype
         wd = work_dtype(v)
         path = self.path(q, k, v, bias, mask)
+        q, k = self._standardised(q, k)
         with no_autocast(v):
             if path == 'fused':  # in the inputs' dtype; scores and powers in fp32 inside the kernel
                 from .fused_pointwise import attend
@@ -193,12 +225,13 @@ class PolyAttention(AttentionKernel):
                 out = pointwise_attention(q, k, v, 'pow', self.degree, default_scale(scale, q.shape[-1], q),
                                           self._coef(mask, q, k), bias=bias, mask=mask, tile=dispatch.tile_for(q, k))
             else:
-                out = self._matrix(q, k, hw, scale, bias, mask) @ v
+                out = self._power_map(q, k, scale, bias, mask).matrix() @ v
             return cast_back(out, out_dtype)  # overflow shows as inf (fp16 loss scaling)
 
     def factorised(self, q, k, v, scale=None):
         """``A @ v`` through degree-p monomial features, without bias or mask; O(N M dv) with
-        M = C(d + p - 1, p). Inputs are expected in the working dtype."""
+        M = C(d + p - 1, p). Inputs are expected in the working dtype, q and k as the scores see them (with
+        ``qk_norm``: standardised already, as ``forward`` passes them)."""
         p = self.degree
         qs = q * default_scale(scale, q.shape[-1], q)  # (s q . k)^p: the score scale goes into q
         b, h, nk, d = k.shape

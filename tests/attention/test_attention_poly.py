@@ -226,3 +226,84 @@ def test_poly_bad_scale_is_an_error_naming_it_and_the_options(scale):
     expected = r"poly: scale must be 'sqrt_n'.*or a float > 0; got " + re.escape(repr(scale))
     with pytest.raises(ValueError, match=expected):
         build_attention(dict(type='poly', scale=scale))
+
+
+# ---------------------------------------------------------------------------------------------- qk_norm (our option)
+def _standardise_by_hand(x):
+    """Each row over the last dim: (x - mean) / sqrt(population variance + 1e-6), written out."""
+    mean = x.sum(-1, keepdim=True) / x.shape[-1]
+    var = ((x - mean) ** 2).sum(-1, keepdim=True) / x.shape[-1]
+    return (x - mean) / torch.sqrt(var + 1e-6)
+
+
+@pytest.mark.parametrize('p', [1, 3])
+@pytest.mark.parametrize('case', ['plain', 'bias_and_mask', 'head_temperature'])
+def test_poly_qk_norm_is_the_formula_on_standardised_rows(p, case):
+    """qk_norm=True: the written-out formula on q and k standardised row by row (mean 0, variance 1 over the head
+    dim), the matrix, the score map and forward alike."""
+    q, k, v = _rand(2, 2, 5, 4, seed=51) * 7 + 3, _rand(2, 2, 6, 4, seed=52) * 0.2 - 1, _rand(2, 2, 6, 3, seed=53)
+    s, bias, mask = None, None, None
+    if case == 'bias_and_mask':
+        bias, mask = _rand(2, 5, 6, seed=54), _rand(2, 1, 5, 6, seed=55) > 0
+    elif case == 'head_temperature':
+        s = torch.tensor([0.7, 1.9], dtype=F64)
+    kern = build_attention(dict(type='poly', degree=p, qk_norm=True), num_heads=2, head_dim=4)
+    a_ref, out_ref = reference_poly(_standardise_by_hand(q), _standardise_by_hand(k), v, p, 'sqrt_n', s, bias, mask)
+    torch.testing.assert_close(kern.attention_matrix(q, k, scale=s, bias=bias, mask=mask), a_ref,
+                               rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(kern.score_map(q, k, scale=s, bias=bias, mask=mask).matrix(), a_ref,
+                               rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(kern(q, k, v, scale=s, bias=bias, mask=mask), out_ref, rtol=1e-10, atol=1e-10)
+    # off (the default, the paper's): the raw q and k
+    plain = build_attention(dict(type='poly', degree=p), num_heads=2, head_dim=4)
+    torch.testing.assert_close(plain(q, k, v, scale=s, bias=bias, mask=mask),
+                               reference_poly(q, k, v, p, 'sqrt_n', s, bias, mask)[1], rtol=1e-10, atol=1e-10)
+
+
+def test_poly_qk_norm_bounds_the_output_however_q_and_k_grow():
+    """The property the option is for: scaling q and k up (the score growth segmentation training shows) leaves
+    the output unchanged with qk_norm and multiplies it by the cube of the factor without; every score stays within
+    s * d = sqrt(d)."""
+    q, k, v = _rand(1, 2, 40, 8, seed=60), _rand(1, 2, 40, 8, seed=61), _rand(1, 2, 40, 5, seed=62)
+    normed = build_attention(dict(type='poly', degree=3, qk_norm=True))
+    raw = build_attention(dict(type='poly', degree=3))
+    # equal up to the variance's epsilon (1e-6 next to variances of 1 and 900)
+    torch.testing.assert_close(normed(q * 30, k * 30, v), normed(q, k, v), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(raw(q * 30, k * 30, v), raw(q, k, v) * 30 ** 6, rtol=1e-9, atol=1e-3)
+    s = normed.score_map(q * 30, k * 30).scores
+    assert float(s.abs().max()) <= 8 ** 0.5 + 1e-9
+
+
+def test_poly_qk_norm_paths_agree_and_gradients_match_the_explicit_path(monkeypatch):
+    """The factorised, tiled and explicit paths give one output and one gradient with qk_norm, q and k gradients
+    included (through the standardisation)."""
+    q, k, v = (_rand(1, 2, 50, 2, seed=70 + i).requires_grad_(True) for i in range(3))
+    w = _rand(1, 2, 50, 2, seed=74)
+    outs, grads = {}, {}
+    for impl in ('factorised', 'tiled', 'explicit'):
+        kern = build_attention(dict(type='poly', degree=3, qk_norm=True, impl=impl))
+        if impl == 'tiled':
+            monkeypatch.setattr('softfree_mm.attention.dispatch.tile_for', lambda q, k: (16, 16))
+        assert kern.path(q, k, v) == impl
+        outs[impl] = kern(q, k, v)
+        grads[impl] = torch.autograd.grad((outs[impl] * w).sum(), (q, k, v))
+    for impl in ('factorised', 'tiled'):
+        torch.testing.assert_close(outs[impl], outs['explicit'], rtol=1e-10, atol=1e-10)
+        for g, r in zip(grads[impl], grads['explicit']):
+            torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize('value', [1, 'yes', None])
+def test_poly_bad_qk_norm_is_an_error_naming_it(value):
+    with pytest.raises(ValueError, match=re.escape(f'poly: qk_norm must be True or False, got {value!r}')):
+        build_attention(dict(type='poly', qk_norm=value))
+
+
+def test_poly_qk_norm_adds_no_parameters_and_its_memory_declares_the_standardised_rows():
+    kern = build_attention(dict(type='poly', degree=3, qk_norm=True))
+    assert not list(kern.parameters())
+    plain = build_attention(dict(type='poly', degree=3))
+    for nq, nk, d in ((64, 64, 32), (4096, 4096, 8)):
+        saved, largest = kern.memory(nq, nk, d, d)
+        saved0, largest0 = plain.memory(nq, nk, d, d)
+        assert (saved - saved0, largest) == ((nq + nk) * d, largest0)
