@@ -504,6 +504,57 @@ def starts_compared(summary: List[dict]) -> List[str]:
     return lines
 
 
+def _paired(e: dict, base: dict, m: str, minus: Optional[Tuple[dict, dict]] = None) -> List[float]:
+    """Per seed both rows have ``m``: e - base, or with ``minus`` = (e's reference, base's reference)
+    (e - e's reference) - (base - base's reference), over the seeds all four have."""
+    rows = [e, base] + (list(minus) if minus else [])
+    seeds = [k for k in sorted(e['by_seed']) if all(k in r['by_seed'] and r['by_seed'][k].get(m) is not None
+                                                   for r in rows)]
+    if minus:
+        return [(e['by_seed'][k][m] - minus[0]['by_seed'][k][m]) - (base['by_seed'][k][m] - minus[1]['by_seed'][k][m])
+                for k in seeds]
+    return [e['by_seed'][k][m] - base['by_seed'][k][m] for k in seeds]
+
+
+def layouts_compared(summary: List[dict]) -> List[str]:
+    """Per row of a layout that starts from another layout's classifiers (pvt_n64 from pvt's: the same classifier
+    per seed, another segmentor set-up), paired by seed: the row minus the same (task, kernel, start) in the other
+    layout, and for a kernel other than the reference its difference to the reference in this layout minus that in
+    the other (does the set-up move the kernel's gap to softmax?); the seeds at the floor in both."""
+    lines = []
+    for e in summary:
+        other = LAYOUTS[e['layout']].classifiers if e['layout'] in LAYOUTS else None
+        if not other or not e['n']:
+            continue
+        key = (e['task'], e['kernel'], e['start'])
+        base = next((b for b in summary if b['layout'] == other and (b['task'], b['kernel'], b['start']) == key), None)
+        if base is None or not base['n']:
+            continue
+        refs = [next((r for r in summary if (r['layout'], r['task'], r['kernel'], r['start']) ==
+                      (x, e['task'], REFERENCE, 'scratch')), None) for x in (e['layout'], other)]
+        digits = 3 if e['task'] == 'det' else 1
+        parts = []
+        for m in PRIMARY[e['task']]:
+            i = interval(_paired(e, base, m), 'seeds')
+            if i.mean is not None:
+                parts.append(f'{m} {i.text(digits)}')
+            if e['kernel'] != REFERENCE and all(r is not None and r['n'] for r in refs):
+                j = interval(_paired(e, base, m, minus=tuple(refs)), 'seeds')
+                if j.mean is not None:
+                    parts.append(f'its paired Δ {m} vs {REFERENCE} minus that in {other} {j.text(digits)}')
+        if e['task'] == 'seg':
+            parts.append(f"seeds at the floor {floor_seeds(e)} of {e['n']} (in {other}: "
+                         f"{floor_seeds(base)} of {base['n']})")
+        if parts:
+            lines.append(f"{e['layout']} {e['task']} {e['kernel']} ({_start(e)}) minus {other}: " + '; '.join(parts))
+    return lines
+
+
+def interval_count(lines: Sequence[str]) -> int:
+    """The 95 % intervals written in ``lines`` (each ends its text with '(95 %, n = ...)')."""
+    return sum(line.count('(95 %, n = ') for line in lines)
+
+
 # ---------------------------------------------------------------------------------------------- outputs
 def plot(rows: List[dict], summary: List[dict], path: str) -> str:
     """One row of panels per layout, one panel per primary metric of each task: per (kernel, start) the seeds'
@@ -563,9 +614,15 @@ def docs_section(summary: List[dict], out_rel: str, seg_profiles: Sequence[dict]
     if compared:
         lines += ['', 'The starts against each other: each warm start minus the same kernel from scratch, paired by '
                   'seed:', '', *[f'- {line}' for line in compared]]
+    across = layouts_compared(summary)
+    if across:
+        lines += ['', 'The set-ups against each other: a layout that starts from another\'s classifiers (the same '
+                  'classifier per seed) minus that layout, paired by seed:', '', *[f'- {line}' for line in across]]
     count = sum(e.get(f'd_{m}_ci') is not None for e in summary for m in PRIMARY[e['task']])
-    lines += ['', f'Multiplicity: these tables hold {count} paired intervals at 95 % each; by chance alone about '
-              f'{0.05 * count:.1f} of them would exclude zero where there is no difference.']
+    extra = interval_count(compared + across)
+    lines += ['', f'Multiplicity: these tables hold {count} paired intervals at 95 % each'
+              + (f' and the lines above {extra} more' if extra else '') + f'; by chance alone about '
+              f'{0.05 * (count + extra):.1f} of them would exclude zero where there is no difference.']
     if seg_profiles:
         from .task_curves import WINDOW, seg_markdown
         lines += ['', f'The segmentors\' training losses (each the mean of the logged losses over the {WINDOW} '

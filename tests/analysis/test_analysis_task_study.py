@@ -255,6 +255,30 @@ def test_collapses_are_counted_and_the_starts_compared_with_each_other_by_hand()
         'minus scratch: mIoU +3.0 [-2.0, +8.0] (95 %, n = 3 seeds)'), line
 
 
+def test_a_layout_on_anothers_classifiers_is_compared_with_it_seed_by_seed_by_hand():
+    """pvt_n64 minus pvt, paired by seed (same classifier): the row's own difference and the change of its gap to
+    softmax; seeds at the floor in both; every interval of the lines is counted in the multiplicity line."""
+    def row(layout, kernel, seed, miou, macc=60.0):
+        return dict(_row('seg', kernel, seed, mIoU=miou, mAcc=macc), layout=layout)
+    rows = [*[row('pvt', 'softmax', s, 60.0 + s) for s in (0, 1, 2)],
+            *[row('pvt', 'poly:degree=3', s, v, m) for s, v, m in ((0, 8.0, 9.0), (1, 30.0, 40.0), (2, 8.3, 9.0))],
+            *[row('pvt_n64', 'softmax', s, 50.0 - s) for s in (0, 1, 2)],
+            *[row('pvt_n64', 'poly:degree=3', s, v, m) for s, v, m in ((0, 9.0, 9.0), (1, 34.0, 45.0), (2, 14.3, 20.0))]]
+    summary = ts.summarise(rows)
+    lines = ts.layouts_compared(summary)
+    assert len(lines) == 2, lines
+    # softmax: n64 - pvt = -10, -12, -14: mean -12, std 2, half 4.3027 * 2 / sqrt(3) = 4.97
+    assert lines[0] == ('pvt_n64 seg softmax (scratch) minus pvt: mIoU -12.0 [-17.0, -7.0] (95 %, n = 3 seeds); '
+                        'seeds at the floor 0 of 3 (in pvt: 0 of 3)'), lines[0]
+    # x^3: n64 - pvt = +1, +4, +6 (mean +3.67, std 2.52, half 6.25); gap change = +1 - (-10), +4 - (-12), +6 - (-14) =
+    # +11, +16, +20 (mean +15.67, std 4.51, half 11.20)
+    assert lines[1] == ('pvt_n64 seg poly:degree=3 (scratch) minus pvt: mIoU +3.7 [-2.6, +9.9] (95 %, n = 3 seeds); '
+                        'its paired Δ mIoU vs softmax minus that in pvt +15.7 [+4.5, +26.9] (95 %, n = 3 seeds); '
+                        'seeds at the floor 1 of 3 (in pvt: 2 of 3)'), lines[1]
+    section = ts.docs_section(summary, 'results')
+    assert 'the lines above 3 more; by chance alone about' in section and '- ' + lines[1] in section
+
+
 def test_a_layout_that_shares_anothers_classifiers_runs_none_of_its_own_and_only_its_tasks(tmp_path):
     """pvt_n64 (the segmentor at the classifier's token count) starts from pvt's classifier runs: none of its own,
     the same checkpoint passed to its segmentor, its own segmentor config; it has no detector rows."""
