@@ -1,22 +1,27 @@
 """Per attention layer, at several input sizes, the classifiers and segmentors of the detection and segmentation
 study (tools/analysis/task_study.py), read from its work dir: what each kernel sees and gives (layer_stats.py) in the
 model a segmentor started from and in the segmentor it became, each on its own val images, under the study row's
-identity and result (mIoU, at the all-background floor or not). The measurement behind docs/study.md's "Why x^3 /
-sqrt(N) collapses in segmentation".
+identity and result (mIoU, at the all-background floor or not); for a row from scratch also the classifier's model at
+its random initialisation (``init``: the classifier's config, ``init_weights`` with torch seeded by the row's seed:
+the scale a from-scratch classifier starts from, not the run's exact draw). The measurement behind docs/study.md's
+"Why x^3 / sqrt(N) collapses in segmentation".
 """
 import os.path as osp
 from typing import List, Optional, Sequence
+
+import torch
 
 from .task_curves import IDENTITY
 
 FIELDS = (*IDENTITY, 'model', 'mIoU', 'floor', 'size', 'layer', 'images', 'rows', 'keys', 'fro_sqrt_n',
           'score_rms', 'v_rms', 'out_rms', 'gain')
-MODELS = ('classifier', 'segmentor')
+MODELS = ('init', 'classifier', 'segmentor')
 
 
 def models_of(study, rows: Sequence[dict], floor_macc: float, models: Sequence[str] = MODELS) -> List[dict]:
     """Per ok segmentation row whose runs are in the study's work dir (its report-only runner): the classifier it
-    started from and the segmentor, each as (identity, model, config, checkpoint, mIoU, floor)."""
+    started from and the segmentor, and for a row from scratch the classifier's initialisation ('init', checkpoint
+    'none'), each as (identity, model, config, checkpoint, mIoU, floor)."""
     from .sweep import safe_name
     out = []
     for r in rows:
@@ -28,8 +33,9 @@ def models_of(study, rows: Sequence[dict], floor_macc: float, models: Sequence[s
             continue
         base = dict({k: r[k] for k in IDENTITY}, mIoU=r.get('mIoU'),
                     floor=r.get('mAcc') is not None and r['mAcc'] < floor_macc)
-        for model, run in (('classifier', cls), ('segmentor', seg)):
-            if model in models:
+        init = dict(cls, checkpoint='none') if r.get('start') == 'scratch' else None
+        for model, run in (('init', init), ('classifier', cls), ('segmentor', seg)):
+            if model in models and run:
                 config = osp.join(study.r.folder(run['key']), f"{safe_name(run['key'])}.py")
                 out.append(dict(base, model=model, config=config, checkpoint=run['checkpoint']))
     return out
@@ -41,6 +47,8 @@ def measure(entry: dict, sizes: Sequence[int], num_images: int, split: str = 'va
     from .layer_stats import layer_stats, summarise
     cfg = probe.load_config(entry['config'])
     ds = probe.build_dataset(cfg, split, entry['config'])
+    if entry['checkpoint'] == 'none':  # the initialisation (init_weights), torch seeded by the row's seed
+        torch.manual_seed(int(entry['seed']))
     model = probe.build_model(cfg, entry['checkpoint'], entry['config'])
     rows = layer_stats(model, probe.dataset_samples(ds, num_images), sizes, probe.pick_layers(model, None),
                        jacobian=False)

@@ -65,9 +65,11 @@ def test_a_rows_classifier_and_segmentor_measured_at_each_size_on_their_own_imag
                      ['seg'], ['poly:degree=3'], echo=lambda m: None)
     # seed 0's row is the work dir's run (mIoU 8.3); a row saying 50.0 was made by another run: not measured
     entries = tl.models_of(study, [_row(0, 8.3), dict(_row(0, 50.0), seed=0)], ts.FLOOR_MACC)
-    assert [(e['model'], e['floor'], osp.basename(e['config'])) for e in entries] == [
-        ('classifier', True, 'scratch_pvt_poly_degree=3_seed0.py'),
-        ('segmentor', True, 'seg_pvt_poly_degree=3_scratch_seed0.py')]
+    assert [(e['model'], e['floor'], osp.basename(e['config']), e['checkpoint'] == 'none') for e in entries] == [
+        ('init', True, 'scratch_pvt_poly_degree=3_seed0.py', True),
+        ('classifier', True, 'scratch_pvt_poly_degree=3_seed0.py', False),
+        ('segmentor', True, 'seg_pvt_poly_degree=3_scratch_seed0.py', False)]
+    init, entries = entries[0], entries[1:]
     rows = [r for e in entries for r in tl.measure(e, [64, 96], 1)]
     # PVTv2's stages at strides 4, 8, 16, 32: (side / stride)^2 tokens, two blocks each, both models
     for model in ('classifier', 'segmentor'):
@@ -77,6 +79,23 @@ def test_a_rows_classifier_and_segmentor_measured_at_each_size_on_their_own_imag
     for r in rows:
         assert r['gain'] == pytest.approx(r['out_rms'] / r['v_rms'])
         assert (r['kernel'], r['seed'], r['mIoU'], r['floor']) == ('poly:degree=3', 0, 8.3, True)
+    # the initialisation: the classifier's config with init_weights under the row's seed, not the run's checkpoint.
+    # The fixture's checkpoint is that very model for seed 0 (init_weights after torch.manual_seed(0)), so seed 0's
+    # init measures the same gains; under seed 1 the initialisation differs from the checkpoint
+    checkpoint = [r['gain'] for r in rows if (r['model'], r['size']) == ('classifier', 64)]
+    first = tl.measure(init, [64], 1)
+    assert [r['gain'] for r in first] == pytest.approx(checkpoint, rel=1e-6)
+    assert {r['model'] for r in first} == {'init'}
+    other = [r['gain'] for r in tl.measure(dict(init, seed=1), [64], 1)]
+    assert other != pytest.approx(checkpoint, rel=1e-3)
+
+
+def test_init_is_measured_for_rows_from_scratch_only(work):
+    """A warm start's classifier began from the softmax teacher, not from an initialisation: no 'init' entry."""
+    study = ts.Study(Runner(work, ROOT, jobs=1, echo=lambda m: None, report_only=True), ROOT, [0], ['pvt'],
+                     ['seg'], ['poly:degree=3'], echo=lambda m: None)
+    row = dict(_row(0, 8.3), start='transfer', recipe='transfer-final-75')
+    assert all(e['model'] != 'init' for e in tl.models_of(study, [row], ts.FLOOR_MACC))
 
 
 def test_largest_and_median_gain_by_hand():
@@ -104,9 +123,9 @@ def test_the_tool_keeps_what_its_out_holds_and_refuses_bad_input(work, tmp_path,
     assert 'segmentor: 8 rows' in stdout
     status, stdout, err = call(*base)
     assert status == 0, err
-    assert 'classifier: 8 rows' in stdout and 'segmentor:' not in stdout  # kept, not measured again
-    assert len(out.read_text().splitlines()) == 1 + 16
-    for args, message in ((['--models', 'teacher'], '--models teacher: unknown (known: classifier, segmentor)'),
+    assert 'init: 8 rows' in stdout and 'classifier: 8 rows' in stdout and 'segmentor:' not in stdout  # kept
+    assert len(out.read_text().splitlines()) == 1 + 24
+    for args, message in ((['--models', 'teacher'], '--models teacher: unknown (known: init, classifier, segmentor)'),
                           (['--sizes', '48'], '--sizes 48: distinct sides, multiples of 32'),
                           (['--kernels', 'nope'], 'nope')):
         status, _, err = call(*base, *args)

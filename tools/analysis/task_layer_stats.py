@@ -2,12 +2,14 @@
 """Per attention layer, at several input sizes, the classifiers and segmentors of the detection and segmentation
 study, read from its work dir: the token count, ||A||_F over sqrt(N), the RMS of the scores, of v and of the
 kernel's output, and the output's gain over v (tools/analysis/layer_stats.py's measures), for the model each
-segmentor started from and for the segmentor, each on the first --num-images of its own val split resized to
-each --sizes side, under the study row's identity and result (mIoU, at the all-background floor or not).
+segmentor started from and for the segmentor, and for a row from scratch the classifier at its random
+initialisation (init: its config's init_weights, torch seeded by the row's seed), each on the first --num-images of
+its own val split resized to each --sizes side, under the study row's identity and result (mIoU, at the
+all-background floor or not).
 
     python tools/analysis/task_layer_stats.py [--work-dir work_dirs/task_study] [--runs docs/results/task_study/runs.csv]
         [--layout pvt] [--kernels softmax poly:degree=3] [--seeds 3 4] [--starts scratch transfer]
-        [--models classifier segmentor] [--sizes 64 128] [--num-images 4]
+        [--models init classifier segmentor] [--sizes 64 128] [--num-images 4]
         [--out docs/results/task_study/layer_stats.csv] [--docs docs/study.md]
 
 A row of --runs is measured where its runs are in --work-dir (the work dir's test gives the row's numbers and its
@@ -30,7 +32,8 @@ def main(argv=None):
     p.add_argument('--kernels', nargs='+', default=None, help="kernels, the study's spelling (default: all)")
     p.add_argument('--seeds', nargs='+', type=int, default=None, help='seeds (default: all)')
     p.add_argument('--starts', nargs='+', default=None, help='starts (default: all)')
-    p.add_argument('--models', nargs='+', default=['classifier', 'segmentor'], help='classifier, segmentor')
+    p.add_argument('--models', nargs='+', default=['init', 'classifier', 'segmentor'],
+                   help='init (from scratch rows only), classifier, segmentor')
     p.add_argument('--sizes', nargs='+', type=int, default=[64, 128], help='square input sides in pixels')
     p.add_argument('--num-images', type=int, default=4)
     p.add_argument('--out', default='docs/results/task_study/layer_stats.csv')
