@@ -16,15 +16,52 @@ import sysconfig
 from . import ROOT
 
 
-def copy_repo(dst):
-    """The repository's files a user's clone has (what git tracks, without tests and local data)."""
-    skip = {'.git', '.venv', 'data', 'work_dirs', 'build', 'dist', 'tests', '__pycache__', '.pytest_cache'}
+# never part of a user's copy: the tests, local data and what building and running leave behind
+_NOT_A_USERS = {'.git', 'data', 'work_dirs', 'build', 'dist', 'tests', '__pycache__', '.pytest_cache'}
 
-    def ignore(folder, names):
-        return [n for n in names if n in skip or n.endswith(('.egg-info', '.pyc')) or
-                (n == '.mim' and osp.basename(folder) == 'softfree_mm')]
 
-    shutil.copytree(ROOT, dst, ignore=ignore, symlinks=True)
+def _is_local(folder, name):
+    """Whether ``folder/name`` is something a clone does not have: a skipped name, build output, a virtual
+    environment (any name: .venv, the .venv-3.X that tools/test_pythons.sh makes, one a user named) or the
+    configs/tools links setup.py places in softfree_mm/.mim."""
+    path = osp.join(folder, name)
+    return (name in _NOT_A_USERS or name.endswith(('.egg-info', '.pyc')) or
+            (osp.isdir(path) and osp.isfile(osp.join(path, 'pyvenv.cfg'))) or
+            (name == '.mim' and osp.basename(folder) == 'softfree_mm'))
+
+
+def _git_files(root):
+    """The files of ``root``'s working tree that git tracks or would track (untracked, not ignored), or None
+    where ``root`` is not a git working tree."""
+    try:
+        out = subprocess.run(['git', '-C', root, 'ls-files', '-z', '--cached', '--others', '--exclude-standard'],
+                             capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return [f for f in out.decode().split('\0') if f]
+
+
+def copy_repo(dst, root=ROOT):
+    """The repository's files a user's clone has: what git tracks (and untracked files it does not ignore), without
+    the tests and local data. Outside a git working tree, the tree without what ``_is_local`` names. Never a
+    virtual environment or run folder: a .venv-3.X of several GB copied into every scratch install once filled
+    the CI machine's disk."""
+    files = _git_files(root)
+    if files is None:
+        shutil.copytree(root, dst, symlinks=True,
+                        ignore=lambda folder, names: [n for n in names if _is_local(folder, n)])
+        return dst
+    os.makedirs(dst)
+    for rel in files:
+        parts = rel.split('/')
+        if any(_is_local(osp.join(root, *parts[:i]), part) for i, part in enumerate(parts)):
+            continue
+        src = osp.join(root, rel)
+        if not osp.lexists(src):  # deleted in the working tree, not yet in the index
+            continue
+        target = osp.join(dst, rel)
+        os.makedirs(osp.dirname(target), exist_ok=True)
+        shutil.copy2(src, target, follow_symlinks=False)
     return dst
 
 
