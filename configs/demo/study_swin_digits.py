@@ -6,10 +6,11 @@
 # window); stage 4 attends over its whole 2x2 grid (global_window: a 4x4 window there would be three quarters
 # padding). tests/models/test_backbones_swin.py checks this geometry. Recipe, schedule and AttentionStatsHook: the
 # study's (study_xcit_t12_digits.py). 1 process (CPU) x 32 images.
-# Measured: under the study's 300 iterations this Swin stays at chance with softmax (so do 2x2 patches, global windows,
-# an overlapping 7x7 stem, one block a stage, lr 3e-4 or 2e-3), and at 900 iterations it is still far below the
-# study's backbones, whose stems and blocks hold convolutions (XCiT's LPI, PVTv2's depthwise MLP): the warm-start
-# grid does not run it until the windowed layout has a scale at which it trains (docs/warm_start.md).
+# Its convolutions are PVTv2-b0's (downsample='conv': the overlapping 3x3 stride-2 patch embedding between stages;
+# mlp='dwconv' with PVTv2-b0's mlp_ratio 8): what differs from the token layout's PVTv2-b0 is the attention (windows,
+# shifts, relative position bias), Swin's 4x4 patch stem and a third stage of 128 channels (PVTv2-b0: 160). A plain Swin (ours or mmpretrain's, with patch merging and a linear MLP) stays at chance with
+# softmax in the study's 300 iterations (so do 2x2 patches, global windows, an overlapping 7x7 stem, one block a
+# stage, lr 3e-4 or 2e-3); the convolutional downsampling is what lets it learn (docs/warm_start.md).
 _base_ = './study_pvt_v2_b0_digits.py'
 model = dict(
     backbone=dict(
@@ -17,6 +18,9 @@ model = dict(
         type='SoftFreeSwin',
         arch=dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8)),
         window_size=4,
+        downsample='conv',
+        mlp='dwconv',
+        mlp_ratio=8.0,
         global_window=(False, False, False, True),
         attn_cfg=dict(type='softmax'),
         drop_path_rate=0.0,

@@ -440,6 +440,46 @@ def test_bad_arguments_raise_errors_naming_the_value_and_valid_choices():
         SoftFreeSwin(arch=dict(TINY), out_indices=(4,))
     with pytest.raises(TypeError, match=r'unexpected keyword argument'):
         SoftFreeSwin(arch=dict(TINY), windowsize=7)
+    with pytest.raises(ValueError, match=r"downsample must be 'merge' \(Swin's\) or 'conv' \(PVTv2's\), got 'pool'"):
+        SoftFreeSwin(arch=dict(TINY), downsample='pool')
+    with pytest.raises(ValueError, match=r"mlp must be 'linear' \(Swin's\) or 'dwconv' \(PVTv2's\), got 'conv'"):
+        SoftFreeSwin(arch=dict(TINY), mlp='conv')
+    with pytest.raises(ValueError, match=r"mlp='dwconv' has no dropout .*drop_rate=0.1"):
+        SoftFreeSwin(arch=dict(TINY), mlp='dwconv', drop_rate=0.1)
+
+
+def test_pvtv2_convolutions_are_the_written_out_layers_and_the_default_is_swins_own():
+    """downsample='conv' and mlp='dwconv' (ours, the study's windowed backbone) against the layers written out with
+    the module's weights: LayerNorm(conv3x3 stride 2 pad 1) between stages, fc2(gelu(dwconv3x3(fc1(x)))) in every
+    block; the defaults keep Swin's patch merging and MLP (the official parameter names, nothing else)."""
+    default = SoftFreeSwin(arch=dict(TINY), drop_path_rate=0.0).state_dict()
+    assert any(k.startswith('stages.1.downsample.reduction.') for k in default)
+    assert not any('dwconv' in k or 'downsample.embed' in k for k in default)
+    torch.manual_seed(0)
+    model = SoftFreeSwin(arch=dict(TINY), downsample='conv', mlp='dwconv', mlp_ratio=2.0, drop_path_rate=0.0,
+                         window_size=4).eval()
+    randomize_(model)
+    stage = model.stages[1]
+    x = torch.randn(2, 7, 9, 16)  # odd sides: the grid halves rounded up, as patch merging pads
+    conv = stage.downsample.embed.proj
+    want = F.conv2d(x.permute(0, 3, 1, 2), conv.weight, conv.bias, stride=2, padding=1).permute(0, 2, 3, 1)
+    want = F.layer_norm(want, (32,), stage.downsample.embed.norm.weight, stage.downsample.embed.norm.bias)
+    got = stage.downsample(x)
+    assert got.shape == (2, 4, 5, 32)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    block = stage.blocks[1]
+    mlp = block.mlp
+    y = torch.randn(2, 4, 5, 32)
+    h = F.linear(y, mlp.fc1.weight, mlp.fc1.bias).permute(0, 3, 1, 2)
+    h = F.conv2d(h, mlp.dwconv.weight, mlp.dwconv.bias, padding=1, groups=64).permute(0, 2, 3, 1)
+    want = F.linear(F.gelu(h), mlp.fc2.weight, mlp.fc2.bias)
+    torch.testing.assert_close(block._mlp(y), want, rtol=1e-5, atol=1e-6)
+    # the block uses it: its output moves when only the depthwise conv changes
+    with torch.no_grad():
+        before = model(torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(1)))[-1]
+        mlp.dwconv.weight.add_(0.5)
+        after = model(torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(1)))[-1]
+    assert (before - after).abs().max() > 1e-3
 
 
 # ------------------------------------------------------------------------------------------- downstream

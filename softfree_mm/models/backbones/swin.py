@@ -16,7 +16,7 @@ from torch import nn
 from ...attention.fit import require_kernel_fit
 from ..attention import KernelAttention
 from ..utils.cfg import check_foreign_args, expand_per_block, pretrain_hw
-from ..utils.mlp import Mlp
+from ..utils.mlp import DWConvMlp, Mlp
 from ..utils.token_layout import TokenLayout
 from ..utils.tokens import PatchEmbed
 from ..utils.windows import _GEOMETRIES, WindowGeometry, geometry, relative_position_index  # noqa: F401  (cache)
@@ -85,6 +85,19 @@ class PatchMerging(nn.Module):
         return self.reduction(self.norm(x))
 
 
+class ConvDownsample(nn.Module):
+    """PVTv2's overlapping patch embedding between stages in Swin's (B, H, W, C) layout: a 3x3 conv of stride 2
+    (padding 1: the grid halves, odd sides rounded up as :class:`PatchMerging` pads them) and a LayerNorm
+    (``downsample='conv'``, ours: the study's windowed backbone, docs/warm_start.md)."""
+
+    def __init__(self, dim: int, out_dim: int):
+        super().__init__()
+        self.embed = PatchEmbed(dim, out_dim, 3, 2, padding=1)
+
+    def forward(self, x):
+        return self.embed(x.permute(0, 3, 1, 2))
+
+
 class WindowAttention(KernelAttention):
     """The kernel step of window attention: windows of the qkv projection -> kernel (with the relative position
     bias when there is a table, and the keep-mask of pads and shifted regions); the block's window layout
@@ -119,16 +132,18 @@ class WindowAttention(KernelAttention):
 
 class SwinBlock(AttentionBlock):
     def __init__(self, dim, num_heads, window, shifted, attn_cfg, mlp_ratio, qkv_bias, drop, drop_path,
-                 with_bias_table, with_cp, qk_scale=None, where=''):
+                 with_bias_table, with_cp, qk_scale=None, where='', conv_mlp=False):
         super().__init__()
         self.shifted = shifted
+        self.conv_mlp = conv_mlp
         self.with_cp = with_cp
         self.norm1 = nn.LayerNorm(dim)
         self.attn = WindowAttention(dim, num_heads, window, attn_cfg, qkv_bias, with_bias_table, drop, qk_scale,
                                     where)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
+        self.mlp = (DWConvMlp(dim, int(dim * mlp_ratio), extra_relu=False) if conv_mlp else
+                    Mlp(dim, int(dim * mlp_ratio), drop=drop))
 
     def _attend(self, x, geo: WindowGeometry):
         """The window layout. x (B, H, W, C) normed tokens: the qkv projection runs on the real tokens; its windows
@@ -159,9 +174,15 @@ class SwinBlock(AttentionBlock):
         return TokenLayout.windows(kind, (h, w), (hp, wp), (wh, ww), note, shift=(sh, sw),
                                    extra=dict(window=(wh, ww), shift=(sh, sw), padded=(hp, wp)))
 
+    def _mlp(self, x):
+        if not self.conv_mlp:
+            return self.mlp(x)
+        b, h, w, c = x.shape  # PVTv2's MLP takes (B, N, C) tokens and their grid
+        return self.mlp(x.reshape(b, h * w, c), (h, w)).view(b, h, w, -1)
+
     def _forward(self, x, geo):
         x = x + self.drop_path(self._attend(self.norm1(x), geo))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+        return x + self.drop_path(self._mlp(self.norm2(x)))
 
     def forward(self, x, geo: WindowGeometry):
         return checkpointed(self, self._forward, x, geo)
@@ -169,14 +190,15 @@ class SwinBlock(AttentionBlock):
 
 class SwinStage(nn.Module):
     def __init__(self, in_dim, dim, num_heads, windows, attn_cfgs, mlp_ratio, qkv_bias, drop, drop_paths,
-                 with_bias_tables, with_cp, downsample: bool, qk_scale=None, where=''):
+                 with_bias_tables, with_cp, downsample: Optional[str], qk_scale=None, where='', conv_mlp=False):
         super().__init__()
         self.windows = tuple(windows)  # one per block; None = global window
-        self.downsample = PatchMerging(in_dim, dim) if downsample else None
+        self.downsample = (None if downsample is None else
+                           PatchMerging(in_dim, dim) if downsample == 'merge' else ConvDownsample(in_dim, dim))
         self.blocks = nn.ModuleList([
             SwinBlock(dim, num_heads, window, shifted=(window is not None and j % 2 == 1), attn_cfg=cfg,
                       mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop=drop, drop_path=drop_paths[j],
-                      with_bias_table=with_bias, with_cp=with_cp, qk_scale=qk_scale, where=where)
+                      with_bias_table=with_bias, with_cp=with_cp, qk_scale=qk_scale, where=where, conv_mlp=conv_mlp)
             for j, (window, cfg, with_bias) in enumerate(zip(windows, attn_cfgs, with_bias_tables))])
 
     def forward(self, x):
@@ -213,6 +235,12 @@ class SoftFreeSwin(StagedBackbone):
             stage's whole token grid (no shift, no padding, no mask, no relative position bias). Default: the
             preset's, else False.
         window_size: window side of the non-global stages (7).
+        downsample: 'merge' (Swin's patch merging: the official) or 'conv' (ours: PVTv2's overlapping 3x3 stride-2
+            patch embedding between stages).
+        mlp: 'linear' (Swin's MLP: the official) or 'dwconv' (ours: PVTv2's, a depthwise 3x3 conv on the grid
+            after fc1). The two 'ours' forms make the study's windowed backbone (configs/demo/study_swin_digits.py):
+            a Swin whose convolutions are PVTv2-b0's, so that its windows are the only difference from the token
+            layout; a plain Swin does not leave chance in the study's 300 iterations (docs/warm_start.md).
         out_indices: which stage outputs to return (NCHW, strides 4, 8, 16, 32), each through ``norm{i}``.
         frozen_stages: -1 none; 0 the patch embedding; k >= 1 also stages 0..k-1, the patch merging after each
             and their output norms (as mmdet's SwinTransformer).
@@ -251,7 +279,7 @@ class SoftFreeSwin(StagedBackbone):
     def __init__(self, arch: Union[str, dict] = 'tiny', embed_dims: Optional[int] = None,
                  depths: Optional[Sequence[int]] = None, num_heads: Optional[Sequence[int]] = None,
                  attn_cfg: Union[str, dict, Sequence, None] = None, global_window: Union[bool, Sequence, None] = None,
-                 window_size: int = 7, mlp_ratio: float = 4.0, qkv_bias: bool = True, in_channels: int = 3,
+                 window_size: int = 7, downsample: str = 'merge', mlp: str = 'linear', mlp_ratio: float = 4.0, qkv_bias: bool = True, in_channels: int = 3,
                  patch_size: int = 4, patch_norm: bool = True, drop_rate: float = 0.0, drop_path_rate: float = 0.1,
                  out_indices: Sequence[int] = (0, 1, 2, 3), frozen_stages: int = -1, with_cp: bool = False,
                  init_cfg: Optional[Union[dict, List[dict]]] = None, pretrained: Optional[str] = None,
@@ -276,6 +304,13 @@ class SoftFreeSwin(StagedBackbone):
         num_stages = len(depths)
         if len(num_heads) != num_stages:
             raise ValueError(f'SoftFreeSwin: depths {depths} and num_heads {num_heads} must have the same length')
+        if downsample not in ('merge', 'conv'):
+            raise ValueError(f"SoftFreeSwin: downsample must be 'merge' (Swin's) or 'conv' (PVTv2's), got "
+                             f"{downsample!r}")
+        if mlp not in ('linear', 'dwconv'):
+            raise ValueError(f"SoftFreeSwin: mlp must be 'linear' (Swin's) or 'dwconv' (PVTv2's), got {mlp!r}")
+        if mlp == 'dwconv' and drop_rate:
+            raise ValueError(f"SoftFreeSwin: mlp='dwconv' has no dropout (PVTv2's MLP), got drop_rate={drop_rate!r}")
         if not isinstance(window_size, int) or window_size < 1:
             raise ValueError(f'SoftFreeSwin: window_size must be a positive int, got {window_size!r}')
         dims = self._stages_from(arch, depths, num_heads, embed_dims, out_indices, frozen_stages)
@@ -326,8 +361,9 @@ class SoftFreeSwin(StagedBackbone):
             start = sum(depths[:i])
             self.stages.append(SwinStage(
                 dims[i - 1] if i else dims[0], dims[i], num_heads[i], windows, cfgs[i], mlp_ratio,
-                qkv_bias, drop_rate, dpr[start:start + depths[i]], with_bias, with_cp, downsample=i > 0,
-                qk_scale=qk_scale, where=f'stage {i}'))
+                qkv_bias, drop_rate, dpr[start:start + depths[i]], with_bias, with_cp,
+                downsample=downsample if i > 0 else None, qk_scale=qk_scale, where=f'stage {i}',
+                conv_mlp=mlp == 'dwconv'))
         if no_bias:
             print_log('SoftFreeSwin: no relative position bias table in ' + ', '.join(no_bias), logger='current')
         self._add_out_norms(dims)
