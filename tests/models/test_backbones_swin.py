@@ -456,6 +456,15 @@ def test_pvtv2_convolutions_are_the_written_out_layers_and_the_default_is_swins_
     assert any(k.startswith('stages.1.downsample.reduction.') for k in default)
     assert not any('dwconv' in k or 'downsample.embed' in k for k in default)
     torch.manual_seed(0)
+    plain = SoftFreeSwin(arch=dict(TINY), drop_path_rate=0.0)  # torch's conv init: |w| <= 1 / sqrt(fan_in)
+    assert plain.patch_embed.proj.weight.abs().max() <= 48 ** -0.5
+    for option in (dict(downsample='conv'), dict(mlp='dwconv')):  # either: PVTv2's init, normal(0, sqrt(2/fan_out))
+        model = SoftFreeSwin(arch=dict(TINY), mlp_ratio=2.0, drop_path_rate=0.0, **option)
+        convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+        for conv in convs:
+            fan_out = conv.kernel_size[0] * conv.kernel_size[1] * conv.out_channels // conv.groups
+            assert conv.weight.std().item() == pytest.approx((2 / fan_out) ** 0.5, rel=0.25), (option, conv)
+            assert not conv.bias.any()
     model = SoftFreeSwin(arch=dict(TINY), downsample='conv', mlp='dwconv', mlp_ratio=2.0, drop_path_rate=0.0,
                          window_size=4).eval()
     randomize_(model)

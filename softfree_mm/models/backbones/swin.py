@@ -239,8 +239,10 @@ class SoftFreeSwin(StagedBackbone):
             patch embedding between stages).
         mlp: 'linear' (Swin's MLP: the official) or 'dwconv' (ours: PVTv2's, a depthwise 3x3 conv on the grid
             after fc1). The two 'ours' forms make the study's windowed backbone (configs/demo/study_swin_digits.py):
-            a Swin whose convolutions are PVTv2-b0's, so that its windows are the only difference from the token
-            layout; a plain Swin does not leave chance in the study's 300 iterations (docs/warm_start.md).
+            a Swin whose convolutions are PVTv2-b0's; a plain Swin does not leave chance in the study's 300
+            iterations (docs/warm_start.md). With either, every conv takes PVTv2's initialisation (normal,
+            std sqrt(2 / fan_out), zero bias: ``conv_init='fan_out'``) instead of torch's: under torch's the same
+            model stayed at chance in the study's recipe.
         out_indices: which stage outputs to return (NCHW, strides 4, 8, 16, 32), each through ``norm{i}``.
         frozen_stages: -1 none; 0 the patch embedding; k >= 1 also stages 0..k-1, the patch merging after each
             and their output norms (as mmdet's SwinTransformer).
@@ -367,6 +369,8 @@ class SoftFreeSwin(StagedBackbone):
         if no_bias:
             print_log('SoftFreeSwin: no relative position bias table in ' + ', '.join(no_bias), logger='current')
         self._add_out_norms(dims)
+        if downsample == 'conv' or mlp == 'dwconv':
+            self.conv_init = 'fan_out'  # PVTv2's convolutions with PVTv2's initialisation
         self._init_default()
         self._freeze_stages()
 
