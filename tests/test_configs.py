@@ -411,5 +411,5 @@ def test_the_warm_start_stages_of_each_det_and_seg_config_build_its_kernel_from_
     assert stage2.model.head.init_cfg.to_dict() == dict(type='ReleaseHead',
                                                         checkpoint=stage1.model.teacher.init_cfg.checkpoint)
     # each layout's default recipe (both: transfer)
-    recipe = default_recipe(cfg.model.backbone.type)
+    recipe = default_recipe(cfg.model.backbone.to_dict())
     assert stage1.warm_start == stage2.warm_start == dict(recipe=recipe, scale='imagenet')

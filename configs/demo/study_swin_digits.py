@@ -11,8 +11,8 @@
 # from the token layout's PVTv2-b0 is the attention (windows, shifts, relative position bias), Swin's 4x4 patch stem
 # and a third stage of 128 channels (PVTv2-b0: 160). A plain Swin (ours or mmpretrain's: patch merging, a linear MLP)
 # stays at chance with softmax in the study's 300 iterations (so do 2x2 patches, global windows, an overlapping 7x7
-# stem, one block a stage, lr 3e-4 or 2e-3), and so did this one with torch's conv initialisation; seed 0, softmax,
-# the study's recipe: 68 % top-1 (PVTv2-b0: 69 %), by a loop of the same recipe (docs/warm_start.md).
+# stem, one block a stage, lr 3e-4 or 2e-3), and so did this one with torch's conv initialisation; with PVTv2's it
+# leaves the loss plateau as early as PVTv2-b0 does (its from-scratch rows: docs/results/warm_start/classifiers.csv).
 _base_ = './study_pvt_v2_b0_digits.py'
 model = dict(
     backbone=dict(

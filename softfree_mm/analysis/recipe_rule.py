@@ -100,27 +100,32 @@ def lines(result: Dict[str, dict], names: Optional[Dict[str, str]] = None) -> Li
 
 BEGIN = '<!-- recipe rule v2: made by tools/analysis/recipe_rule.py, do not edit by hand -->'
 END = '<!-- recipe rule v2: end -->'
-NAMES = {'pvt': 'PVTv2-b0 without spatial reduction (token attention)', 'xcit': 'XCiT-T12 (channel attention)'}
-# the det / seg layouts the shipped default reaches: (backbone and layout, what its attention mixes, the grid backbone
-# measured in that very layout or None)
+NAMES = {'pvt': 'PVTv2-b0 without spatial reduction (token attention)', 'xcit': 'XCiT-T12 (channel attention)',
+         'swin': 'the tiny Swin, 4x4 windows, shifted (windowed token attention)'}
+# the det / seg layouts the shipped default reaches: (backbone and layout, its layout class (a key of
+# LAYOUT_DEFAULTS), the grid backbone measured in that very layout or None)
 LAYOUTS = (('XCiT-S12: channel attention', 'channels', 'xcit'),
            ('PVTv2-b2 without spatial reduction (InLine, SOFT): global token attention', 'tokens', 'pvt'),
            ('PVTv2-b2 with spatial reduction: tokens against reduced keys', 'tokens', None),
-           ('Swin-T: 7 x 7 windows, shifted', 'tokens', None),
-           ('CSWin-T: stripes', 'tokens', None))
+           ('Swin-T: 7 x 7 windows, shifted', 'windows', 'swin'),
+           ('CSWin-T: stripes', 'windows', None))
 
 
 def layout_table(result: Dict[str, dict]) -> List[str]:
     """Where each shipped layout default was measured: per det / seg layout, the default the package ships
     (``LAYOUT_DEFAULTS``), the grid layout it was measured on (or that it borrows the verdict of another), and
-    version 2's choice there."""
+    version 2's choice there (a layout whose grid backbone has no rows: not measured)."""
     from ..engine.warm_start import LAYOUT_DEFAULTS
-    measured = {mixes: bb for _, mixes, bb in LAYOUTS if bb}
+    measured = {kind: bb for _, kind, bb in LAYOUTS if bb}
     out = ['| layout | shipped default | measured on | version 2 there |', '|---|---|---|---|']
-    for label, mixes, bb in LAYOUTS:
-        src = bb or measured[mixes]
-        where = f'{NAMES[src]}, digits scale only' if bb else f'not measured: borrows {NAMES[src]}'
-        out.append(f"| {label} | `{LAYOUT_DEFAULTS[mixes]}` | {where} | `{result[src]['chosen']}` |")
+    for label, kind, bb in LAYOUTS:
+        src = bb or measured[kind]
+        if src not in result:
+            where, chosen = f'not measured ({NAMES[src]} has no rows in this grid)', 'none'
+        else:
+            where = f'{NAMES[src]}, digits scale only' if bb else f'not measured: borrows {NAMES[src]}'
+            chosen = f"`{result[src]['chosen']}`"
+        out.append(f"| {label} | `{LAYOUT_DEFAULTS[kind]}` | {where} | {chosen} |")
     return out
 
 

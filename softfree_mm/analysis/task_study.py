@@ -57,7 +57,7 @@ class Layout:
 
         from ..engine.warm_start import default_recipe
         if not hasattr(self, '_default'):
-            self._default = self.recipe or default_recipe(Config.fromfile(self.classifier).model.backbone.type)
+            self._default = self.recipe or default_recipe(Config.fromfile(self.classifier).model.backbone.to_dict())
         return self._default
 
 

@@ -312,7 +312,7 @@ def _default_note(p: Plan) -> Optional[str]:
     if not isinstance(backbone, dict) or not isinstance(backbone.get('type'), str):
         return None
     try:
-        if default_recipe(backbone['type']) != p.recipe:
+        if default_recipe(backbone) != p.recipe:
             return None
         return default_origin(backbone)
     except UsageError:  # not one of the package's families: the chain refuses it elsewhere

@@ -111,7 +111,7 @@ def warm_start_hint(checkpoint: str, config: Optional[str]) -> Dict[str, str]:
         out = dict(cost=warm_start_cost(backbone['type']) if name.startswith('finetune_') else '')
         out['launch'] = (f' --launcher pytorch --gpus {scale.batch // per_gpu}'
                          if scale.batch > per_gpu and scale.batch % per_gpu == 0 else '')
-        out['note'] = (default_origin(backbone) or '') if default_recipe(backbone['type']) == recipe else ''
+        out['note'] = (default_origin(backbone) or '') if default_recipe(backbone) == recipe else ''
         return out
     except (KeyError, AttributeError, TypeError, ValueError, UsageError):  # not a chain stage: the plain line
         return {}

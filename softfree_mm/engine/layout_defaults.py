@@ -1,25 +1,32 @@
 """Which warm-start recipe each backbone layout takes, where that choice was measured, and what its stage 1 costs.
 
-The choice (:data:`LAYOUT_DEFAULTS`, by what a family's attention mixes) is the recipe rule's, version 2
-(``softfree_mm/analysis/recipe_rule.py``, docs/warm_start.md): the seed is the unit, and in neither layout measured
-does a variant's interval over seeds exclude zero. Version 1 had taken ``transfer-final`` for token attention from
-(kernel, seed) pairs counted as independent; work dirs it made are refused by the chain's fingerprints.
+The choice (:data:`LAYOUT_DEFAULTS`, by the layout's class: global or reduced token attention, windowed token
+attention, channel attention) is the recipe rule's, version 2 (``softfree_mm/analysis/recipe_rule.py``,
+docs/warm_start.md): the seed is the unit, and a variant replaces the default only where its interval over seeds
+excludes zero. Version 1 had taken ``transfer-final`` for token attention from (kernel, seed) pairs counted as
+independent; work dirs it made are refused by the chain's fingerprints.
 
-Where it was measured (:data:`MEASURED_ON`): one grid backbone per layout, at the digits scale. A backbone whose
-attention meets other tokens (Swin's windows, CSWin's stripes, PVT with spatially reduced keys, a family that declares
-no layout) borrows the verdict; :func:`default_origin` says so in one line, which the warm-start tools print.
+Where it was measured (:data:`MEASURED_ON`): one grid backbone per class, at the digits scale. A backbone whose
+attention meets other tokens than the measured layout's (CSWin's stripes against the windows measured, PVT with
+spatially reduced keys against the global tokens measured, a family that declares no layout) borrows the verdict;
+:func:`default_origin` says so in one line, which the warm-start tools print.
 
 What stage 1 costs (:data:`STAGE1_STEP_COST`): a stage-1 step of the layout default's recipe in supervised steps of
 the same classifier, per shipped backbone, from ``tools/analysis/warm_start_grid.py --cost`` (committed in
 docs/results/warm_start/cost_cpu.csv; a test holds this table to it); :func:`warm_start_cost` projects both stages.
 """
-from typing import Dict, Optional
+from typing import Dict, Optional, Union
 
 from .errors import UsageError
 
-LAYOUT_DEFAULTS: Dict[str, str] = {'tokens': 'transfer', 'channels': 'transfer'}
-# what the attention mixes -> (the layout the default was measured on, the grid backbone it was measured with)
+LAYOUT_DEFAULTS: Dict[str, str] = {'tokens': 'transfer', 'windows': 'transfer', 'channels': 'transfer'}
+# a family's declared layout (Family.LAYOUTS) -> the class whose default it takes; a family that declares none takes
+# what its attention mixes ('tokens' or 'channels')
+LAYOUT_CLASS: Dict[str, str] = {'global tokens': 'tokens', 'reduced keys': 'tokens', 'windows': 'windows',
+                                'stripes': 'windows', 'channels': 'channels'}
+# the class -> (the layout its default was measured on, the grid backbone it was measured with)
 MEASURED_ON: Dict[str, tuple] = {'tokens': ('global tokens', 'PVTv2-b0 without spatial reduction'),
+                                 'windows': ('windows', "the study's tiny Swin (4x4 windows, shifted)"),
                                  'channels': ('channels', 'XCiT-T12')}
 # a stage-1 step of the layout's default recipe / a supervised step of the same classifier (CPU, 8 images of 224,
 # docs/results/warm_start/cost_cpu.csv), per shipped backbone
@@ -38,21 +45,32 @@ def _family(backbone_type: str):
     return name, FAMILIES[name].family
 
 
-def default_recipe(backbone_type: str) -> str:
-    """The name of the recipe a backbone family's warm start takes by default (its layout's)."""
-    return LAYOUT_DEFAULTS[_family(backbone_type)[1].mixes]
+def layout_class(backbone: Union[str, dict]) -> str:
+    """The class of layout (a key of :data:`LAYOUT_DEFAULTS`) of the backbone a config's ``backbone`` dict builds,
+    or of a family's default build when given its type name."""
+    cfg = dict(type=backbone) if isinstance(backbone, str) else dict(backbone)
+    _, family = _family(cfg['type'])
+    return LAYOUT_CLASS.get(family.layout(cfg), family.mixes)
+
+
+def default_recipe(backbone: Union[str, dict]) -> str:
+    """The name of the recipe a backbone's warm start takes by default (its layout class's): ``backbone`` a config's
+    ``backbone`` dict (its build arguments decide the layout: Swin with global windows is global token attention),
+    or a family's type name (its default build)."""
+    return LAYOUT_DEFAULTS[layout_class(backbone)]
 
 
 def default_origin(backbone: dict) -> Optional[str]:
     """None when the backbone a config's ``backbone`` dict builds has the layout its default recipe was measured on;
-    else one line saying that the default is extrapolated to it, and from where."""
+    else one line saying that the default is borrowed for it, and from where."""
     name, family = _family(backbone['type'])
-    layout, where = MEASURED_ON[family.mixes]
+    kind = layout_class(backbone)
+    layout, where = MEASURED_ON[kind]
     mine = family.layout(backbone)
     if mine == layout:
         return None
     what = f"{name}'s {mine}" if mine else f'{name} (its family declares no layout)'
-    return (f'the warm start\'s default recipe here, `{LAYOUT_DEFAULTS[family.mixes]}`, was measured on {where} '
+    return (f'the warm start\'s default recipe here, `{LAYOUT_DEFAULTS[kind]}`, was measured on {where} '
             f'({layout}) at the digits scale, not on {what}: this backbone borrows that verdict (docs/warm_start.md, '
             '"Where each default was measured")')
 

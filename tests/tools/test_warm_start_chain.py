@@ -61,19 +61,19 @@ def test_the_committed_recipe_configs_are_the_definitions():
 
 
 def test_every_shipped_stage_config_takes_its_layouts_default_recipe():
-    """Both layouts take `transfer` (the recipe rule version 2's verdict on the committed grid; version 1 had given
-    token attention transfer-final): the recipe its configs declare, and stage 1's loss and groups are that
-    recipe's."""
+    """Every layout class takes `transfer` (the recipe rule version 2's verdict on the committed grid, windows
+    included; version 1 had given token attention transfer-final): the recipe its configs declare, and stage 1's
+    loss and groups are that recipe's."""
     import glob
 
     from mmengine.config import Config
-    assert ws.LAYOUT_DEFAULTS == {'tokens': 'transfer', 'channels': 'transfer'}
+    assert ws.LAYOUT_DEFAULTS == {'tokens': 'transfer', 'windows': 'transfer', 'channels': 'transfer'}
     seen = {}
     for path in sorted(glob.glob(osp.join(ROOT, 'configs', 'transfer_*.py'))
                        + glob.glob(osp.join(ROOT, 'configs', 'finetune_*.py'))):
         cfg = Config.fromfile(path)
         family = cfg.model.backbone.type
-        want = ws.default_recipe(family)
+        want = ws.default_recipe(cfg.model.backbone.to_dict())
         assert cfg.warm_start == dict(recipe=want, scale='imagenet'), (path, cfg.warm_start)
         if osp.basename(path).startswith('transfer_'):
             recipe = ws.RECIPES[want]
@@ -215,26 +215,32 @@ def test_a_work_dir_holding_another_pairs_checkpoint_is_one_line(tmp_path):
         'that folder away'), proc.stderr
 
 
-def test_train_py_alone_names_the_warm_start_command_first(tmp_path):
-    """The line tools/train.py stops with (here through --dry-run, which says it without the data set)."""
-    proc = subprocess.run([sys.executable, osp.join(ROOT, 'tools', 'train.py'), 'configs/maskrcnn_swin_t_poly3.py',
+@pytest.mark.parametrize('family', ['cswin_t', 'swin_t'])
+def test_train_py_alone_names_the_warm_start_command_first(family, tmp_path):
+    """The line tools/train.py stops with (here through --dry-run, which says it without the data set); the tool
+    that command starts says first where its default was measured when it is borrowed: CSWin-T's stripes borrow the
+    windows' (the study's tiny Swin); Swin-T's windows were measured, and no note comes."""
+    config = f'configs/maskrcnn_{family}_poly3.py'
+    proc = subprocess.run([sys.executable, osp.join(ROOT, 'tools', 'train.py'), config,
                            '--dry-run', '--work-dir', str(tmp_path / 'w')], capture_output=True, text=True,
                           timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (line,) = [ln for ln in proc.stdout.splitlines() if 'the run stops before training' in ln]
-    assert "pretrained checkpoint 'work_dirs/finetune_swin_t_poly3' does not exist; make it with the warm start " \
-           '(docs/warm_start.md): `python tools/warm_start.py configs/maskrcnn_swin_t_poly3.py --launcher pytorch ' \
+    assert f"pretrained checkpoint 'work_dirs/finetune_{family}_poly3' does not exist; make it with the warm start " \
+           f'(docs/warm_start.md): `python tools/warm_start.py {config} --launcher pytorch ' \
            '--gpus 8` runs what is missing' in line, line
-    # the tool that command starts runs with it (the ImageNet scale's 8 x 128 images a step) and says first that
-    # Swin-T's windows borrow the default measured on global token attention
+    # the tool that command starts runs with it (the ImageNet scale's 8 x 128 images a step)
     cmd = line.split('`')[1].split()[1:]
     proc = subprocess.run([sys.executable, *cmd, '--dry-run', '--work-root', str(tmp_path / 'w')],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.splitlines()[1].startswith("[warm-start] note: the warm start's default recipe here, "
-                                                  "`transfer`, was measured on PVTv2-b0 without spatial reduction "
-                                                  "(global tokens) at the digits scale, not on SoftFreeSwin's "
-                                                  'windows'), proc.stdout
+    notes = [ln for ln in proc.stdout.splitlines() if ln.startswith('[warm-start] note:')]
+    if family == 'swin_t':
+        assert notes == [], proc.stdout
+    else:
+        assert proc.stdout.splitlines()[1] == notes[0] and notes[0].startswith(
+            "[warm-start] note: the warm start's default recipe here, `transfer`, was measured on the study's tiny "
+            "Swin (4x4 windows, shifted) (windows) at the digits scale, not on SoftFreeCSWin's stripes"), proc.stdout
 
 
 def _softmax_classifier(work_dir, cwd):
@@ -346,18 +352,42 @@ def test_a_release_of_another_architecture_is_one_line_before_any_run(tmp_path):
     assert not (tmp_path / 'w').exists()  # nothing ran
 
 
+def test_each_backbone_setup_takes_its_layout_classs_default():
+    """The layout class follows the build arguments, not the family name alone: Swin with global windows is global
+    token attention, CSWin's stripes are windows, PVT with spatial reduction is token attention; a type name alone
+    stands for the family's default build."""
+    from softfree_mm.engine import layout_defaults as ld
+    cases = [(dict(type='SoftFreeSwin'), 'windows'), (dict(type='SoftFreeSwin', global_window=True), 'tokens'),
+             ('SoftFreeSwin', 'windows'), (dict(type='SoftFreeCSWin'), 'windows'),
+             (dict(type='SoftFreeCSWin', global_window=True), 'tokens'),
+             (dict(type='SoftFreePVTv2', arch='b2'), 'tokens'),
+             (dict(type='SoftFreePVTv2', arch='b2', sr_ratios=(1, 1, 1, 1)), 'tokens'),
+             (dict(type='SoftFreeXCiT'), 'channels'), ('SoftFreeXCiT', 'channels')]
+    for backbone, kind in cases:
+        assert ld.layout_class(backbone) == kind, backbone
+    try:  # the classes' defaults differ: each backbone takes its own class's
+        ld.LAYOUT_DEFAULTS.update(windows='transfer-final')
+        assert ws.default_recipe(dict(type='SoftFreeSwin')) == 'transfer-final'
+        assert ws.default_recipe(dict(type='SoftFreeSwin', global_window=True)) == 'transfer'
+        assert ws.default_recipe(dict(type='SoftFreeCSWin')) == 'transfer-final'
+    finally:
+        ld.LAYOUT_DEFAULTS.update(windows='transfer')
+
+
 def test_the_default_is_said_to_be_borrowed_exactly_where_the_layout_was_not_measured():
-    """Every shipped stage-1 config: XCiT (channels) and PVTv2-b2 without spatial reduction (InLine, SOFT: global
-    token attention) are the layouts the grid measured; PVTv2-b2 with spatial reduction, Swin-T's windows and
-    CSWin-T's stripes borrow token attention's verdict, and the line names their layout (SOFT's Swin-T and CSWin-T
-    set-ups attend globally in stages 1-3: measured)."""
+    """Every shipped stage-1 config: XCiT (channels), PVTv2-b2 without spatial reduction (InLine, SOFT: global
+    token attention) and Swin-T (windows) are layouts the grid measured; PVTv2-b2 with spatial reduction borrows
+    global token attention's verdict and CSWin-T's stripes the windows', and the line names their layout and the
+    one measured (SOFT's Swin-T and CSWin-T set-ups attend globally in stages 1-3: measured)."""
     import glob
 
     from mmengine.config import Config
 
     from softfree_mm.engine.layout_defaults import default_origin
-    want = {'xcit_s12': None, 'pvt_v2_b2_inline': None, 'pvt_v2_b2_soft': None, 'pvt_v2_b2': "'s reduced keys",
-            'swin_t_soft': None, 'cswin_t_soft': None, 'swin_t': "'s windows", 'cswin_t': "'s stripes"}
+    want = {'xcit_s12': None, 'pvt_v2_b2_inline': None, 'pvt_v2_b2_soft': None, 'swin_t_soft': None,
+            'cswin_t_soft': None, 'swin_t': None,
+            'pvt_v2_b2': ("'s reduced keys", 'measured on PVTv2-b0 without spatial reduction'),
+            'cswin_t': ("'s stripes", "measured on the study's tiny Swin (4x4 windows, shifted) (windows)")}
     seen = set()
     for path in sorted(glob.glob(osp.join(ROOT, 'configs', 'transfer_*.py'))):
         name = osp.basename(path)[len('transfer_'):-3]
@@ -366,6 +396,6 @@ def test_the_default_is_said_to_be_borrowed_exactly_where_the_layout_was_not_mea
         if want[key] is None:
             assert note is None, (path, note)
         else:
-            assert want[key] in note and 'measured on PVTv2-b0 without spatial reduction' in note, (path, note)
+            assert note and all(part in note for part in want[key]), (path, note)
         seen.add(key)
     assert seen == set(want), seen
