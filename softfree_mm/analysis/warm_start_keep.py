@@ -26,8 +26,11 @@ def _num(v) -> Optional[float]:
 
 
 class Kept:
-    """The finished rows (status 'ok') of an earlier grid's classifiers.csv and the stage-1 curves of its
-    transfer_curves.csv, in the run form the grid's phases return (``None`` where nothing is kept)."""
+    """The finished rows of an earlier grid's classifiers.csv, and the stage-1 curves of its transfer_curves.csv, in
+    the run form the grid's phases return (``None`` where nothing is kept). A finished run is one that ended: 'ok' with
+    its top-1, or 'failed' with its error (a refusal such as stage-1 groups that select nothing fails the same way
+    every time, and retrying it would train its teacher again for nothing: drop the row to run it again); rows 'not
+    run' are not kept."""
 
     def __init__(self, folder: str):
         path = osp.join(folder, 'classifiers.csv')
@@ -36,11 +39,12 @@ class Kept:
         rows = read_csv(path, NEEDED, f'--keep-from {folder}: its classifiers.csv (not a warm-start grid\'s?)')
         self.folder = folder
         ok = [r for r in rows if r['status'] == 'ok' and r['top1'] not in (None, '')]
+        failed = [r for r in rows if r['status'] == 'failed']
         teachers = {(r['backbone'], int(r['seed'])) for r in ok if r['kernel'] == 'softmax' and r['start'] == 'scratch'}
         # a row without its teacher's row cannot be checked to share it: not kept
         self.rows: Dict[Key, dict] = {
             row_key(r['backbone'], r['kernel'], r['seed'], r['start'], r['iters'], r.get('recipe'), r.get('groups')): r
-            for r in ok if (r['backbone'], int(r['seed'])) in teachers}
+            for r in ok + failed if (r['backbone'], int(r['seed'])) in teachers}
         self.curves: Dict[tuple, List[dict]] = {}
         cpath = osp.join(folder, 'transfer_curves.csv')
         if osp.isfile(cpath):
@@ -59,6 +63,9 @@ class Kept:
         r = self.rows.get(key)
         if r is None:
             return None
+        if r['status'] == 'failed':
+            return dict(status='failed', error=r.get('error') or '', source=r.get('source') or 'grid', kept=True,
+                        key='kept: ' + '/'.join(map(str, key)))
         return dict(status='ok', error='', top1_final=float(r['top1']), wall_s=_num(r.get('wall_s')),
                     cpu_s=_num(r.get('cpu_s')), s_per_iter=_num(r.get('finetune_s_per_iter')),
                     source=r.get('source') or 'grid', kept=True, key='kept: ' + '/'.join(map(str, key)))
@@ -69,6 +76,8 @@ class Kept:
         if r is None:
             return None
         bb, kernel, seed, _, iters, _, groups = key
+        if r['status'] == 'failed' and (r.get('error') or '').startswith('stage 1 failed'):
+            return dict(status='failed', error=r['error'], kept=True, curves=[], wall_s=_num(r.get('transfer_wall_s')))
         return dict(status='ok', error='', loss_final=_num(r.get('transfer_loss')),
                     s_per_iter=_num(r.get('transfer_s_per_iter')), wall_s=_num(r.get('transfer_wall_s')), kept=True,
                     curves=list(self.curves.get((bb, kernel, seed, iters, groups), [])))

@@ -504,6 +504,16 @@ def test_keep_from_runs_only_what_is_missing_and_refuses_another_teacher(tmp_pat
     # everything kept: nothing runs, no teacher either
     asked, rows, _ = grid(_kept_folder(tmp_path / 'b', seed0 + [half]))
     assert asked == [] and rows[('linear', 'transfer', 75, 'transfer-half')]['top1'] == 63.0
+    # a failed row is a finished run: kept with its error, not retried (nor its teacher trained again for it), in
+    # the main recipe (whose stage-1 curves are read) and in a variant
+    error = 'stage 1 failed: error: ValueError: AttentionTransfer: nothing would train'
+    refused = [dict(r, top1='', status='failed', transfer_loss='', transfer_wall_s=1.5, wall_s='', error=error)
+               for r in (seed0[-1], half)]
+    asked, rows, result = grid(_kept_folder(tmp_path / 'g', seed0[:-1] + refused))
+    assert asked == [] and result['curves'] == []
+    for recipe in ('transfer', 'transfer-half'):
+        row = rows[('linear', 'transfer', 75, recipe)]
+        assert (row['status'], row['top1'], row['error'], row['transfer_wall_s']) == ('failed', None, error, 1.5)
     # another teacher: refused before any new run
     with pytest.raises(UsageError, match=r'the pvt teacher of seed 0 trained again reaches top-1 75.0 where the kept '
                                          r"rows' teacher reached 76.0"):
