@@ -21,7 +21,14 @@ KERNEL_NAMES = OrderedDict([
 STUDY_TITLES = OrderedDict([('study_xcit_t12_digits', 'XCiT-T12 (channel attention)'),
                             ('study_pvt_v2_b0_digits', 'PVTv2-b0 without spatial reduction (token attention)')])
 GRID_TITLES = OrderedDict([('xcit', 'XCiT-T12 (channel attention)'),
-                           ('pvt', 'PVTv2-b0 without spatial reduction (token attention)')])
+                           ('pvt', 'PVTv2-b0 without spatial reduction (token attention)'),
+                           ('swin', 'tiny Swin (windowed token attention, 4x4 windows, shifted)')])
+
+
+def _grid_titles(rows: List[dict]):
+    """The grid backbones (key, title) that have rows in ``rows``."""
+    have = {r.get('backbone') for r in rows}
+    return [(bb, title) for bb, title in GRID_TITLES.items() if bb in have]
 
 
 def name(kernel: str) -> str:
@@ -127,7 +134,7 @@ def warm_start_lines(rows: List[dict], budgets=(75, 30)) -> List[str]:
            f'"target": the paired mean within {TARGET:g} point of scratch or above.', '',
            '| backbone | iterations | kernel | swap, as it is | swap + fine-tune | transfer + fine-tune | target '
            '(swap + ft / transfer) |', '|---|---|---|---|---|---|---|']
-    for bb, title in GRID_TITLES.items():
+    for bb, title in _grid_titles(rows):
         kernels = [k for k in dict.fromkeys(r['kernel'] for r in rows if r['backbone'] == bb) if k != 'softmax']
         for budget in budgets:
             for k in kernels:
@@ -141,7 +148,7 @@ def warm_start_lines(rows: List[dict], budgets=(75, 30)) -> List[str]:
     out += ['', 'The softmax classifiers, each seed\'s teacher, top-1 per seed: ' + '; '.join(
         f"{title.split(' (')[0]} " + ', '.join(f'seed {s} {v:.1f}' for s, v in
                                              sorted(_grid(rows, bb, 'softmax', 'scratch', 300).items()))
-        for bb, title in GRID_TITLES.items()) + '.', '']
+        for bb, title in _grid_titles(rows)) + '.', '']
     return out
 
 
@@ -284,16 +291,19 @@ def readme_lines(study_runs: List[dict], grid: List[dict], task_summary: List[di
                + ('; '.join(parts) or 'none') + '; segmentors that predict background only (seeds): '
                + (', '.join(collapsed) or 'none') + '. [docs/study.md](docs/study.md#detection-and-segmentation)')
     parts = []
-    for bb, title in GRID_TITLES.items():
+    for bb, title in _grid_titles(grid):
         kernels = [k for k in dict.fromkeys(r['kernel'] for r in grid if r['backbone'] == bb) if k != 'softmax']
         means = []
         for k in kernels:
             i, _ = seed_paired(_grid(grid, bb, k, 'transfer', 75), _grid(grid, bb, k, 'scratch', 300))
             if i.mean is not None:
                 means.append(i.mean)
-        chosen = rule_result.get(bb, {}).get('chosen')
+        if not means:
+            continue
+        res = rule_result.get(bb, {})
+        verb = 'keeps' if res.get('chosen') == res.get('default') else 'takes'
         parts.append(f"{title.split(' (')[0]}: transfer + fine-tune minus scratch, per kernel {min(means):+.1f} to "
-                     f'{max(means):+.1f}; the recipe rule (version 2) keeps `{chosen}`')
+                     f"{max(means):+.1f}; the recipe rule (version 2) {verb} `{res.get('chosen')}`")
     out.append('- **The warm start** (digits, 5 seeds, 25 % of the from-scratch iterations, paired by seed): '
                + '; '.join(parts) + '. [docs/warm_start.md](docs/warm_start.md)')
     return out

@@ -104,3 +104,27 @@ def test_seed_paired_intervals_by_hand():
     assert fd.cell(i) == '+2.0 [-0.5, +4.5]' and not fd.excludes_zero(i)
     i, above = fd.seed_paired({0: 9.0, 1: 8.0, 2: 7.0, 3: 5.0}, {0: 10.0, 1: 10.0, 2: 10.0})  # seed 3 unpaired
     assert (i.n, above, fd.cell(i)) == (3, 0, '-2.0 [-4.5, +0.5]')
+
+
+def test_the_readme_warm_start_line_names_each_grid_backbone_with_rows_and_the_rules_verb():
+    """By hand on a small grid: a backbone's part appears only with its rows (the windowed Swin's once it has them);
+    per kernel, the mean over seeds of transfer-75 minus scratch-300; 'keeps' where the rule keeps the default,
+    'takes' where it takes another."""
+    def row(bb, kernel, seed, start, iters, top1, recipe=''):
+        return dict(backbone=bb, kernel=kernel, seed=str(seed), start=start, iters=str(iters), top1=str(top1),
+                    status='ok', recipe=recipe, groups='kernel+qkv' if start == 'transfer' else '')
+    grid = []
+    for s in range(3):
+        grid += [row('pvt', 'linear', s, 'scratch', 300, 60 + s), row('pvt', 'linear', s, 'transfer', 75, 62 + s,
+                                                                        'transfer')]
+    line = fd.readme_lines([], grid, [], {'pvt': dict(chosen='transfer', default='transfer')})[-1]
+    assert 'PVTv2-b0 without spatial reduction: transfer + fine-tune minus scratch, per kernel +2.0 to +2.0; the ' \
+           'recipe rule (version 2) keeps `transfer`' in line and 'Swin' not in line
+    for s in range(3):  # two kernels on the windowed backbone: +1 and -3 on average
+        grid += [row('swin', 'relu', s, 'scratch', 300, 50), row('swin', 'relu', s, 'transfer', 75, 50 + s, 'transfer'),
+                 row('swin', 'linear', s, 'scratch', 300, 40 + s), row('swin', 'linear', s, 'transfer', 75, 37 + s,
+                                                                       'transfer')]
+    line = fd.readme_lines([], grid, [], {'pvt': dict(chosen='transfer', default='transfer'),
+                                          'swin': dict(chosen='transfer-final', default='transfer')})[-1]
+    assert 'tiny Swin: transfer + fine-tune minus scratch, per kernel -3.0 to +1.0; the recipe rule (version 2) ' \
+           'takes `transfer-final`' in line, line
