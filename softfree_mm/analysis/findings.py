@@ -181,6 +181,8 @@ def recipe_lines(rows: List[dict], budget: int = 75, base: str = 'transfer') -> 
             for k in dict.fromkeys(r['kernel'] for r in rows if r['backbone'] == bb and r.get('recipe') == rec):
                 i, above = seed_paired(_grid(rows, bb, k, 'transfer', budget, rec),
                                        _grid(rows, bb, k, 'transfer', budget, base))
+                if not i.n:  # no seed has both runs yet (a grid reported while it runs)
+                    continue
                 out.append(f"| {title.split(' (')[0]} | `{rec}` | {name(k)} | {cell(i)} | {above} of {i.n} |")
     return out + ['']
 

@@ -73,7 +73,7 @@ def choose(rows: List[dict], budget: int, defaults: Dict[str, str],
                                                         if r.get('backbone') == bb and r.get('start') == 'transfer'})
         base = grid_scores(rows, bb, default, budget, default)
         verdicts = {rec: verdict(grid_scores(rows, bb, rec, budget, default), base)
-                    for rec in recipes if rec != default}
+                    for rec in recipes if rec != default and base}  # no finished default run: nothing to judge
         winners = sorted((v['interval'].mean, rec) for rec, v in verdicts.items() if v['replaces'])
         out[bb] = dict(default=default, chosen=winners[-1][1] if winners else default, verdicts=verdicts,
                        budget=budget, rule=RULE_VERSION)
@@ -86,6 +86,9 @@ def lines(result: Dict[str, dict], names: Optional[Dict[str, str]] = None) -> Li
     out = []
     for bb, res in result.items():
         label = (names or {}).get(bb, bb)
+        if not res['verdicts']:  # its from-scratch rows only, so far: nothing to judge
+            out.append(f"- {label}: no recipe against `{res['default']}` in this grid yet: nothing to judge.")
+            continue
         for rec, v in res['verdicts'].items():
             left = [*(('kernel ' + k, i) for k, i in v['drop_kernel'].items()),
                     *((f'seed {s}', i) for s, i in v['drop_seed'].items())]
@@ -120,8 +123,8 @@ def layout_table(result: Dict[str, dict]) -> List[str]:
     out = ['| layout | shipped default | measured on | version 2 there |', '|---|---|---|---|']
     for label, kind, bb in LAYOUTS:
         src = bb or measured[kind]
-        if src not in result:
-            where, chosen = f'not measured ({NAMES[src]} has no rows in this grid)', 'none'
+        if src not in result or not result[src]['verdicts']:
+            where, chosen = f'not measured yet ({NAMES[src]} has no recipe rows in this grid)', 'none'
         else:
             where = f'{NAMES[src]}, digits scale only' if bb else f'not measured: borrows {NAMES[src]}'
             chosen = f"`{result[src]['chosen']}`"

@@ -79,7 +79,8 @@ def summarise(rows: List[dict]) -> List[dict]:
                         vs_scratch_std=ds if start != 'scratch' else None, paired_seeds=dn,
                         transfer_iters=rs[0].get('transfer_iters', 0),
                         source='+'.join(sorted({r.get('source', 'grid') for r in rs})),
-                        failed=sum(r['status'] != 'ok' for r in rs)))
+                        failed=sum(r['status'] not in ('ok', 'not run') for r in rs),
+                        not_run=sum(r['status'] == 'not run' for r in rs)))
     order = {'scratch': 0, 'swap': 1, 'transfer': 2}
     return sorted(out, key=lambda r: (r['backbone'], r['kernel'], order[r['start']], r['iters'], r['groups'],
                                       r['recipe']))
@@ -147,12 +148,12 @@ def choose_default(rows: List[dict], default: str, budget: int, target: float = 
 def _cell(r: Optional[dict]) -> str:
     """'mean ± std' of a start, with its paired difference to scratch; n where a seed is missing."""
     if r is None or r['top1_mean'] is None:
-        return 'failed' if r and r['failed'] else ''
+        return 'failed' if r and r['failed'] else 'not run yet' if r and r.get('not_run') else ''
     cell = _pm(r['top1_mean'], r['top1_std'])
     if r['vs_scratch_mean'] is not None:
         spread = '' if r['vs_scratch_std'] is None else f' ± {r["vs_scratch_std"]:.1f}'
         cell += f' ({r["vs_scratch_mean"]:+.1f}{spread})'
-    return cell + (f' n = {r["n"]}' if r['failed'] else '')
+    return cell + (f' n = {r["n"]}' if r['failed'] or r.get('not_run') else '')
 
 
 def markdown(summary: List[dict], detectors: List[dict], groups: dict) -> str:

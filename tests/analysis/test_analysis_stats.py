@@ -120,3 +120,21 @@ def test_the_docs_verdict_is_what_the_committed_grid_makes_and_the_tool_says_it(
     proc = subprocess.run([sys.executable, tool, '--csv', 'nope.csv'], capture_output=True, text=True, cwd=ROOT,
                           timeout=300)
     assert proc.returncode == 2 and proc.stderr.strip() == 'error: --csv nope.csv: no such file'
+
+
+def test_a_backbone_without_recipe_rows_is_said_to_be_unjudged_not_kept():
+    """A grid backbone with from-scratch rows only (the windowed Swin before its recipes ran): its line and the
+    layout table say nothing was judged, instead of a verdict; one with recipe rows gets its verdict."""
+    rows = [dict(backbone='swin', kernel='relu', seed=str(s), start='scratch', iters='300', top1='60', status='ok',
+                 recipe='', groups='') for s in range(3)]
+    rows += [dict(backbone='pvt', kernel='relu', seed=str(s), start='transfer', iters='75', top1=str(60 + s),
+                  status='ok', recipe=rec, groups='kernel+qkv') for s in range(3) for rec in ('transfer', 'transfer-half')]
+    res = rr.choose(rows, 75, {'pvt': 'transfer', 'swin': 'transfer'})
+    text = rr.lines(res, rr.NAMES)
+    assert text[-1] == ('- the tiny Swin, 4x4 windows, shifted (windowed token attention): no recipe against '
+                        '`transfer` in this grid yet: nothing to judge.')
+    assert any('`transfer-half` against `transfer`' in t for t in text)
+    table = rr.layout_table(res)
+    swin = next(t for t in table if t.startswith('| Swin-T'))
+    assert 'not measured yet' in swin and swin.endswith('| none |'), swin
+    assert next(t for t in table if t.startswith('| PVTv2-b2 without')).endswith('| `transfer` |')

@@ -296,6 +296,12 @@ def test_the_table_gives_mean_std_and_the_difference_paired_by_seed_with_a_faile
     table = markdown(summarise(rows), [], dict(chosen=['kernel', 'qkv']))
     assert '| kernel | scratch, 300 | swap, 75 |' in table
     assert '| relu * | 70.0 ± 10.0 | 74.0 ± 4.2 (-1.0 ± 2.8) n = 2 |' in table
+    # runs not made yet (a grid reported while it runs) are 'not run yet', never 'failed'
+    later = [dict(r, kernel='linear', start='swap', top1=None, status='not run') for r in rows[:3]]
+    later += [dict(r, kernel='linear') for r in rows[:3]]
+    (swap,) = [r for r in summarise(later) if r['start'] == 'swap']
+    assert (swap['n'], swap['failed'], swap['not_run']) == (0, 0, 3)
+    assert '| linear * | 70.0 ± 10.0 | not run yet |' in markdown(summarise(later), [], dict(chosen=['kernel', 'qkv']))
 
 
 def test_outputs_count_the_grids_own_time_and_name_configs_under_the_work_dir(tmp_path):
