@@ -128,7 +128,8 @@ def test_a_backbone_without_recipe_rows_is_said_to_be_unjudged_not_kept():
     rows = [dict(backbone='swin', kernel='relu', seed=str(s), start='scratch', iters='300', top1='60', status='ok',
                  recipe='', groups='') for s in range(3)]
     rows += [dict(backbone='pvt', kernel='relu', seed=str(s), start='transfer', iters='75', top1=str(60 + s),
-                  status='ok', recipe=rec, groups='kernel+qkv') for s in range(3) for rec in ('transfer', 'transfer-half')]
+                  status='ok', recipe=rec, groups='kernel+qkv')
+             for s in range(3) for rec in ('transfer', 'transfer-half')]
     res = rr.choose(rows, 75, {'pvt': 'transfer', 'swin': 'transfer'})
     text = rr.lines(res, rr.NAMES)
     assert text[-1] == ('- the tiny Swin, 4x4 windows, shifted (windowed token attention): no recipe against '
