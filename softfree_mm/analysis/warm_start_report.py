@@ -5,6 +5,7 @@ import os
 import os.path as osp
 from typing import Dict, List, Optional
 
+from .findings import GRID_TITLES
 from .stats import mean_std, paired as paired_interval
 from .stats import t_quantile as t95  # noqa: F401  (the name the grid's tests read)
 from .sweep import json_records
@@ -163,7 +164,7 @@ def markdown(summary: List[dict], detectors: List[dict], groups: dict) -> str:
              'difference to the same kernel from scratch, seed by seed. A column is a start and its iterations '
              f'against the {SCRATCH_ITERS} from scratch (in brackets: of them stage 1). *: the from-scratch runs are '
              'the kernel study\'s (all seeds); **: some seeds\' are (the others the grid\'s).', '']
-    titles = {'xcit': 'XCiT-T12 (channel attention)', 'pvt': 'PVTv2-b0 without spatial reduction (token attention)'}
+    titles = GRID_TITLES
     chosen = '+'.join(groups.get('chosen', []))
     default = groups.get('recipe', '')
     for bb in dict.fromkeys(r['backbone'] for r in summary):

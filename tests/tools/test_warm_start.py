@@ -302,6 +302,9 @@ def test_the_table_gives_mean_std_and_the_difference_paired_by_seed_with_a_faile
     (swap,) = [r for r in summarise(later) if r['start'] == 'swap']
     assert (swap['n'], swap['failed'], swap['not_run']) == (0, 0, 3)
     assert '| linear * | 70.0 ± 10.0 | not run yet |' in markdown(summarise(later), [], dict(chosen=['kernel', 'qkv']))
+    # each grid backbone's tables are headed by its title, the windowed one's too
+    swin = markdown(summarise([dict(r, backbone='swin') for r in rows]), [], dict(chosen=['kernel', 'qkv']))
+    assert '### tiny Swin (windowed token attention, 4x4 windows, shifted)' in swin and '### swin' not in swin
 
 
 def test_outputs_count_the_grids_own_time_and_name_configs_under_the_work_dir(tmp_path):
