@@ -24,11 +24,9 @@ LAYOUT_DEFAULTS: Dict[str, str] = {'tokens': 'transfer', 'windows': 'transfer', 
 # what its attention mixes ('tokens' or 'channels')
 LAYOUT_CLASS: Dict[str, str] = {'global tokens': 'tokens', 'reduced keys': 'tokens', 'windows': 'windows',
                                 'stripes': 'windows', 'channels': 'channels'}
-# the class -> (the layout its default was measured on, the grid backbone it was measured with). Windows: until the
-# windowed grid backbone's recipes are judged (docs/warm_start.md), their default is token attention's, measured on
-# PVTv2-b0; then ('windows', "the study's tiny Swin (4x4 windows, shifted)")
+# the class -> (the layout its default was measured on, the grid backbone it was measured with)
 MEASURED_ON: Dict[str, tuple] = {'tokens': ('global tokens', 'PVTv2-b0 without spatial reduction'),
-                                 'windows': ('global tokens', 'PVTv2-b0 without spatial reduction'),
+                                 'windows': ('windows', "the study's tiny Swin with 4x4 shifted windows"),
                                  'channels': ('channels', 'XCiT-T12')}
 # a stage-1 step of the layout's default recipe / a supervised step of the same classifier (CPU, 8 images of 224,
 # docs/results/warm_start/cost_cpu.csv), per shipped backbone

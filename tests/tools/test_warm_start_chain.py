@@ -218,7 +218,7 @@ def test_a_work_dir_holding_another_pairs_checkpoint_is_one_line(tmp_path):
 def test_train_py_alone_names_the_warm_start_command_first(tmp_path):
     """The line tools/train.py stops with (here through --dry-run, which says it without the data set); the tool
     that command starts says first where its default was measured when it is borrowed: CSWin-T's stripes borrow the
-    windows' (token attention's until the windowed grid backbone's recipes are judged)."""
+    windows' verdict, measured on the study's tiny Swin."""
     family = 'cswin_t'
     config = f'configs/maskrcnn_{family}_poly3.py'
     proc = subprocess.run([sys.executable, osp.join(ROOT, 'tools', 'train.py'), config,
@@ -235,8 +235,8 @@ def test_train_py_alone_names_the_warm_start_command_first(tmp_path):
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.splitlines()[1].startswith(
-        "[warm-start] note: the warm start's default recipe here, `transfer`, was measured on PVTv2-b0 without "
-        "spatial reduction (global tokens) at the digits scale, not on SoftFreeCSWin's stripes"), proc.stdout
+        "[warm-start] note: the warm start's default recipe here, `transfer`, was measured on the study's tiny Swin "
+        "with 4x4 shifted windows (windows) at the digits scale, not on SoftFreeCSWin's stripes"), proc.stdout
 
 
 def _softmax_classifier(work_dir, cwd):
@@ -372,19 +372,19 @@ def test_each_backbone_setup_takes_its_layout_classs_default():
 
 def test_the_default_is_said_to_be_borrowed_exactly_where_the_layout_was_not_measured():
     """Every shipped stage-1 config: XCiT (channels) and PVTv2-b2 without spatial reduction (InLine, SOFT: global
-    token attention) are layouts the grid measured; PVTv2-b2 with spatial reduction borrows global token attention's
-    verdict, and so do Swin-T's windows and CSWin-T's stripes until the windowed grid backbone's recipes are judged;
-    the line names their layout and the one measured (SOFT's Swin-T and CSWin-T set-ups attend globally in stages
-    1-3: measured)."""
+    token attention) and Swin-T (windows) are layouts the grid measured; PVTv2-b2 with spatial reduction borrows
+    global token attention's verdict, and CSWin-T's stripes the windows' (the tiny Swin's); the line names their
+    layout and the one measured (SOFT's Swin-T and CSWin-T set-ups attend globally in stages 1-3: measured)."""
     import glob
 
     from mmengine.config import Config
 
     from softfree_mm.engine.layout_defaults import default_origin
     pvt_b0 = 'measured on PVTv2-b0 without spatial reduction (global tokens)'
+    tiny_swin = "measured on the study's tiny Swin with 4x4 shifted windows (windows)"
     want = {'xcit_s12': None, 'pvt_v2_b2_inline': None, 'pvt_v2_b2_soft': None, 'swin_t_soft': None,
-            'cswin_t_soft': None, 'pvt_v2_b2': ("'s reduced keys", pvt_b0), 'swin_t': ("'s windows", pvt_b0),
-            'cswin_t': ("'s stripes", pvt_b0)}
+            'cswin_t_soft': None, 'pvt_v2_b2': ("'s reduced keys", pvt_b0), 'swin_t': None,
+            'cswin_t': ("'s stripes", tiny_swin)}
     seen = set()
     for path in sorted(glob.glob(osp.join(ROOT, 'configs', 'transfer_*.py'))):
         name = osp.basename(path)[len('transfer_'):-3]
