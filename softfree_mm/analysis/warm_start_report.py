@@ -164,7 +164,6 @@ def markdown(summary: List[dict], detectors: List[dict], groups: dict) -> str:
              'difference to the same kernel from scratch, seed by seed. A column is a start and its iterations '
              f'against the {SCRATCH_ITERS} from scratch (in brackets: of them stage 1). *: the from-scratch runs are '
              'the kernel study\'s (all seeds); **: some seeds\' are (the others the grid\'s).', '']
-    titles = GRID_TITLES
     chosen = '+'.join(groups.get('chosen', []))
     default = groups.get('recipe', '')
     for bb in dict.fromkeys(r['backbone'] for r in summary):
@@ -176,7 +175,7 @@ def markdown(summary: List[dict], detectors: List[dict], groups: dict) -> str:
         names = {'scratch': 'scratch', 'swap': 'swap', 'transfer': 'transfer'}
         head = [f'{names[st]}, {it}' + (f' ({tr})' if tr else '') + (' (as it is)' if st == 'swap' and not it else '')
                 for st, it, tr in cols]
-        lines += [f'### {titles.get(bb, bb)}', '',
+        lines += [f'### {GRID_TITLES.get(bb, bb)}', '',
                   f'Softmax from scratch (the teacher): {_pm(soft["top1_mean"], soft["top1_std"])} % top-1, '
                   f'n = {soft["n"]}.' if soft else '', '',
                   '| kernel | ' + ' | '.join(head) + ' |', '|---' * (len(cols) + 1) + '|']
@@ -195,8 +194,9 @@ def markdown(summary: List[dict], detectors: List[dict], groups: dict) -> str:
             recs = [default, *dict.fromkeys(r['recipe'] for r in others if r['backbone'] == bb)]
             budgets = sorted({r['iters'] for r in others if r['backbone'] == bb})
             cols = [(rec, b) for rec in recs for b in budgets]
-            lines += [f'#### {titles.get(bb, bb)}', '', '| kernel | ' + ' | '.join(f'{rec}, {b}' for rec, b in cols)
-                      + ' |', '|---' * (len(cols) + 1) + '|']
+            lines += [f'#### {GRID_TITLES.get(bb, bb)}', '',
+                      '| kernel | ' + ' | '.join(f'{rec}, {b}' for rec, b in cols) + ' |',
+                      '|---' * (len(cols) + 1) + '|']
             for k in dict.fromkeys(r['kernel'] for r in others if r['backbone'] == bb):
                 by = {(r['recipe'] or default, r['iters']): r for r in summary if r['backbone'] == bb and
                       r['kernel'] == k and r['start'] == 'transfer' and own_groups(r, default)}
@@ -212,8 +212,8 @@ def markdown(summary: List[dict], detectors: List[dict], groups: dict) -> str:
                 parts.append(f'{rec} {x["mean"]:+.1f}{ci} (n = {x["n"]})' + (', meets the target where the default '
                              f'misses: {", ".join(x["meets"])}' if x['meets'] else '') +
                              (f', loses on {", ".join(x["loses"])}' if x['loses'] else ''))
-            lines.append(f'{titles.get(bb, bb)}, by the rule\'s version 1 (superseded: it counts the (kernel, seed) '
-                         f'pairs as independent units; version 2 above): paired against `{v["default"]}` at the '
+            lines.append(f'{GRID_TITLES.get(bb, bb)}, by the rule\'s version 1 (superseded: it counts the (kernel, '
+                         f'seed) pairs as independent units; version 2 above): paired against `{v["default"]}` at the '
                          'larger budget, 95 % interval over pairs: ' + ('; '.join(parts) or 'no pairs yet')
                          + f'. Version 1 would take `{v["chosen"]}`.')
             lines.append('')
