@@ -274,7 +274,8 @@ def run_grid(plan: Plan) -> dict:
         need = sorted({(k[0], k[2]) for k in keys
                        if kept.run(k) is None and not softmax[(k[0], k[2])].get('checkpoint')})
         plan.echo(f'[warm-start] --keep-from: {sum(kept.run(k) is not None for k in keys)} of {len(keys)} runs kept; '
-                  f'teachers trained again for their weights: {", ".join(f"{b} seed {s}" for b, s in need) or "none"}')
+                  f'teachers {"a run would train" if plan.r.report_only else "trained"} again for their weights: '
+                  f'{", ".join(f"{b} seed {s}" for b, s in need) or "none"}')
         softmax.update(zip(need, r.map(lambda t: plan.teacher(*t), need)))
 
     def keep(key, teacher, fn, stage1=False):

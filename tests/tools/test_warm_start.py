@@ -497,7 +497,10 @@ def test_keep_from_runs_only_what_is_missing_and_refuses_another_teacher(tmp_pat
         os.makedirs(teacher, exist_ok=True)
         (teacher / 'result.json').write_text(json.dumps(dict(status='ok', top1_final=teacher_top1,
                                                              checkpoint='c.pth')))
-        result = ws.run_grid(ws.Plan(runner, ROOT, list(seeds), keep_from=folder, **plan_args))
+        said = []
+        result = ws.run_grid(ws.Plan(runner, ROOT, list(seeds), keep_from=folder, echo=said.append, **plan_args))
+        # --report-only trains nothing: the line names the teachers a run would train
+        assert [m for m in said if 'teachers a run would train again for their weights' in m], said
         return asked, {(r['kernel'], r['start'], r['iters'], r.get('recipe', '')): r for r in result['rows']}, result
 
     import json
