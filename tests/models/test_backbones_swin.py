@@ -288,17 +288,17 @@ def test_mmdet_unfold_order_conversion_inverts_mmdets_own_swin_converter():
     assert torch.equal(ours['stages.1.downsample.norm.weight'], norm)
 
 
-def _swin_shift(hw, window):
+def _swin_shift(hw, window, always=False):
     """Swin's shift: half a window along each axis that holds more than one window (none where one window covers
-    the axis: the roll would only cut that window in two)."""
-    return tuple(win // 2 if n > win else 0 for n, win in zip(hw, window))
+    the axis: the roll would only cut that window in two); ``always`` (mmdet's rule): half a window along both."""
+    return tuple(win // 2 if (n > win or always) else 0 for n, win in zip(hw, window))
 
 
-def _shifted_keep(hw, window, shift):
+def _shifted_keep(hw, window, shift, pad_keys='mask'):
     """(nW, N, N) bool: which slots of each window a slot may see, from token positions alone. The (H, W) grid is
     zero padded to whole windows and rolled back by ``shift``; two slots of a window may meet when they lie in the
-    window as their tokens lie in the padded grid (no wrap-around between them); a pad token is seen by itself
-    only."""
+    window as their tokens lie in the padded grid (no wrap-around between them); with ``pad_keys='mask'`` a pad
+    token is no key (seen by itself only), with 'zeros' it is a key like any other."""
     (h, w), (wh, ww), (sh, sw) = hw, window, shift
     hp, wp = -(-h // wh) * wh, -(-w // ww) * ww
     r, c = torch.meshgrid(torch.arange(hp), torch.arange(wp), indexing='ij')  # slot positions after the roll
@@ -311,25 +311,38 @@ def _shifted_keep(hw, window, shift):
         return t[:, :, None] - t[:, None, :]
     r, c, src_r, src_c = (windows(t) for t in (r, c, src_r, src_c))
     together = (offsets(src_r) == offsets(r)) & (offsets(src_c) == offsets(c))
-    real_key = ((src_r < h) & (src_c < w))[:, None, :]
+    real_key = ((src_r < h) & (src_c < w))[:, None, :] | (pad_keys == 'zeros')
     return (together & real_key) | torch.eye(wh * ww, dtype=torch.bool)
 
 
 # one window along one axis and several along the other (both ways, padded or not), several along both, one in all
 SHIFT_GRIDS = [((5, 16), 7), ((7, 20), 7), ((16, 5), 7), ((6, 11), 7), ((10, 16), 7), ((14, 14), 7), ((5, 6), 7),
                ((7, 7), 7), ((3, 9), 4), ((9, 4), 4), ((8, 12), 4)]
+RULES = [('mask', False), ('zeros', True)]  # ours; mmdet's and the official detection / segmentation code's
 
 
+@pytest.mark.parametrize('rule', RULES, ids=['ours', 'mmdet'])
 @pytest.mark.parametrize('hw,window', SHIFT_GRIDS, ids=[f'{h}x{w}-window{n}' for (h, w), n in SHIFT_GRIDS])
-def test_window_masks_equal_a_mask_from_token_positions(hw, window):
+def test_window_masks_equal_a_mask_from_token_positions(hw, window, rule):
+    """Every real query's row of the keep-mask, under either padding rule; an unshifted window's mask of ours is a
+    key mask (nW, 1, 1, N): it only removes pad keys, so linear kernels keep their factorised order."""
     from softfree_mm.models.backbones.swin import WindowGeometry
-    geo = WindowGeometry(hw, window, 'cpu')
+    pad_keys, always = rule
+    geo = WindowGeometry(hw, window, 'cpu', pad_keys=pad_keys, always_shift=always)
+    hp, wp = -(-hw[0] // window) * window, -(-hw[1] // window) * window
     for shifted in (False, True):
-        shift = _swin_shift(hw, (window, window)) if shifted else (0, 0)
-        expect = _shifted_keep(hw, (window, window), shift)
+        shift = _swin_shift(hw, (window, window), always) if shifted else (0, 0)
+        assert geo.shift == _swin_shift(hw, (window, window), always)
+        expect = _shifted_keep(hw, (window, window), shift, pad_keys)
         got = geo.mask(shifted)
-        got = torch.ones_like(expect) if got is None else got[:, 0]  # None: every key may be seen
-        assert got.shape == expect.shape and torch.equal(got, expect), f'{hw}, window {window}, shifted={shifted}'
+        if got is not None and not (shifted and any(shift)):
+            assert got.shape == (expect.shape[0], 1, 1, expect.shape[1])  # a key mask
+        got = torch.ones_like(expect) if got is None else got[:, 0].expand_as(expect)  # None: every key may be seen
+        pad = torch.ones(hp, wp, dtype=torch.bool)
+        pad[:hw[0], :hw[1]] = False
+        pad = torch.roll(pad, shifts=tuple(-s for s in shift), dims=(0, 1))
+        real_query = ~pad.view(hp // window, window, wp // window, window).permute(0, 2, 1, 3).reshape(expect.shape[:2])
+        assert torch.equal(got[real_query], expect[real_query]), f'{hw}, window {window}, shifted={shifted}'
 
 
 def _plain_attend(blk, x, geo):

@@ -129,8 +129,13 @@ def _rel_index(w):
 
 
 def _swin_window_attention(x, sd, pre, heads, window, shift):
-    """The official WindowAttention in a (shifted) window grid with the -100 region mask, x (B, H, W, C)."""
-    b, h, w, c = x.shape
+    """The official WindowAttention in a (shifted) window grid with the -100 region mask, x (B, H, W, C). A grid that
+    is no window multiple is zero padded bottom / right first and cropped after, the pad tokens attended to as keys
+    and the regions labelled on the padded grid (the official detection / segmentation code; the classification code
+    never pads at 224)."""
+    b, h0, w0, c = x.shape
+    x = F.pad(x, (0, 0, 0, (-w0) % window, 0, (-h0) % window))
+    h, w = x.shape[1:3]
     if shift:
         x = torch.roll(x, (-shift, -shift), (1, 2))
     win = x.view(b, h // window, window, w // window, window, c).permute(0, 1, 3, 2, 4, 5).reshape(-1, window ** 2, c)
@@ -152,7 +157,8 @@ def _swin_window_attention(x, sd, pre, heads, window, shift):
     out = (attn.softmax(-1) @ v).transpose(1, 2).reshape(-1, n, c)
     out = lin(out, sd, pre + '.proj').view(b, h // window, w // window, window, window, c)
     out = out.permute(0, 1, 3, 2, 4, 5).reshape(b, h, w, c)
-    return torch.roll(out, (shift, shift), (1, 2)) if shift else out
+    out = torch.roll(out, (shift, shift), (1, 2)) if shift else out
+    return out[:, :h0, :w0]
 
 
 def official_inline_swin(sd, img, attn_types, heads, window_cfg=56):

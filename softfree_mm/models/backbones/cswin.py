@@ -2,8 +2,9 @@
 
 Half the heads attend in vertical, half in horizontal stripes (LePE added); the last stage and ``global_window``
 stages use one branch with all heads over the whole grid. Stripes that do not divide the grid are padded
-symmetrically; ``pad_keys='mask'`` masks the pad keys (kernels with ``supports_mask``), ``'zeros'`` keeps them as the
-official segmentation code. Presets: tiny .. large and the official InLine-CSwin models."""
+symmetrically; ``pad_keys='mask'`` removes the pad keys by a key mask (kernels with ``supports_mask``; linear kernels
+keep their factorised order), ``'zeros'`` keeps them as keys as the official segmentation code. Presets: tiny ..
+large and the official InLine-CSwin models."""
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -17,7 +18,7 @@ from ..utils.cfg import expand_attn_cfg, per_stage
 from ..utils.mlp import Mlp
 from ..utils.tokens import PatchEmbed
 from ..utils.token_layout import TokenLayout
-from ..utils.windows import _from_windows, _to_windows, identity_mask
+from ..utils.windows import _from_windows, _to_windows
 from .base import AttentionBlock, Family, StagedBackbone, checkpointed, register_family
 from .cswin_convert import CSWinArchSpec, convert_cswin
 
@@ -103,8 +104,9 @@ class StripeBranch(KernelAttention):
                 valid = torch.zeros(q.shape[1:3], dtype=torch.bool, device=q.device)
                 valid[top:top + h, left:left + w] = True
                 valid = _to_windows(valid[None, :, :, None], sh, sw)[..., 0]  # (nW, N)
-                keep = valid[:, None, :] | identity_mask(sh * sw, q.device)  # pad query: itself
-                mask = keep.unsqueeze(1).repeat(b, 1, 1, 1)  # (B * nW, 1, N, N), batch-major like the windows
+                # a key mask (B * nW, 1, 1, N), batch-major like the windows: it only removes pad keys (every stripe
+                # holds real tokens, the pad being less than a stripe), so a linear kernel keeps its factorised order
+                mask = valid[:, None, None, :].repeat(b, 1, 1, 1)
         hp, wp = q.shape[1:3]
         n = sh * sw
 

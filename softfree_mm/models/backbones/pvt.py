@@ -26,6 +26,12 @@ __all__ = ['SoftFreePVT', 'SoftFreePVTv2']
 _TINY = dict(embed_dims=(16, 32, 40, 64), depths=(1, 1, 1, 1))
 _PROBE = dict(embed_dims=(8, 8, 8, 8), num_heads=(1, 1, 1, 1))  # a small model with every name of a file
 _NO_REDUCTION = ('sr_ratios=(1,1,1,1)', dict(sr_ratios=(1, 1, 1, 1)))  # where grid kernels fit
+# how a v1 patch embedding treats an image (or grid) side that is no patch multiple: 'ceil' (ours, the default: zero
+# padded up to one, so no pixel is dropped) or 'floor' (the official PVT, InLine-PVT and Agent-PVT code, and mmdet's
+# PyramidVisionTransformer: a strided conv without padding drops the last partial patch). They agree wherever every
+# side is a multiple of 32 (224 classification, mmdet's inputs padded to 32); a Semantic FPN at ADE20K's 512x683 gets
+# 128x171 against 128x170.
+PATCH_GRIDS = ('ceil', 'floor')
 
 
 def _layout_of(family_name: str):
@@ -157,7 +163,7 @@ class _PVTBase(SoftFreeBackbone):
 
     def __init__(self, arch, in_channels, embed_dims, depths, num_heads, mlp_ratios, sr_ratios, linear,
                  qkv_bias, attn_cfg, out_indices, drop_path_rate, frozen_stages, with_cp, pretrain_img_size,
-                 init_cfg, pretrained=None, num_layers=None, mmdet_args=None):
+                 init_cfg, pretrained=None, num_layers=None, mmdet_args=None, patch_grid=None):
         super().__init__(init_cfg=init_cfg, pretrained=pretrained, with_cp=with_cp)
         owner = self.OWNER
         self.arch = arch
@@ -177,6 +183,15 @@ class _PVTBase(SoftFreeBackbone):
                      sr_ratios=sr_ratios)
         cfg = {k: tuple(preset[k] if v is None else v) for k, v in given.items()}
         linear = preset.get('linear', False) if linear is None else bool(linear)
+        patch_grid = preset.get('patch_grid', 'ceil') if patch_grid is None else patch_grid
+        if patch_grid not in PATCH_GRIDS or (self.VERSION == 2 and patch_grid != 'ceil'):
+            valid = PATCH_GRIDS if self.VERSION == 1 else ('ceil',)
+            raise ValueError(f"{owner}: patch_grid must be one of {', '.join(map(repr, valid))} ('ceil': a grid that is "
+                             "no patch multiple is zero padded up to one, ours; 'floor': the strided patch conv "
+                             "drops the last partial patch, the official code"
+                             f"{'' if self.VERSION == 1 else '; v2 overlapping embeddings round up by their padding'}"
+                             f'), got {patch_grid!r}')
+        self.patch_grid = patch_grid
         for k, v in cfg.items():
             if len(v) != 4:
                 raise ValueError(f'{owner}: {k} must have 4 entries (one per stage), got {v}')
@@ -193,10 +208,11 @@ class _PVTBase(SoftFreeBackbone):
         for i in range(4):
             dim = self.embed_dims[i]
             # v2: overlapping convs (7x7/4, then 3x3/2, padding k // 2); v1: patches (4x4/4, then 2x2/2), the input
-            # padded to a patch multiple, and learned positions
+            # padded to a patch multiple ('ceil') or its last partial patch dropped ('floor'), and learned positions
             stride = 4 if i == 0 else 2
             k = (7 if i == 0 else 3) if v2 else stride
-            pe = PatchEmbed(cin, dim, k, stride, padding=k // 2 if v2 else 0, pad_to=1 if v2 else stride, tokens=True)
+            pad_to = 1 if v2 or patch_grid == 'floor' else stride
+            pe = PatchEmbed(cin, dim, k, stride, padding=k // 2 if v2 else 0, pad_to=pad_to, tokens=True)
             pos_shape = None if v2 else tuple(n // (4 * 2 ** i) for n in pretrain_size)
             blocks = nn.ModuleList([
                 PVTBlock(dim, self.num_heads[i], attn_cfgs[i], cfg['mlp_ratios'][i], self.sr_ratios[i], linear,
@@ -261,6 +277,9 @@ class SoftFreePVT(_PVTBase):
             mlp_ratios, sr_ratios (and attn_cfg); explicit per-stage tuples override the preset.
         attn_cfg: one kernel config for all stages or a list of four. Default: the preset's, else 'softmax'.
         sr_ratios: (8, 4, 2, 1) by default; (1, 1, 1, 1) gives the InLine set-up (no spatial reduction).
+        patch_grid: 'ceil' (ours: a side that is no patch multiple is zero padded up to one) or 'floor' (the official
+            code's strided conv: the last partial patch dropped); see ``PATCH_GRIDS``. Default: the preset's (the
+            Agent-PVT presets: 'floor', as their released detectors and segmentors were trained), else 'ceil'.
         pretrain_img_size: the image size the positional tables were learned at, an int or (H, W) (224: grids 56,
             28, 14, 7). out_indices, frozen_stages, drop_path_rate, with_cp, init_cfg, pretrained: as every backbone.
 
@@ -272,7 +291,7 @@ class SoftFreePVT(_PVTBase):
     """
     OWNER = 'SoftFreePVT'
     VERSION = 1
-    arch_options = ('attn_cfg',)
+    arch_options = ('attn_cfg', 'patch_grid')
     _convert = staticmethod(convert_pvt)
     family = Family(tiny=dict(arch='tiny', **_TINY), fit=_NO_REDUCTION, arch_spec=PVTArchSpec(),
                     checkpoints={'pvt': dict(arch='tiny', **_PROBE), 'inline_pvt': dict(arch='inline_tiny', **_PROBE),
@@ -286,7 +305,8 @@ class SoftFreePVT(_PVTBase):
     # the official Agent-PVT models (LeapLabTHU/Agent-Attention, models/agent_pvt.py, cfgs/agent_pvt_{t,s}.yaml: agents
     # 9-16-49-49, 'AAAA', agent_sr_ratios 1111, biases at the 56-28-14-7 grids); '_downstream': the detection /
     # segmentation set-up (downstream_agent_shapes 12-16-28-28)
-    _agent = dict(_common, sr_ratios=(1, 1, 1, 1),
+    # (the official Agent-PVT code rounds its patch grids down: its detection / segmentation releases compute so)
+    _agent = dict(_common, sr_ratios=(1, 1, 1, 1), patch_grid='floor',
                   attn_cfg=tuple(dict(type='agent', agent_num=n, window_size=w)
                                  for n, w in ((9, 56), (16, 28), (49, 14), (49, 7))))
     _agent_down = dict(_agent, attn_cfg=tuple(dict(c, downstream_agent_shape=(s, s))
@@ -321,14 +341,14 @@ class SoftFreePVT(_PVTBase):
                  paddings: Optional[Sequence[int]] = None, use_abs_pos_embed: Optional[bool] = None,
                  norm_after_stage: Optional[bool] = None, use_conv_ffn: Optional[bool] = None,
                  drop_rate: float = 0., attn_drop_rate: float = 0., act_cfg: Optional[dict] = None,
-                 norm_cfg: Optional[dict] = None, convert_weights: bool = True):
+                 norm_cfg: Optional[dict] = None, convert_weights: bool = True, patch_grid: Optional[str] = None):
         mmdet_args = dict(num_stages=num_stages, patch_sizes=patch_sizes, strides=strides, paddings=paddings,
                           use_abs_pos_embed=use_abs_pos_embed, norm_after_stage=norm_after_stage,
                           use_conv_ffn=use_conv_ffn, drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
                           act_cfg=act_cfg, norm_cfg=norm_cfg, convert_weights=convert_weights)
         super().__init__(arch, in_channels, embed_dims, depths, num_heads, mlp_ratios, sr_ratios, False, qkv_bias,
                          attn_cfg, out_indices, drop_path_rate, frozen_stages, with_cp, pretrain_img_size, init_cfg,
-                         pretrained, num_layers, mmdet_args)
+                         pretrained, num_layers, mmdet_args, patch_grid)
 
 
 @register_family

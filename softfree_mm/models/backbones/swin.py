@@ -1,7 +1,10 @@
 """Swin Transformer (Liu et al. 2021) whose window attention runs through any softfree_mm attention kernel.
 
-Window stages pad the grid bottom/right to a window multiple and mask pad keys; shifted blocks roll by window // 2
-along each axis larger than one window and mask the regions the roll joins (kernels with ``supports_mask``).
+Window stages pad the grid bottom/right to a window multiple; shifted blocks roll by window // 2 and mask the regions
+the roll joins (kernels with ``supports_mask``). The padding rule is declared (``pad_keys``, ``always_shift``): ours
+removes pad keys (a key mask, which keeps a linear kernel's factorised order in unshifted windows) and does not shift
+an axis one window long; mmdet's and the official detection / segmentation code attend to zero pad tokens and always
+shift (``MMDET_PADDING``, taken by the presets and configs of the releases trained so).
 ``global_window`` makes a stage's window its whole grid (no pad, shift, mask or bias table: every kernel fits, the
 InLine set-up). Grid kernels get ``hw`` = the window, context kernels the mean of its real tokens. Presets: tiny ..
 large and the official InLine models. Layout: timm's names, patch merging at the start of stage i > 0."""
@@ -19,7 +22,8 @@ from ..utils.cfg import check_foreign_args, expand_per_block, pretrain_hw
 from ..utils.mlp import DWConvMlp, Mlp
 from ..utils.token_layout import TokenLayout
 from ..utils.tokens import PatchEmbed
-from ..utils.windows import _GEOMETRIES, WindowGeometry, geometry, relative_position_index  # noqa: F401  (cache)
+from ..utils.windows import (_GEOMETRIES, PAD_KEYS, WindowGeometry, geometry,  # noqa: F401  (cache)
+                             relative_position_index)
 from .base import AttentionBlock, Family, StagedBackbone, checkpointed, mmdet_checks, register_family
 from .swin_convert import SwinArchSpec, convert_swin
 
@@ -44,6 +48,10 @@ def agent_cfg(agent_num: int, window: int, shape=None, **kw) -> dict:
 # 'AAAB' / 'AABB'); '_downstream': the detection / segmentation set-up (downstream_agent_shapes 9-12-14-7)
 _AGENT_SWIN = tuple(agent_cfg(n, w) for n, w in ((9, 56), (16, 28), (49, 14), (49, 7)))
 _AGENT_SWIN_DOWN = tuple(agent_cfg(n, w, (s, s)) for n, w, s in ((9, 56, 9), (16, 28, 12), (49, 14, 14), (49, 7, 7)))
+# the padding rule of mmdet's SwinTransformer and of the official Swin / Agent-Swin detection and segmentation code
+# (windows.WindowGeometry): pad tokens attended as zero keys, shifted blocks roll along both axes whatever the grid
+MMDET_PADDING = dict(pad_keys='zeros', always_shift=True)
+_DOWNSTREAM_PADDING = MMDET_PADDING
 ARCH_ZOO: Dict[str, dict] = {
     'tiny': _T,
     'small': _S,
@@ -58,10 +66,12 @@ ARCH_ZOO: Dict[str, dict] = {
                         global_window=(True, True, (True,) * 2 + (False,) * 16, False)),
     'agent_tiny': dict(_T, attn_cfg=_AGENT_SWIN[:3] + ('softmax',), global_window=(True, True, True, False)),
     'agent_small': dict(_S, attn_cfg=_AGENT_SWIN[:2] + ('softmax',) * 2, global_window=(True, True, False, False)),
+    # the downstream code pads windows with zero tokens attended as keys and always shifts (its detection /
+    # segmentation swin: the pad rule of mmdet's SwinTransformer): the released detectors were trained so
     'agent_tiny_downstream': dict(_T, attn_cfg=_AGENT_SWIN_DOWN[:3] + ('softmax',),
-                                  global_window=(True, True, True, False)),
+                                  global_window=(True, True, True, False), **_DOWNSTREAM_PADDING),
     'agent_small_downstream': dict(_S, attn_cfg=_AGENT_SWIN_DOWN[:2] + ('softmax',) * 2,
-                                   global_window=(True, True, False, False)),
+                                   global_window=(True, True, False, False), **_DOWNSTREAM_PADDING),
 }
 
 
@@ -190,9 +200,11 @@ class SwinBlock(AttentionBlock):
 
 class SwinStage(nn.Module):
     def __init__(self, in_dim, dim, num_heads, windows, attn_cfgs, mlp_ratio, qkv_bias, drop, drop_paths,
-                 with_bias_tables, with_cp, downsample: Optional[str], qk_scale=None, where='', conv_mlp=False):
+                 with_bias_tables, with_cp, downsample: Optional[str], qk_scale=None, where='', conv_mlp=False,
+                 pad_keys: str = 'mask', always_shift: bool = False):
         super().__init__()
         self.windows = tuple(windows)  # one per block; None = global window
+        self.pad_keys, self.always_shift = pad_keys, always_shift  # the padding rule (windows.WindowGeometry)
         self.downsample = (None if downsample is None else
                            PatchMerging(in_dim, dim) if downsample == 'merge' else ConvDownsample(in_dim, dim))
         self.blocks = nn.ModuleList([
@@ -204,7 +216,8 @@ class SwinStage(nn.Module):
     def forward(self, x):
         if self.downsample is not None:
             x = self.downsample(x)
-        geos = {w: geometry(tuple(x.shape[1:3]), w, x.device) for w in set(self.windows)}
+        geos = {w: geometry(tuple(x.shape[1:3]), w, x.device, self.pad_keys, self.always_shift)
+                for w in set(self.windows)}
         for blk, window in zip(self.blocks, self.windows):
             x = blk(x, geos[window])
         return x
@@ -235,6 +248,14 @@ class SoftFreeSwin(StagedBackbone):
             stage's whole token grid (no shift, no padding, no mask, no relative position bias). Default: the
             preset's, else False.
         window_size: window side of the non-global stages (7).
+        pad_keys: how a window stage pads a grid that is no multiple of the window (every COCO image): 'mask' (ours,
+            the default: pad keys removed, so padding changes nothing) or 'zeros' (mmdet's SwinTransformer and the
+            official detection / segmentation code: zero pad tokens attended as keys). Default: the preset's, else
+            'mask'. A released detector or segmentor computes its numbers with the rule it was trained with
+            (docs/official_weights.md): ``MMDET_PADDING`` for mmdet's Swin detectors and the Agent downstream presets.
+        always_shift: False (ours, the default: no shift along an axis that holds one window, as the classification
+            code at 224) or True (mmdet's and the official downstream code: shifted blocks roll along both axes
+            whatever the grid). Default: the preset's, else False.
         downsample: 'merge' (Swin's patch merging: the official) or 'conv' (ours: PVTv2's overlapping 3x3 stride-2
             patch embedding between stages).
         mlp: 'linear' (Swin's MLP: the official) or 'dwconv' (ours: PVTv2's, a depthwise 3x3 conv on the grid
@@ -262,7 +283,7 @@ class SoftFreeSwin(StagedBackbone):
 
     arch_zoo = ARCH_ZOO
     arch_keys = ('embed_dims', 'depths', 'num_heads')
-    arch_options = ('attn_cfg', 'global_window')
+    arch_options = ('attn_cfg', 'global_window', 'pad_keys', 'always_shift')
     trunc_normal_params = ('absolute_pos_embed',)
     stem = ('patch_embed', 'absolute_pos_embed')
     _convert = staticmethod(convert_swin)
@@ -281,7 +302,8 @@ class SoftFreeSwin(StagedBackbone):
     def __init__(self, arch: Union[str, dict] = 'tiny', embed_dims: Optional[int] = None,
                  depths: Optional[Sequence[int]] = None, num_heads: Optional[Sequence[int]] = None,
                  attn_cfg: Union[str, dict, Sequence, None] = None, global_window: Union[bool, Sequence, None] = None,
-                 window_size: int = 7, downsample: str = 'merge', mlp: str = 'linear', mlp_ratio: float = 4.0,
+                 window_size: int = 7, pad_keys: Optional[str] = None, always_shift: Optional[bool] = None,
+                 downsample: str = 'merge', mlp: str = 'linear', mlp_ratio: float = 4.0,
                  qkv_bias: bool = True, in_channels: int = 3,
                  patch_size: int = 4, patch_norm: bool = True, drop_rate: float = 0.0, drop_path_rate: float = 0.1,
                  out_indices: Sequence[int] = (0, 1, 2, 3), frozen_stages: int = -1, with_cp: bool = False,
@@ -316,6 +338,17 @@ class SoftFreeSwin(StagedBackbone):
             raise ValueError(f"SoftFreeSwin: mlp='dwconv' has no dropout (PVTv2's MLP), got drop_rate={drop_rate!r}")
         if not isinstance(window_size, int) or window_size < 1:
             raise ValueError(f'SoftFreeSwin: window_size must be a positive int, got {window_size!r}')
+        pad_keys = preset.get('pad_keys', 'mask') if pad_keys is None else pad_keys
+        always_shift = preset.get('always_shift', False) if always_shift is None else always_shift
+        if pad_keys not in PAD_KEYS:
+            raise ValueError(f"SoftFreeSwin: pad_keys must be one of {', '.join(map(repr, PAD_KEYS))} ('mask': pad "
+                             "keys removed, ours; 'zeros': zero pad tokens attended as keys, mmdet's and the official "
+                             f'detection / segmentation code), got {pad_keys!r}')
+        if not isinstance(always_shift, bool):
+            raise ValueError(f'SoftFreeSwin: always_shift must be True (shift along both axes whatever the grid: mmdet '
+                             'and the official detection / segmentation code) or False (no shift along an axis one '
+                             f'window long), got {always_shift!r}')
+        self.pad_keys, self.always_shift = pad_keys, always_shift
         dims = self._stages_from(arch, depths, num_heads, embed_dims, out_indices, frozen_stages)
         self.window_size = window_size
 
@@ -349,9 +382,10 @@ class SoftFreeSwin(StagedBackbone):
                     cls = require_kernel_fit(cfg, 'SoftFreeSwin', f'{where} (global window)', varying_length=True)
                     window = None
                 else:
+                    pads = 'padded keys masked' if pad_keys == 'mask' else 'zero pad keys'
                     cls = require_kernel_fit(
                         cfg, 'SoftFreeSwin',
-                        f'{where} ({window_size}x{window_size} shifted windows, padded keys masked; '
+                        f'{where} ({window_size}x{window_size} shifted windows, {pads}; '
                         f'set global_window=True for this stage to use it without masks)', needs_mask=True)
                     window = window_size
                 windows.append(window)
@@ -366,7 +400,7 @@ class SoftFreeSwin(StagedBackbone):
                 dims[i - 1] if i else dims[0], dims[i], num_heads[i], windows, cfgs[i], mlp_ratio,
                 qkv_bias, drop_rate, dpr[start:start + depths[i]], with_bias, with_cp,
                 downsample=downsample if i > 0 else None, qk_scale=qk_scale, where=f'stage {i}',
-                conv_mlp=mlp == 'dwconv'))
+                conv_mlp=mlp == 'dwconv', pad_keys=pad_keys, always_shift=always_shift))
         if no_bias:
             print_log('SoftFreeSwin: no relative position bias table in ' + ', '.join(no_bias), logger='current')
         self._add_out_norms(dims)

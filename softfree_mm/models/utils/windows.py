@@ -122,12 +122,32 @@ def relative_position_index(wh: int, ww: int) -> torch.Tensor:
     return (rel[0] + wh - 1) * (2 * ww - 1) + (rel[1] + ww - 1)
 
 
-class WindowGeometry:
-    """How one stage cuts its (H, W) token grid into windows for one forward pass (pure data + masks)."""
+PAD_KEYS = ('mask', 'zeros')
 
-    def __init__(self, hw: Tuple[int, int], window: Optional[int], device):
+
+class WindowGeometry:
+    """How one stage cuts its (H, W) token grid into windows for one forward pass (pure data + masks).
+
+    The padding rules, declared per release (a released detector was trained with one of them):
+
+    - ``pad_keys='mask'`` (ours, the default): pad slots are removed as keys. An unshifted padded window's mask
+      only removes keys, a (nW, 1, 1, N) key mask that keeps a linear kernel's factorised order; a shifted one
+      also separates the rolled regions, a general (nW, 1, N, N) mask (a pad query then sees itself only).
+      ``'zeros'`` (mmdet's SwinTransformer and the official Swin / Agent-Swin detection and segmentation code):
+      pad slots are zero tokens that every query of the window attends to; only the shifted regions are masked.
+    - ``always_shift=False`` (ours, the default, as the classification code at 224, whose last stage is one
+      window): no shift along an axis that holds a single window (it would only split that window);
+      ``True`` (mmdet's and the official downstream code): shifted blocks roll by window // 2 along both axes,
+      whatever the grid.
+    """
+
+    def __init__(self, hw: Tuple[int, int], window: Optional[int], device, pad_keys: str = 'mask',
+                 always_shift: bool = False):
         h, w = hw
         self.hw = (h, w)
+        if pad_keys not in PAD_KEYS:
+            raise ValueError(f"pad_keys must be one of {', '.join(map(repr, PAD_KEYS))}, got {pad_keys!r}")
+        self.pad_keys, self.always_shift = pad_keys, bool(always_shift)
         if window is None:  # global window: the whole grid, no padding, no shift, no mask
             self.window = (h, w)
             self.padded = (h, w)
@@ -135,8 +155,8 @@ class WindowGeometry:
         else:
             self.window = (window, window)
             self.padded = (ceil_div(h, window) * window, ceil_div(w, window) * window)
-            # no shift along an axis that holds a single window (it would only split that window)
-            self.shift = tuple(window // 2 if n > window else 0 for n in (h, w))
+            # always_shift=False: no shift along an axis that holds a single window (it would only split that window)
+            self.shift = tuple(window // 2 if (n > window or always_shift) else 0 for n in (h, w))
         self.device = device
         self._masks = {}
 
@@ -153,27 +173,34 @@ class WindowGeometry:
         return self._masks[key]
 
     def mask(self, shifted: bool) -> Optional[torch.Tensor]:
-        """(nW, 1, N, N) bool keep-mask for this geometry, or None when every key may be seen."""
+        """The keep-mask of this geometry (shifted or not), or None when every key may be seen: (nW, 1, 1, N) when it
+        only removes pad keys (unshifted, ``pad_keys='mask'``), (nW, 1, N, N) with shifted regions."""
         shifted = shifted and any(self.shift)
-        if not shifted and not self.needs_pad:
+        pads = self.needs_pad and self.pad_keys == 'mask'
+        if not shifted and not pads:
             return None
         if shifted in self._masks:
             return self._masks[shifted]
         (hp, wp), (wh, ww), (sh, sw) = self.padded, self.window, self.shift
         valid = torch.zeros(hp, wp, dtype=torch.bool, device=self.device)
         valid[:self.hw[0], :self.hw[1]] = True
-        region = torch.zeros(hp, wp, dtype=torch.long, device=self.device)
+        if not pads:
+            valid[:] = True  # pad_keys='zeros': the pads are keys like any other
         if shifted:
             valid = torch.roll(valid, shifts=(-sh, -sw), dims=(0, 1))
-            # label the regions in the shifted frame: tokens from different regions never meet
-            hs = [slice(0, hp - wh), slice(hp - wh, hp - sh), slice(hp - sh, hp)] if sh else [slice(0, hp)]
-            ws = [slice(0, wp - ww), slice(wp - ww, wp - sw), slice(wp - sw, wp)] if sw else [slice(0, wp)]
-            label = 0
-            for a in hs:
-                for b in ws:
-                    region[a, b] = label
-                    label += 1
         valid_w = _to_windows(valid[None, :, :, None], wh, ww)[..., 0]  # (nW, N)
+        if not shifted:  # only pad keys are removed: a key mask (every window holds a real token)
+            self._masks[shifted] = valid_w[:, None, None, :]
+            return self._masks[shifted]
+        # label the regions in the shifted frame: tokens from different regions never meet
+        region = torch.zeros(hp, wp, dtype=torch.long, device=self.device)
+        hs = [slice(0, hp - wh), slice(hp - wh, hp - sh), slice(hp - sh, hp)] if sh else [slice(0, hp)]
+        ws = [slice(0, wp - ww), slice(wp - ww, wp - sw), slice(wp - sw, wp)] if sw else [slice(0, wp)]
+        label = 0
+        for a in hs:
+            for b in ws:
+                region[a, b] = label
+                label += 1
         region_w = _to_windows(region[None, :, :, None], wh, ww)[..., 0]
         keep = (region_w[:, :, None] == region_w[:, None, :]) & valid_w[:, None, :]
         keep = keep | identity_mask(wh * ww, self.device)  # a pad query sees itself only
@@ -184,16 +211,16 @@ class WindowGeometry:
 _GEOMETRIES: 'OrderedDict[tuple, WindowGeometry]' = OrderedDict()
 
 
-def geometry(hw, window, device) -> WindowGeometry:
+def geometry(hw, window, device, pad_keys: str = 'mask', always_shift: bool = False) -> WindowGeometry:
     """The stage's WindowGeometry, kept across forward passes (its masks and gather indices are built once per
     grid size: on a GPU at batch 1 their dozens of small kernel launches per pass cost more than the attention).
     Tracers (torch.export, torch.compile, the ONNX exporter) get a fresh one, so that nothing is baked in, and so
     does inference mode (its tensors could not be saved for a later backward)."""
     if torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting() or \
             torch.is_inference_mode_enabled():
-        return WindowGeometry(hw, window, device)
-    key = (hw, window, str(device))
-    geo = _GEOMETRIES.pop(key, None) or WindowGeometry(hw, window, device)
+        return WindowGeometry(hw, window, device, pad_keys, always_shift)
+    key = (hw, window, str(device), pad_keys, bool(always_shift))
+    geo = _GEOMETRIES.pop(key, None) or WindowGeometry(hw, window, device, pad_keys, always_shift)
     _GEOMETRIES[key] = geo  # most recent last
     while len(_GEOMETRIES) > 64:  # multi-scale training sees many sizes; keep the recent ones
         _GEOMETRIES.popitem(last=False)
