@@ -72,8 +72,14 @@ def test_convert_tool_writes_a_whole_model_for_load_from(tmp_path, monkeypatch, 
     src, dst = tmp_path / 'release.pth', tmp_path / 'whole.pth'
     torch.save(release, src)
     assert convert_checkpoint.main(['auto', str(src), str(dst), '--whole']) == 0
-    assert 'agent_swin (whole model)' in capsys.readouterr().out
-    model.load_state_dict(torch.load(dst, weights_only=True)['state_dict'], strict=True)
+    out = capsys.readouterr().out
+    assert 'agent_swin (whole model)' in out
+    # the release's padding rule is named and recorded, and the config's preset carries it
+    assert "padding rule pad_keys='zeros', always_shift=True" in out
+    saved = torch.load(dst, weights_only=True)
+    assert saved['meta']['backbone_padding'] == dict(pad_keys='zeros', always_shift=True)
+    assert (model.backbone.pad_keys, model.backbone.always_shift) == ('zeros', True)
+    model.load_state_dict(saved['state_dict'], strict=True)
     torch.save({'state_dict': {'a.weight': torch.ones(1)}}, src)
     with pytest.raises(SystemExit):
         convert_checkpoint.main(['agent_swin', str(src), str(dst), '--whole'])

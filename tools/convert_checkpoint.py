@@ -73,9 +73,15 @@ def main(argv=None):
         unplaced = unplaced_keys(family, {k[len('backbone.'):]: v for k, v in whole.items()
                                           if k.startswith('backbone.')})
         os.makedirs(os.path.dirname(os.path.abspath(args.dst)), exist_ok=True)
+        padding = checkpoint_class(family).family.downstream_padding.get(family, {})
         torch.save({'state_dict': whole, 'meta': {'converted_from': os.path.basename(args.src), 'family': family,
-                                                  'whole': True}}, args.dst)
+                                                  'whole': True, 'backbone_padding': padding}}, args.dst)
         print(f'{family} (whole model): {len(whole)} keys -> {args.dst}')
+        if padding:
+            rule = ', '.join(f'{k}={v!r}' for k, v in padding.items())
+            print(f'{family}: its detectors / segmentors were trained with the padding rule {rule}: build the '
+                  f'backbone with it (model.backbone: {rule}; the Agent downstream presets carry it), or it computes '
+                  'another function at sizes that pad')
         if unplaced:
             print(f'{family}: {len(unplaced)} backbone key(s) no {family} backbone has: {unplaced}', file=sys.stderr)
         return 0

@@ -30,6 +30,10 @@ class Family:
             dict (its build arguments) that returns one (PVT: spatial reduction or not, by preset and
             ``sr_ratios``); None: not declared. The warm start says in one line when a backbone's layout is not the
             one its default recipe was measured on (``softfree_mm.engine.warm_start.default_origin``).
+        downstream_padding: checkpoint kind -> the build arguments of the padding rule that kind's released
+            detectors and segmentors were trained with (windows attending zero pad keys, patch grids rounded down),
+            where it is not the family's default; ``tools/convert_checkpoint.py --whole`` names them and records them
+            in the file's meta. Kinds not named have no downstream release or pad as the default does.
     """
 
     MIXES = ('tokens', 'channels')
@@ -41,7 +45,8 @@ class Family:
     def __init__(self, tiny: dict, fit: Optional[Tuple[str, dict]] = None,
                  checkpoints: Optional[Dict[str, dict]] = None, arch_spec=None,
                  benchmark: Optional[Dict[str, dict]] = None, mixes: str = 'tokens',
-                 layout: Union[str, Callable[[dict], str], None] = None):
+                 layout: Union[str, Callable[[dict], str], None] = None,
+                 downstream_padding: Optional[Dict[str, dict]] = None):
         if not isinstance(tiny, dict):
             raise TypeError(f'Family: tiny must be a dict of build arguments, got {tiny!r}')
         if fit is not None and not (isinstance(fit, tuple) and len(fit) == 2 and isinstance(fit[0], str)
@@ -54,6 +59,10 @@ class Family:
                              f'backbone config, got {layout!r}')
         self.tiny, self.fit, self.arch_spec, self.mixes, self._layout = tiny, fit, arch_spec, mixes, layout
         self.checkpoints, self.benchmark = dict(checkpoints or {}), dict(benchmark or {})
+        self.downstream_padding = {k: dict(v) for k, v in (downstream_padding or {}).items()}
+        unknown = set(self.downstream_padding) - set(self.checkpoints)
+        if unknown:
+            raise ValueError(f'Family: downstream_padding names checkpoint kinds it does not declare: {sorted(unknown)}')
 
     def layout(self, backbone: dict) -> Optional[str]:
         """Which tokens meet in the attention of the backbone a config's ``backbone`` dict builds (None: not

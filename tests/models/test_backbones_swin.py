@@ -173,6 +173,33 @@ def test_softmax_swin_equals_mmdet_swin_with_converted_mmdet_weights():
         torch.testing.assert_close(o, e, atol=1e-4, rtol=1e-4)
 
 
+# 232x296: stage grids 58x74, 29x37, 15x19, 8x10, none a multiple of 7; 200x264: 50x66 .. 7x9 (stage 4 one window
+# high, shifted by mmdet all the same)
+@pytest.mark.parametrize('hw', [(232, 296), (200, 264)], ids=['232x296', '200x264'])
+def test_mmdet_padding_rule_equals_mmdets_own_swin_where_every_stage_pads(hw):
+    """An mmdet model-zoo Swin detector loaded into SoftFreeSwin computes mmdet's function on every COCO image when
+    built with ``MMDET_PADDING`` (zero pad tokens attended as keys, shifted blocks rolled along both axes): mmdet's
+    own module, float64, to 1e-10; our default rule (pad keys removed, no shift along a one-window axis) computes
+    another function there."""
+    from mmdet.models.backbones.swin import SwinTransformer
+    from softfree_mm.models.backbones.swin import MMDET_PADDING
+    arch = dict(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4))
+    ref = SwinTransformer(**arch, drop_path_rate=0.0)
+    ref.eval()
+    randomize_(ref, std=0.2)
+    ref.double()
+    model = SoftFreeSwin(arch=dict(arch), drop_path_rate=0.0, **MMDET_PADDING).double().eval()
+    model.load_state_dict(convert_swin(ref.state_dict()), strict=True)
+    ours = SoftFreeSwin(arch=dict(arch), drop_path_rate=0.0).double().eval()
+    ours.load_state_dict(model.state_dict(), strict=True)
+    x = torch.randn(1, 3, *hw, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    with torch.no_grad():
+        expect, outs, other = ref(x), model(x), ours(x)
+    for o, e in zip(outs, expect):
+        torch.testing.assert_close(o, e, atol=1e-10, rtol=1e-10)
+    assert float((other[3] - expect[3]).abs().max()) > 1e-3
+
+
 def test_abs_pos_embed_swin_equals_mmdet_at_the_pretrain_size_and_mmdet_with_the_bicubic_table_elsewhere(tmp_path):
     from mmdet.models.backbones.swin import SwinTransformer
     from mmpretrain.models.utils import resize_pos_embed

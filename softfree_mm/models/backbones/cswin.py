@@ -224,7 +224,8 @@ class SoftFreeCSWin(StagedBackbone):
                      'inline_cswin': dict(arch='inline_tiny', embed_dims=8, num_heads=(2, 2, 2, 2)),
                      'agent_cswin': dict(arch='agent_tiny', embed_dims=8, num_heads=(2, 2, 2, 2))},
         benchmark={'cswin_t': dict(arch='tiny')},
-        layout=lambda cfg: 'global tokens' if _global(cfg.get('global_window')) else 'stripes')
+        layout=lambda cfg: 'global tokens' if _global(cfg.get('global_window')) else 'stripes',
+        downstream_padding={'cswin': dict(pad_keys='zeros')})  # the official UperNet releases keep pad keys
 
     def __init__(self, arch: Union[str, dict] = 'tiny', embed_dims: Optional[int] = None,
                  depths: Optional[Sequence[int]] = None, num_heads: Optional[Sequence[int]] = None,

@@ -296,7 +296,9 @@ class SoftFreePVT(_PVTBase):
     family = Family(tiny=dict(arch='tiny', **_TINY), fit=_NO_REDUCTION, arch_spec=PVTArchSpec(),
                     checkpoints={'pvt': dict(arch='tiny', **_PROBE), 'inline_pvt': dict(arch='inline_tiny', **_PROBE),
                                  'agent_pvt': dict(arch='agent_tiny', **_PROBE)},
-                    benchmark={'pvt_s': dict(arch='small')}, layout=_layout_of('SoftFreePVT'))
+                    benchmark={'pvt_s': dict(arch='small')}, layout=_layout_of('SoftFreePVT'),
+                    # the official PVT / Agent-PVT detection and segmentation code (and mmdet's PVT) round down
+                    downstream_padding={'pvt': dict(patch_grid='floor'), 'agent_pvt': dict(patch_grid='floor')})
     MMDET_LAYOUT = dict(patch_sizes=(4, 2, 2, 2), strides=(4, 2, 2, 2), paddings=(0, 0, 0, 0), use_abs_pos_embed=True,
                         norm_after_stage=False, use_conv_ffn=False)
     _common = dict(embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8), mlp_ratios=(8, 8, 4, 4),

@@ -296,6 +296,8 @@ class SoftFreeSwin(StagedBackbone):
                      'inline_swin': dict(arch='inline_base', embed_dims=8, num_heads=(1, 1, 1, 1)),
                      'agent_swin': dict(arch='agent_tiny', embed_dims=8, num_heads=(1, 1, 1, 1))},
         benchmark={'swin_t': dict(arch='tiny'), 'swin_s': dict(arch='small')},
+        # mmdet's Swin detectors / segmentors and the official Agent-Swin downstream releases pad as mmdet does
+        downstream_padding={'swin': MMDET_PADDING, 'agent_swin': MMDET_PADDING},
         layout=lambda cfg: 'global tokens' if _global(cfg.get('global_window')) else 'windows')
     freeze_next_downsample = True
 
