@@ -10,10 +10,11 @@ autograd keeps for backward. Per call:
   call's inputs, which the layer holds anyway, are not counted);
 
 both divided by the call's (batch, head) pairs, beside the kernel's ``memory(nq, nk, d, dv, masked, hw)`` for the
-call's shapes. :func:`problems` holds a call to its declaration: within ``FACTOR`` either way, give or take the size
-of the call's inputs (copies of q, k, v that a caller's memory layout may or may not force: a permuted v made
-contiguous), a margin linear in the tokens, so a kernel that keeps an Nq x Nk or an N x N matrix it does not
-declare fails once N exceeds a few times the head width.
+call's shapes (``masked``: a general mask or a bias, ``dispatch.general``; a key-only mask counts as none, as the
+kernels' declarations read it). :func:`problems` holds a call to its declaration: within ``FACTOR`` either way, give
+or take the size of the call's inputs (copies of q, k, v that a caller's memory layout may or may not force: a
+permuted v made contiguous), a margin linear in the tokens, so a kernel that keeps an Nq x Nk or an N x N matrix it
+does not declare fails once N exceeds a few times the head width.
 
 >>> with KernelMemory(model) as probe:
 ...     model(x)
@@ -27,7 +28,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from ..attention import AttentionKernel
+from ..attention import AttentionKernel, dispatch
 
 
 FACTOR = 2
@@ -112,7 +113,7 @@ class KernelMemory:
             names = ('q', 'k', 'v', 'hw', 'scale', 'bias', 'mask')
             given = dict(zip(names, args), **{k: v for k, v in kwargs.items() if k in names})
             q, k, v = given['q'], given['k'], given['v']
-            masked = given.get('mask') is not None or given.get('bias') is not None
+            masked = dispatch.general(given.get('mask'), given.get('bias'))  # a key-only mask counts as none
             saved: Dict[int, int] = {}
             mode = _Allocations()
 

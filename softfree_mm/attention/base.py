@@ -4,6 +4,12 @@ A kernel maps ``q (B, h, Nq, d)``, ``k (B, h, Nk, d)``, ``v (B, h, Nk, dv)`` to 
 show its explicit weight matrix ``A (B, h, Nq, Nk)`` with ``out == A @ v``. Backbones read the declared
 abilities (``supports_bias``, ``supports_mask``, ``complexity``) and never the kernel's type.
 
+``mask``: a bool keep-mask (True = may attend) broadcastable to (B, h, Nq, Nk). One whose query axis has size 1,
+(..., 1, Nk) such as (B', 1, 1, Nk), removes keys only (padding; ``dispatch.key_only``): a kernel with a factorised
+order keeps that order for it, and every kernel gives exactly the output of deleting the masked keys. Any other mask,
+or a bias, is general (``dispatch.general``), and the ``masked`` argument of ``flops`` / ``memory`` / ``order`` says
+whether one is given.
+
 This package imports torch only.
 """
 import math
@@ -78,8 +84,9 @@ class AttentionKernel(nn.Module):
 
     def flops(self, nq: int, nk: int, d: int, dv: int, masked: bool = False, hw=None) -> int:
         """Multiply-adds of one forward call for ONE (batch, head) pair: ``nq`` queries, ``nk`` keys, ``d`` =
-        head_dim of q and k, ``dv`` of v; ``masked``: a mask or a bias is given (the path they take); ``hw``: the
-        token grid (kernels with landmarks or convolutions on the grid; a square-ish grid when None).
+        head_dim of q and k, ``dv`` of v; ``masked``: a general mask or a bias is given (``dispatch.general``: a
+        key-only mask counts as none; the path a mask or a bias takes); ``hw``: the token grid (kernels with
+        landmarks or convolutions on the grid; a square-ish grid when None).
 
         What counts is what torch's and mmengine's counters count for the rest of a network: matrix products,
         convolutions (depthwise ones included, however the code runs them) and their learned 1x1 projections;
@@ -89,14 +96,16 @@ class AttentionKernel(nn.Module):
 
     def order_costs(self, nq: int, nk: int, d: int, dv: int, device: str = 'cpu') -> Optional[Tuple[int, int]]:
         """``(explicit, factorised)``: weighted multiply-adds per (batch, head) of the two association orders of a
-        kernel that has two (``(phi(q) phi(k)^T) v`` and ``phi(q) (phi(k)^T v)``), for a call without mask or bias
-        on a device type; None for a kernel with one order. The work both orders share may be left out of both."""
+        kernel that has two (``(phi(q) phi(k)^T) v`` and ``phi(q) (phi(k)^T v)``), for a call without a general
+        mask or a bias (a key-only mask changes neither) on a device type; None for a kernel with one order. The
+        work both orders share may be left out of both."""
         return None
 
     def order(self, nq: int, nk: int, d: int, dv: int, masked: bool = False, device: str = 'cpu') -> str:
         """'explicit' | 'factorised': the order a call of these shapes takes (``dispatch.order``: the kernel's
-        ``impl`` or ``SOFTFREE_ATTN_IMPL``, else the cheaper one; always 'explicit' with a mask or a bias); '' for a
-        kernel with one order. ``forward`` and ``flops`` both read it."""
+        ``impl`` or ``SOFTFREE_ATTN_IMPL``, else the cheaper one; always 'explicit' when ``masked``: a general mask
+        or a bias, ``dispatch.general(mask, bias)``; a key-only mask keeps the order it would have without a mask);
+        '' for a kernel with one order. ``forward`` and ``flops`` both read it."""
         costs = self.order_costs(nq, nk, d, dv, device)
         if costs is None:
             return ''
@@ -105,16 +114,17 @@ class AttentionKernel(nn.Module):
     def describe_path(self, q, k, v, bias=None, mask=None) -> str:
         """The path a call with these inputs takes, in words (the dry run names it per layer): 'explicit order' /
         'factorised order' for a kernel with two, else the kernel's own path."""
-        order = self.order(q.shape[2], k.shape[2], q.shape[3], v.shape[3], bias is not None or mask is not None,
+        order = self.order(q.shape[2], k.shape[2], q.shape[3], v.shape[3], dispatch.general(mask, bias),
                            q.device.type)
         return f'{order} order' if order else 'one path'
 
     def memory(self, nq: int, nk: int, d: int, dv: int, masked: bool = False, hw=None) -> Tuple[int, int]:
         """``(saved, largest)`` elements per (batch, head) of one forward call on a CPU in fp32 with autograd on:
         what the call creates and autograd keeps for backward (its inputs not counted), and the largest tensor it
-        creates. The dominant terms in (nq, nk, d, dv) for the path the call takes (``masked``: a mask or a bias is
-        given), as ``flops`` states its products; ``tests/analysis/test_analysis_kernel_memory.py`` measures every kernel
-        in every layout the support table lists against it."""
+        creates. The dominant terms in (nq, nk, d, dv) for the path the call takes (``masked``: a general mask or a
+        bias is given, ``dispatch.general``; a key-only mask counts as none), as ``flops`` states its products;
+        ``tests/analysis/test_analysis_kernel_memory.py`` measures every kernel in every layout the support table
+        lists against it."""
         raise NotImplementedError(f"attention kernel '{self.name}' declares no memory()")
 
     # ------------------------------------------------------------------ to override
@@ -314,11 +324,27 @@ def scores(q, k, scale, bias=None):
 
 
 def key_count(mask, q, k):
-    """N per row, shape broadcastable to (B, h, Nq, 1): the number of keys a row may look at."""
+    """N per row, shape broadcastable to (B, h, Nq, 1): the number of keys a row may look at (at least 1). A key-only
+    mask gives one count per (batch, head) from the mask itself, (B', h', 1, 1), without an Nq x Nk temporary."""
     if mask is None:
         return torch.full((1, 1, 1, 1), float(k.shape[2]), dtype=work_dtype(q), device=q.device)
+    if dispatch.key_only(mask):
+        return as_4d(mask).sum(-1, keepdim=True).to(work_dtype(q)).clamp_min(1.0)
     m = mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2]) if mask.dim() == 4 else mask
     return m.sum(-1, keepdim=True).to(work_dtype(q)).clamp_min(1.0)
+
+
+def as_4d(t: torch.Tensor) -> torch.Tensor:
+    """A tensor broadcastable to (B, h, Nq, Nk) as a 4-d view (leading singleton dims added)."""
+    return t.view((1,) * (4 - t.dim()) + tuple(t.shape))
+
+
+def key_keep(mask, dtype) -> Optional[torch.Tensor]:
+    """A key-only mask (``dispatch.key_only``) as a keep column (B', h', Nk, 1) of 1s and 0s in ``dtype``, to multiply
+    the rows of phi(k) or v by (None for None): a masked key then adds exactly nothing to a sum over keys."""
+    if mask is None:
+        return None
+    return as_4d(mask).transpose(-2, -1).to(dtype)
 
 
 def apply_keep(a, mask):

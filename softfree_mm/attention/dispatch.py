@@ -5,10 +5,19 @@ fused Triton kernel (``fused_pointwise.py``).
 The association rule (every kernel with a factorised form: linear, efficient, taylor, cosformer, performer,
 flatten, InLine's linear part, poly): ``out = (phi(q) phi(k)^T) v`` (explicit order: an Nq x Nk matrix) or
 ``phi(q) (phi(k)^T v)`` (factorised order: a d x dv matrix). Each kernel declares the weighted multiply-adds of both
-for (Nq, Nk, d, dv) (``AttentionKernel.order_costs``) and ``impl='auto'`` takes the smaller; a mask or a bias always
-takes the explicit order. In token attention (N >> d) that is the factorised order; in XCiT's channel attention,
+for (Nq, Nk, d, dv) (``AttentionKernel.order_costs``) and ``impl='auto'`` takes the smaller; a general mask or a bias
+always takes the explicit order. In token attention (N >> d) that is the factorised order; in XCiT's channel attention,
 whose "tokens" are a head's d_h channels and whose "head_dim" is the image's N tokens, the explicit one (an N x N
 ``k^T v`` otherwise). ``impl='explicit'`` / ``'factorised'`` force an order; FLOPs follow the same rule.
+
+Masks by kind. A mask that only removes keys (padding: CSWin's stripes, Swin's unshifted padded windows) is known by
+its shape: a bool keep-mask whose query axis has size 1, one that broadcasts to (B, h, Nq, Nk) from (..., 1, Nk),
+e.g. (B', 1, 1, Nk), (B', h, 1, Nk) or (Nk,) (:func:`key_only`). Such a mask keeps the order the rule gives without a
+mask: the factorised order drops the masked keys from ``phi(k)^T v`` and from the normaliser, and counts the valid
+keys wherever a kernel's formula counts keys, so a masked key gives exactly the output of deleting it, in either order.
+Any other mask (one row per query: Swin's shifted windows) and any bias is general (:func:`general`): the explicit
+order. The ``masked`` argument of ``order`` / ``flops`` / ``memory`` means ``general(mask, bias)``: a key-only mask
+counts as no mask there.
 
 ``impl='auto'`` (every kernel's default): on CPU as always, the explicit matrix up to ``blocked.TILE_ELEMENTS``
 scores a (batch, head) pair and tiles beyond. On CUDA the explicit matrix while what it holds (fp32 scores, weights
@@ -61,12 +70,24 @@ def check_order_impl(name: str, impl) -> str:
     return impl
 
 
+def key_only(mask) -> bool:
+    """Whether ``mask`` (a bool keep-mask broadcastable to (B, h, Nq, Nk)) only removes keys: its query axis has size 1
+    (shape (..., 1, Nk), or (Nk,)), so every query row keeps the same keys. False for None."""
+    return mask is not None and (mask.dim() < 2 or mask.shape[-2] == 1)
+
+
+def general(mask, bias=None) -> bool:
+    """Whether a call carries what only the explicit order can take: a bias, or a mask that is not :func:`key_only`.
+    The ``masked`` of ``order`` / ``flops`` / ``memory`` for a call's ``mask`` and ``bias``."""
+    return bias is not None or (mask is not None and not key_only(mask))
+
+
 def order(impl: str, costs, masked: bool) -> str:
     """'explicit' | 'factorised': the association order of one call of a kernel with two, from its ``impl``
-    (``SOFTFREE_ATTN_IMPL`` replaces it when set), its declared ``costs`` ``(explicit, factorised)`` and whether a
-    mask or a bias is given (then always 'explicit'). 'auto', and 'tiled' / 'fused' (ways to compute a pointwise
-    matrix, which leave the order to the rule), take the order with fewer weighted multiply-adds; a tie takes the
-    factorised one."""
+    (``SOFTFREE_ATTN_IMPL`` replaces it when set), its declared ``costs`` ``(explicit, factorised)`` and ``masked``,
+    whether a general mask or a bias is given (:func:`general`; then always 'explicit'; a key-only mask is no reason
+    to leave the factorised order). 'auto', and 'tiled' / 'fused' (ways to compute a pointwise matrix, which leave the
+    order to the rule), take the order with fewer weighted multiply-adds; a tie takes the factorised one."""
     if masked:
         return 'explicit'
     impl = resolve(impl)
@@ -134,7 +155,7 @@ def choose(impl: str, q, k, explicit_mib: Optional[float] = None) -> str:
     ``torch.jit.trace`` (ONNX export, FLOP counters) no Triton launch can be recorded: 'fused' becomes 'tiled' and
     'auto' follows the CPU rule on any device."""
     tracing = torch.jit.is_tracing()
-    if impl == 'factorised':  # a call that has no factorised order (a pointwise kernel, a mask, a bias)
+    if impl == 'factorised':  # a call that has no factorised order (a pointwise kernel, a general mask, a bias)
         impl = 'auto'
     if impl != 'auto':
         return 'tiled' if tracing and impl == 'fused' else impl

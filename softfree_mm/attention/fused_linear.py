@@ -7,7 +7,8 @@ the keys and one over the queries, forward and backward.
 ``z = sum_j phi(k_j)``, ``vs = sum_j v_j``. The key pass runs one program per chunk of keys and (batch, head) and
 adds the chunks' partial states (so that batch 1 x 4 heads fills the GPU too); the feature map runs in registers;
 inputs in fp32, bf16 or fp16 with every sum in fp32 and the output in the inputs' dtype; head_dim and dv up to 128.
-Masks never come here (the kernels take their explicit order with a mask).
+Masks never come here: a key-masked call stays on the torch path (it keeps the factorised order, with the masked
+keys' rows zeroed there), a call with a general mask takes the explicit order.
 
 Where it runs: the factorised order of those kernels on CUDA tensors, and on CPU tensors under TRITON_INTERPRET=1
 (the tests). The first use per device, dtype, head sizes, form and feature map is checked against the explicit

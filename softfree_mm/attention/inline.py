@@ -3,7 +3,10 @@
 ``A_ij = s/N * phi(q_i).phi(k_j) + (1 - s * phi(q_i).kbar) / N`` with ``kbar`` the mean of ``phi(k)`` over the
 keys a row may look at (``N`` of them). Rows sum to 1 by subtraction instead of division, weights may be negative,
 and ``q -> A`` is injective (plain linear attention divides, so ``q`` and ``2q`` give the same row).
-Without a mask it is computed in O(N) as ``phi(q) @ (phi(k)^T v) * s/N + (1 - s phi(q).kbar) * vbar``.
+Without a mask it is computed in O(N) as ``phi(q) @ (phi(k)^T v) * s/N + (1 - s phi(q).kbar) * vbar``; so it is with
+a key-only mask (``dispatch.key_only``, shape (..., 1, Nk): padded keys), whose masked keys' rows of phi(k), k and v are
+zeroed and whose N, kbar and vbar count the valid keys only (a key-masked call stays on the torch path: the fused
+kernel takes no mask). A general mask takes the explicit order, per row.
 
 The local residual adds a 3x3 depthwise convolution of v on the (H, W) token grid whose weights are predicted per
 sample from a summary vector by ``Conv1d(C, C, 1, groups=h) -> GELU -> Conv1d(C, 9 x, 1, groups=h)``:
@@ -24,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import ATTENTION, dispatch
-from .base import AttentionKernel, default_scale, resolve_hw, upcast, work_dtype, no_autocast
+from .base import AttentionKernel, as_4d, default_scale, key_keep, resolve_hw, upcast, work_dtype, no_autocast
 from .fused_linear import allowed as fused_linear_allowed
 from .score_map import ScoreMap
 
@@ -35,11 +38,6 @@ LEAKY_SLOPE = 0.01  # torch's nn.LeakyReLU default, as the official code
 
 # the 3x3 neighbourhood, offset o = (dy + 1) * 3 + (dx + 1) (cross-correlation order, as Conv2d)
 _OFFSETS = tuple((dy, dx) for dy in (-1, 0, 1) for dx in (-1, 0, 1))
-
-
-def _as_4d(mask):
-    """A mask broadcastable to (B, h, Nq, Nk) as a 4-d tensor (leading singleton dims added)."""
-    return mask.view((1,) * (4 - mask.dim()) + tuple(mask.shape))
 
 
 def _feature(x, name):
@@ -103,7 +101,7 @@ def channel_conv(v, weights, hw, keep=None):
             ny, nx = ys + dy, xs + dx
             inside = (ny >= 0) & (ny < h) & (nx >= 0) & (nx < w)
             cols = (ny.clamp(0, h - 1) * w + nx.clamp(0, w - 1)).view(1, 1, n, 1)
-            k4 = _as_4d(keep)
+            k4 = as_4d(keep)
             k4 = k4.expand(k4.shape[0], k4.shape[1], n, n)
             sel = torch.gather(k4, 3, cols.expand(k4.shape[0], k4.shape[1], n, 1))
             shifted = shifted * (sel & inside.view(1, 1, n, 1)).to(v.dtype)
@@ -134,8 +132,10 @@ class InLineAttention(AttentionKernel):
     token is used (per query row under a mask), a learned linear image of the mean layer input, so the kernel
     also runs where nobody passes a context.
 
-    No additive bias. Masks are honoured by an explicit O(N^2) path (N and means over valid keys); the residual
-    treats a neighbour a row may not look at as zero (as one outside the grid), so padded keys change nothing.
+    No additive bias. A key-only mask (shape (..., 1, Nk)) keeps the order the call would take without it (N and
+    means over the valid keys); a general mask is honoured by an explicit O(N^2) path (N and means over each row's
+    valid keys). The residual treats a neighbour a row may not look at as zero (as one outside the grid), so padded
+    keys change nothing.
     """
 
     supports_bias = False
@@ -245,12 +245,19 @@ class InLineAttention(AttentionKernel):
         if v.shape[-1] != k.shape[-1]:
             raise ValueError(f"inline: local_residual='channel' convolves each channel of v with its own kernel "
                              f'and needs v with head_dim={k.shape[-1]} channels per head, got {v.shape[-1]}')
+        if dispatch.key_only(mask):  # every row the same keys: one set of weights, masked neighbours as zeros
+            keep = key_keep(mask, k.dtype)  # (B', h', Nk, 1)
+            if context is not None:
+                w = self._residual_weights(self._context_summary(context, k))[:, :, 0]
+            else:  # the mean valid key, elementwise (no product over the keys)
+                w = self._residual_weights(self._masked_mean(k, keep))[:, :, 0]
+            return channel_conv(v * keep, w, grid)
         if context is not None:
             w = self._residual_weights(self._context_summary(context, k))[:, :, 0]  # (B, h, d, 9)
         elif mask is None:
             w = self._residual_weights(k.mean(2, keepdim=True))[:, :, 0]
         else:  # the mean of each row's valid keys
-            keep = _as_4d(mask).to(k.dtype)
+            keep = as_4d(mask).to(k.dtype)
             kbar = (keep @ k) / keep.sum(-1, keepdim=True).clamp_min(1.0)
             w = self._residual_weights(kbar.expand(k.shape[0], k.shape[1], -1, -1))  # (B, h, Nq, d, 9)
         return channel_conv(v, w, grid, keep=mask)
@@ -260,8 +267,13 @@ class InLineAttention(AttentionKernel):
         if mask is None:
             keep = torch.ones(1, 1, q.shape[2], k.shape[2], dtype=q.dtype, device=q.device)
         else:
-            keep = _as_4d(mask).to(q.dtype)
+            keep = as_4d(mask).to(q.dtype)
         return keep, keep.sum(-1, keepdim=True).clamp_min(1.0)
+
+    @staticmethod
+    def _masked_mean(x, keep):
+        """The mean of x (B, h, Nk, c) over the keys the keep column (B', h', Nk, 1) keeps: (B, h, 1, c)."""
+        return (x * keep).sum(2, keepdim=True) / keep.sum(2, keepdim=True).clamp_min(1.0)
 
     def _head_term(self, q, kbar, keep, grid):
         """The 'head' residual as a part of A: each row's 3x3 neighbourhood, weighted from its mean valid key."""
@@ -317,7 +329,7 @@ class InLineAttention(AttentionKernel):
             return self._channel_term(k.to(dtype), v.to(dtype), grid, mask, context).to(v.dtype)
 
     def _forward(self, q, k, v, hw, scale, bias, mask, context=None):
-        if mask is not None:
+        if dispatch.general(mask):
             # the explicit path: N, means and the residual per row over the valid keys
             a = self._matrix(q, k, hw, scale, bias, mask)
             with no_autocast(v):
@@ -330,7 +342,8 @@ class InLineAttention(AttentionKernel):
         dtype = v.dtype
         n = k.shape[2]
         s = default_scale(scale, q.shape[-1], q)
-        if (self.feature_map in ('identity', 'relu') and not isinstance(s, torch.Tensor) and fused_linear_allowed(q)
+        if (mask is None and self.feature_map in ('identity', 'relu') and not isinstance(s, torch.Tensor)
+                and fused_linear_allowed(q)
                 and self.order(q.shape[2], n, q.shape[3], v.shape[3], False, q.device.type) == 'factorised'):
             # the linear part by the fused bidirectional kernel (fused_linear.py), the residual as below
             from .fused_linear import fused_linear
@@ -350,24 +363,33 @@ class InLineAttention(AttentionKernel):
             q, k, v = q.to(dt), k.to(dt), v.to(dt)
             s = default_scale(scale, q.shape[-1], q)
             fq, fk = _feature(q, self.feature_map), _feature(k, self.feature_map)
-            n = k.shape[2]
-            kbar_phi = fk.mean(2, keepdim=True)  # (B, h, 1, d)
+            keep = key_keep(mask, dt)  # None, or a key-only mask as a (B', h', Nk, 1) column
+            if keep is None:
+                n, kbar_phi, vbar = k.shape[2], fk.mean(2, keepdim=True), v.mean(2, keepdim=True)  # (B, h, 1, d)
+                vk = v
+            else:  # the masked keys' rows of phi(k) and v are 0; N, kbar and vbar count the valid keys
+                n = keep.sum(2, keepdim=True).clamp_min(1.0)  # (B', h', 1, 1)
+                fk, vk = fk * keep, v * keep
+                kbar_phi, vbar = fk.sum(2, keepdim=True) / n, vk.sum(2, keepdim=True) / n
             offset = 1.0 - s * (fq * kbar_phi).sum(-1, keepdim=True)  # (B, h, Nq, 1)
-            if self.order(q.shape[2], n, q.shape[3], v.shape[3], False, q.device.type) == 'factorised':
+            if self.order(q.shape[2], k.shape[2], q.shape[3], v.shape[3], False, q.device.type) == 'factorised':
                 kv = fk.transpose(-2, -1) @ v  # (B, h, d, dv)
-                out = (fq @ kv) * (s / n) + offset * v.mean(2, keepdim=True)
+                out = (fq @ kv) * (s / n) + offset * vbar
             else:  # A = (s phi(q) phi(k)^T + offset) / N built (XCiT's channel attention: d_h x d_h)
-                out = ((fq @ fk.transpose(-2, -1)) * s + offset) @ (v / n)
-            out = out + self._residual(q, k, v, grid, context)
+                out = ((fq @ fk.transpose(-2, -1)) * s + offset) @ (vk / n)
+            out = out + self._residual(q, k, v, grid, context, mask)
         return out.to(dtype)
 
-    def _residual(self, q, k, v, grid, context):
-        """The local residual's output without a mask (0 without one)."""
+    def _residual(self, q, k, v, grid, context, mask=None):
+        """The local residual's output without a mask or with a key-only one (0 without a residual)."""
         if self.local_residual == 'head':
-            r = self._residual_weights(k.mean(2, keepdim=True))  # (B, h, 1, 9)
-            return local_conv(v, r, grid)
+            if mask is None:
+                r = self._residual_weights(k.mean(2, keepdim=True))  # (B, h, 1, 9)
+                return local_conv(v, r, grid)
+            keep = key_keep(mask, v.dtype)  # the mean valid key's weights; a masked neighbour counts as zero
+            return local_conv(v * keep, self._residual_weights(self._masked_mean(k, keep)), grid)
         if self.local_residual == 'channel':
-            return self._channel_term(k, v, grid, None, context)
+            return self._channel_term(k, v, grid, mask, context)
         return 0.0
 
     def _forward_context(self, q, k, v, hw, scale, bias, mask, context):

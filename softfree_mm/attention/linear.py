@@ -2,12 +2,15 @@
 ``taylor`` (first-order Taylor expansion of exp, 1 + q^.k^).
 
 Each has two association orders (``dispatch.order``): the factorised one computes ``A @ v`` in O(N d dv) through
-``k^T @ v`` and never builds ``A`` (``linear``'s, on CUDA, by the fused bidirectional kernel of fused_linear.py); the explicit one builds ``A``, O(Nq Nk (d + dv)). Without a mask the call takes
-the cheaper for its shapes: the factorised order in token attention (N >> d), the explicit one in XCiT's channel
-attention (a d_h x d_h matrix, where ``k^T v`` would be N x N). With a mask (Swin's shifted windows, padded keys)
-it is the explicit one, with sums and normalisers taken over the valid keys of each row only, so a masked key gives
-exactly the output of deleting that key. None of
-them can take an additive score bias (a clear error).
+``k^T @ v`` and never builds ``A`` (``linear``'s, on CUDA, by the fused bidirectional kernel of fused_linear.py); the
+explicit one builds ``A``, O(Nq Nk (d + dv)). Without a mask, and with a key-only mask (``dispatch.key_only``: shape
+(..., 1, Nk), padded keys), the call takes the cheaper for its shapes: the factorised order in token attention
+(N >> d), the explicit one in XCiT's channel attention (a d_h x d_h matrix, where ``k^T v`` would be N x N). A key-only
+mask zeroes the masked keys' rows of phi(k) (and of v where v is summed) in the working dtype, so they add nothing to
+``phi(k)^T v`` or the normaliser; a key-masked call stays on the torch path (the fused kernel takes no mask). With a
+general mask (one row per query: Swin's shifted windows) it is the explicit order. Either way sums and normalisers run
+over the valid keys of each row only, so a masked key gives exactly the output of deleting that key. None of them can
+take an additive score bias (a clear error).
 
 The score scale: these kernels have none. The ``scale`` argument of ``forward`` / ``attention_matrix`` is
 accepted, so that backbones can hand every kernel the same arguments, and ignored (linear and efficient use
@@ -17,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from . import ATTENTION, dispatch
-from .base import AttentionKernel, upcast, work_dtype, no_autocast
+from .base import AttentionKernel, key_keep, upcast, work_dtype, no_autocast
 from .fused_linear import allowed as fused_linear_allowed
 from .score_map import row_normalised_map
 
@@ -48,7 +51,7 @@ class _EluPlusOne(torch.autograd.Function):
 
 class _FactorisedAttention(AttentionKernel):
     supports_bias = False
-    supports_mask = True  # through the explicit O(Nq Nk) path
+    supports_mask = True  # a key-only mask in either order, a general one through the explicit O(Nq Nk) path
     complexity = 'linear'
 
     def __init__(self, num_heads=None, head_dim=None, impl='auto'):
@@ -77,8 +80,9 @@ class _FactorisedAttention(AttentionKernel):
         # phi(q), phi(k), k^T v and the output kept; no temporary beyond an (N, d) or (N, dv) one
         return (nq + nk) * d + d * dv + nq * dv, max(nq, nk) * max(d, dv)
 
-    def _fast(self, q, k, v):
-        """``A @ v`` without a mask, in O(N d dv); inputs in the working dtype."""
+    def _fast(self, q, k, v, keep=None):
+        """``A @ v`` in O(N d dv), over the keys ``keep`` (``base.key_keep``: a (B', h', Nk, 1) column of 1s and 0s)
+        keeps, all without it; inputs in the working dtype."""
         raise NotImplementedError
 
     def _explicit(self, q, k, mask):
@@ -104,21 +108,22 @@ class _FactorisedAttention(AttentionKernel):
 
     def _fused(self, q, k, v):
         """``A @ v`` by the fused bidirectional kernel (fused_linear.py) in the inputs' dtype, or None (no form of
-        its own, or the fused kernel cannot take the call)."""
+        its own, or the fused kernel cannot take the call). Only calls without a mask come here: a key-masked call
+        stays on the torch path."""
         return None
 
     def _forward(self, q, k, v, hw, scale, bias, mask):
         dtype, wd = v.dtype, work_dtype(v)
-        factorised = self.order(q.shape[2], k.shape[2], q.shape[3], v.shape[3], mask is not None,
+        factorised = self.order(q.shape[2], k.shape[2], q.shape[3], v.shape[3], dispatch.general(mask),
                                 q.device.type) == 'factorised'
-        if factorised and fused_linear_allowed(q):  # CUDA (or CPU tensors under TRITON_INTERPRET=1)
+        if factorised and mask is None and fused_linear_allowed(q):  # CUDA (or CPU tensors under TRITON_INTERPRET=1)
             out = self._fused(q, k, v)
             if out is not None:
                 return out.to(dtype)
         with no_autocast(v):  # sums and normalisers in fp32 (fp64 for fp64 inputs)
             q, k, v = q.to(wd), k.to(wd), v.to(wd)
-            if factorised:
-                out = self._fast(q, k, v)
+            if factorised:  # no mask, or a key-only one
+                out = self._fast(q, k, v, key_keep(mask, wd))
             else:
                 out = self._explicit(q, k, mask) @ v
         return out.to(dtype)
@@ -153,8 +158,10 @@ class LinearAttention(_FactorisedAttention):
         with no_autocast(v):
             return fused_linear(q, k, v, 'normalised', self.feature_map, eps=self.eps)
 
-    def _fast(self, q, k, v):
+    def _fast(self, q, k, v, keep=None):
         qf, kf = self.phi(q), self.phi(k)
+        if keep is not None:  # a masked key's phi(k) row is 0: nothing in k^T v nor in the normaliser
+            kf = kf * keep
         kv = kf.transpose(-2, -1) @ v  # (B, h, d, dv)
         z = kf.sum(dim=2, keepdim=True)  # (B, h, 1, d)
         # the normaliser as a product (no (N, d) temporary), the division in place on the product's own output
@@ -182,13 +189,27 @@ class EfficientAttention(_FactorisedAttention):
             return nq * nk * (2 * d + dv)
         return super().flops(nq, nk, d, dv, masked, hw)
 
-    def _fast(self, q, k, v):
-        return torch.softmax(q, dim=-1) @ (torch.softmax(k, dim=2).transpose(-2, -1) @ v)
+    @staticmethod
+    def _key_softmax(k, keep):
+        """softmax over the keys of each channel, over the keys ``keep`` keeps (all without it): a masked key weighs
+        exactly 0 (its k is replaced by 0 first, so a huge padded value gives no inf / NaN, nor a gradient)."""
+        if keep is None:
+            return torch.softmax(k, dim=2)
+        valid = keep > 0
+        k = torch.where(valid, k, torch.zeros((), dtype=k.dtype, device=k.device))
+        kmax = k.masked_fill(~valid, float('-inf')).amax(dim=2, keepdim=True).detach()
+        kmax = torch.where(torch.isfinite(kmax), kmax, torch.zeros_like(kmax))  # no valid key at all
+        e = torch.exp(k - kmax) * keep
+        den = e.sum(dim=2, keepdim=True)
+        return e / torch.where(den > 0, den, torch.ones_like(den))  # no valid key: a zero softmax
+
+    def _fast(self, q, k, v, keep=None):
+        return torch.softmax(q, dim=-1) @ (self._key_softmax(k, keep).transpose(-2, -1) @ v)
 
     def _explicit(self, q, k, mask):
         qs = torch.softmax(q, dim=-1)
-        if mask is None:
-            return qs @ torch.softmax(k, dim=2).transpose(-2, -1)
+        if mask is None or dispatch.key_only(mask):  # every row the same keys: one softmax over them
+            return qs @ self._key_softmax(k, key_keep(mask, k.dtype)).transpose(-2, -1)
         # A_ij = keep_ij sum_c qs_ic e_jc / sum_j' keep_ij' e_j'c, e = exp(k - max_j k_jc) per channel, the max
         # over keys some row may look at (a padded key with a huge value cannot underflow the valid ones)
         full = mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
@@ -211,10 +232,13 @@ class TaylorAttention(_FactorisedAttention):
     ``|q^.k^| <= 1`` so no weight is negative (rounding below zero is clamped on the explicit path).
     """
 
-    def _fast(self, q, k, v):
+    def _fast(self, q, k, v, keep=None):
         qn, kn = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        count = k.shape[2]
+        if keep is not None:  # a masked key adds nothing: its k^ and v rows are 0, the count is of the valid keys
+            kn, v, count = kn * keep, v * keep, keep.sum(dim=2, keepdim=True)
         num = (qn @ (kn.transpose(-2, -1) @ v)).add_(v.sum(dim=2, keepdim=True))
-        den = (qn @ kn.sum(dim=2, keepdim=True).transpose(-2, -1)).add_(k.shape[2])  # no (N, d) temporary
+        den = (qn @ kn.sum(dim=2, keepdim=True).transpose(-2, -1)).add_(count)  # no (N, d) temporary
         # den >= 0; it is 0 only when every key points exactly away from the query: keep that row finite
         return num.div_(den.clamp_min(torch.finfo(den.dtype).tiny))
 

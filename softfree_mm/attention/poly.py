@@ -4,13 +4,16 @@
 constant. Softmax bounds ``||A||_F`` by ``sqrt(N)``; ``c = 1/sqrt(N)`` keeps the polynomial map on the same
 footing (for q, k ~ N(0, 1) the Frobenius norm of ``A`` then grows like ``sqrt(N)``).
 
-Without bias and mask the power factorises through symmetric tensor powers,
+Without a bias and a general mask the power factorises through symmetric tensor powers,
 ``(a . b)^p = sum_{|m| = p} multinomial(p; m) a^m b^m``, one feature per monomial of degree p in d variables
 (``M = C(d + p - 1, p)`` features instead of ``d^p``), so ``A @ v`` costs ``O(N M dv)`` instead of
 ``O(N^2 (d + dv))``. ``forward`` takes that path whenever its flop count, computed from the static shapes, is
-the smaller one. ``p = 1`` is plain linear attention ``c * s * q @ (k^T @ v)``. Otherwise, where one (batch, head)
-matrix is larger than a tile, forward and backward run in tiles (``blocked.py``) and never hold ``A``; on CUDA the
-explicit matrix within a memory budget and the fused Triton kernel beyond it (``dispatch.py``, ``impl``).
+the smaller one, with or without a key-only mask (``dispatch.key_only``, shape (..., 1, Nk): padded keys): the masked
+keys' rows of v are zeroed before ``phi(k)^T v`` and c = 1/sqrt(N) counts the valid keys, so a masked key gives exactly
+the output of deleting it (a key-masked call stays on the torch path: the fused linear kernel takes no mask).
+``p = 1`` is plain linear attention ``c * s * q @ (k^T @ v)``. Otherwise, where one (batch, head) matrix is larger
+than a tile, forward and backward run in tiles (``blocked.py``) and never hold ``A``; on CUDA the explicit matrix
+within a memory budget and the fused Triton kernel beyond it (``dispatch.py``, ``impl``).
 
 ``qk_norm=True`` (an option of ours, not the paper's; off by default): each head's q and k rows are standardised
 (zero mean, unit variance over the head dim, no learned parameters) before the scores, so that the paper's premise
@@ -25,7 +28,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from . import ATTENTION, dispatch
-from .base import AttentionKernel, cast_back, default_scale, key_count, scores, work_dtype, no_autocast
+from .base import AttentionKernel, cast_back, default_scale, key_count, key_keep, scores, work_dtype, no_autocast
 
 QK_NORM_EPS = 1e-6
 from .blocked import memory as blocked_memory, pointwise_attention
@@ -74,7 +77,8 @@ class PolyAttention(AttentionKernel):
             the ``scale`` argument of ``forward`` (default head_dim^-1/2).
         impl ('auto' | 'explicit' | 'tiled' | 'fused' | 'factorised'): the path (``dispatch.py``): 'auto' takes the
             factorised order where it is cheaper (the association rule) and else chooses the quadratic path;
-            'factorised' forces that order wherever there is no bias and no mask; the others force that quadratic
+            'factorised' forces that order wherever there is no bias and no general mask (a key-only mask keeps it);
+            the others force that quadratic
             path. SOFTFREE_ATTN_IMPL overrides it.
         explicit_mib (None | float > 0): on CUDA with 'auto', the memory the explicit matrix may take (MiB);
             None: the smaller of 512 MiB and an eighth of the free GPU memory.
@@ -149,7 +153,8 @@ class PolyAttention(AttentionKernel):
         return saved + normed, largest
 
     def uses_factorised(self, q, k, v, bias=None, mask=None) -> bool:
-        return self.order(q.shape[2], k.shape[2], q.shape[3], v.shape[3], bias is not None or mask is not None,
+        """Whether a call takes the factorised order: no bias, no mask or a key-only one, and the rule's choice."""
+        return self.order(q.shape[2], k.shape[2], q.shape[3], v.shape[3], dispatch.general(mask, bias),
                           q.device.type) == 'factorised'
 
     # ------------------------------------------------------------------ paths
@@ -210,7 +215,7 @@ class PolyAttention(AttentionKernel):
                 if out is not None:
                     return cast_back(out, out_dtype)
                 path = 'tiled'
-            if path == 'factorised' and self.degree == 1 and fused_linear_allowed(q):
+            if path == 'factorised' and mask is None and self.degree == 1 and fused_linear_allowed(q):
                 # x/sqrt(N): coef * (s q) (k^T v), the fused bidirectional kernel (fused_linear.py)
                 s, c = default_scale(scale, q.shape[-1], q), self._coef(None, q, k)
                 if not isinstance(s, torch.Tensor) and not isinstance(c, torch.Tensor):
@@ -219,8 +224,8 @@ class PolyAttention(AttentionKernel):
                     if out is not None:
                         return cast_back(out, out_dtype)
             q, k, v = q.to(wd), k.to(wd), v.to(wd)
-            if path == 'factorised':
-                out = self.factorised(q, k, v, scale)
+            if path == 'factorised':  # no mask, or a key-only one
+                out = self.factorised(q, k, v, scale, mask)
             elif path == 'tiled':  # forward and backward in tiles: A is never held
                 out = pointwise_attention(q, k, v, 'pow', self.degree, default_scale(scale, q.shape[-1], q),
                                           self._coef(mask, q, k), bias=bias, mask=mask, tile=dispatch.tile_for(q, k))
@@ -228,11 +233,17 @@ class PolyAttention(AttentionKernel):
                 out = self._power_map(q, k, scale, bias, mask).matrix() @ v
             return cast_back(out, out_dtype)  # overflow shows as inf (fp16 loss scaling)
 
-    def factorised(self, q, k, v, scale=None):
-        """``A @ v`` through degree-p monomial features, without bias or mask; O(N M dv) with
-        M = C(d + p - 1, p). Inputs are expected in the working dtype, q and k as the scores see them (with
-        ``qk_norm``: standardised already, as ``forward`` passes them)."""
+    def factorised(self, q, k, v, scale=None, mask=None):
+        """``A @ v`` through degree-p monomial features, without bias, and without a mask or with a key-only one
+        (``dispatch.key_only``: the masked keys' rows of v are zeroed, so they add nothing to phi(k)^T v, and c counts
+        the valid keys); O(N M dv) with M = C(d + p - 1, p). Inputs are expected in the working dtype, q and k as the
+        scores see them (with ``qk_norm``: standardised already, as ``forward`` passes them)."""
+        if mask is not None and not dispatch.key_only(mask):
+            raise ValueError(f'poly: the factorised order takes no mask or a key-only one (shape (..., 1, Nk)), got a '
+                             f'mask of shape {tuple(mask.shape)}')
         p = self.degree
+        if mask is not None:
+            v = v * key_keep(mask, v.dtype)
         qs = q * default_scale(scale, q.shape[-1], q)  # (s q . k)^p: the score scale goes into q
         b, h, nk, d = k.shape
         m = self.num_features(d)
@@ -255,7 +266,7 @@ class PolyAttention(AttentionKernel):
         for start in range(0, nk, rows):  # sum_j phi(k_j) v_j^T, chunked over keys to bound memory
             part = chunk(key_part, k[:, :, start:start + rows], v[:, :, start:start + rows])
             kv = part if kv is None else kv + part
-        coef = self._coef(None, q, k)
+        coef = self._coef(mask, q, k)
         outs = [chunk(query_part, qs[:, :, start:start + rows], kv) for start in range(0, q.shape[2], rows)]
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
         return out * coef

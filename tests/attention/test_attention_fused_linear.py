@@ -5,7 +5,8 @@ Without CUDA the Triton programs run under TRITON_INTERPRET=1 on CPU tensors. Gu
 equal an independent reference (the N x N matrix, then A @ v, in float64) for every form and feature map, at sizes
 that are no multiple of a block (and smaller than one), spanning several key chunks whose partial states are added,
 head_dim 24 to 128, in fp32, bf16 and fp16; through the kernels the fused call is taken (counted launches) and equals
-the torch path in value and gradient, a masked call never takes it (the explicit order, masked key = deleted key); a
+the torch path in value and gradient, a masked call never takes it (a key-masked one stays on the torch path in its
+factorised order, a general mask takes the explicit one; masked key = deleted key); a
 variant whose first-use check fails is not used, says so once, and the call still returns the torch path's numbers;
 without the interpreter a CPU call never launches it. And poly's path choice reads its inputs' device.
 """
@@ -117,17 +118,24 @@ def test_the_kernels_take_it_in_their_factorised_order_with_the_torch_paths_numb
         assert _rel(a, w) < 1e-5
 
 
-def test_a_masked_call_takes_the_explicit_order_masked_key_equals_deleted_key(interp):
+@pytest.mark.parametrize('cfg', [dict(type='linear'), dict(type='poly', degree=1),
+                                 dict(type='inline', local_residual=False)], ids=lambda c: c['type'])
+def test_a_masked_call_never_takes_it_key_masked_stays_factorised_masked_key_equals_deleted_key(interp, cfg):
+    """A key-only mask (1, 1, 1, Nk) keeps the factorised order on the torch path; a general mask takes the explicit
+    order; neither launches the fused kernel, and a masked key is a deleted key."""
     g = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(1, 2, 20, 16, generator=g) for _ in range(3))
     keep = torch.ones(1, 1, 1, 20, dtype=torch.bool)
     keep[..., 5] = False
-    kern = build_attention(dict(type='linear'), num_heads=2, head_dim=16)
-    before = dict(fl.LAUNCHES)
-    masked = kern(q, k, v, mask=keep)
-    assert fl.LAUNCHES == before
+    kern = build_attention(cfg, num_heads=2, head_dim=16)
     idx = [i for i in range(20) if i != 5]
-    assert _rel(masked, kern(q, k[:, :, idx], v[:, :, idx])) < 1e-5
+    deleted = kern(q, k[:, :, idx], v[:, :, idx])
+    for mask, order in ((keep, 'factorised order'), (keep.expand(1, 1, 20, 20), 'explicit order')):
+        assert kern.describe_path(q, k, v, mask=mask).startswith(order)
+        before = dict(fl.LAUNCHES)
+        masked = kern(q, k, v, mask=mask)
+        assert fl.LAUNCHES == before
+        assert _rel(masked, deleted) < 1e-5
 
 
 def test_a_variant_that_fails_its_check_is_not_used_and_says_so_once(interp, monkeypatch, caplog):

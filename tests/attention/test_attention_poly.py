@@ -114,7 +114,8 @@ def test_poly_path_choice_follows_the_flop_count():
     big = torch.empty(1, 1, 20000, 8)
     assert not k3.uses_factorised(small, small, small)  # C(34, 3) = 5984 features > 16 keys
     assert k3.uses_factorised(big, big, big)  # C(10, 3) = 120 features << 20000 keys
-    assert not k3.uses_factorised(big, big, big, mask=torch.ones(1, 1, dtype=torch.bool))
+    assert k3.uses_factorised(big, big, big, mask=torch.ones(1, 1, dtype=torch.bool))  # key-only: the order stays
+    assert not k3.uses_factorised(big, big, big, mask=torch.ones(20000, 1, dtype=torch.bool))  # a row per query
     assert not k3.uses_factorised(big, big, big, bias=torch.zeros(1))
     explicit, factorised = k3.path_costs(16, 16, 32, 32)
     assert explicit == 16 * 16 * (32 + 32 + 3) and factorised > explicit
