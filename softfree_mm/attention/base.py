@@ -94,12 +94,34 @@ class AttentionKernel(nn.Module):
         tests hold each against ``torch.utils.flop_counter`` on the kernel's own forward."""
         raise NotImplementedError(f"attention kernel '{self.name}' declares no flops()")
 
+    def order_products(self, nq: int, nk: int, d: int, dv: int) -> Optional[Tuple[int, int]]:
+        """``(explicit, factorised)``: the multiply-adds per (batch, head) of the matrix products and convolutions
+        (what torch's flop counter counts) of one call in each association order of a kernel that has two
+        (``(phi(q) phi(k)^T) v`` and ``phi(q) (phi(k)^T v)``), the work both orders share included, for a call
+        without a general mask or a bias (a key-only mask changes neither); None for a kernel with one order.
+        ``flops()`` of such a call is the term of the order it takes; the tests count each order's forward."""
+        return None
+
+    def order_extra(self, nq: int, nk: int, d: int, dv: int, device: str = 'cpu') -> Tuple[int, int]:
+        """``(explicit, factorised)``: the work of each order that no flop counter sees (row sums, elementwise
+        normalisers, poly's monomial features), weighted as that many matrix multiply-adds on a device type."""
+        return 0, 0
+
     def order_costs(self, nq: int, nk: int, d: int, dv: int, device: str = 'cpu') -> Optional[Tuple[int, int]]:
         """``(explicit, factorised)``: weighted multiply-adds per (batch, head) of the two association orders of a
-        kernel that has two (``(phi(q) phi(k)^T) v`` and ``phi(q) (phi(k)^T v)``), for a call without a general
-        mask or a bias (a key-only mask changes neither) on a device type; None for a kernel with one order. The
-        work both orders share may be left out of both."""
-        return None
+        kernel that has two, for a call without a general mask or a bias (a key-only mask changes neither) on a
+        device type: ``order_products + order_extra`` (a kernel declares those two, not this); None for a kernel
+        with one order."""
+        products = self.order_products(nq, nk, d, dv)
+        if products is None:
+            return None
+        extra = self.order_extra(nq, nk, d, dv, device)
+        return products[0] + extra[0], products[1] + extra[1]
+
+    def order_flops(self, nq: int, nk: int, d: int, dv: int, masked: bool = False) -> int:
+        """The ``order_products`` term of the order a call takes (``flops()`` of a kernel with two orders, for a
+        call whose path the order alone decides)."""
+        return self.order_products(nq, nk, d, dv)[self.order(nq, nk, d, dv, masked) == 'factorised']
 
     def order(self, nq: int, nk: int, d: int, dv: int, masked: bool = False, device: str = 'cpu') -> str:
         """'explicit' | 'factorised': the order a call of these shapes takes (``dispatch.order``: the kernel's

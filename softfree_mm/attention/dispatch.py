@@ -5,7 +5,8 @@ fused Triton kernel (``fused_pointwise.py``).
 The association rule (every kernel with a factorised form: linear, efficient, taylor, cosformer, performer,
 flatten, InLine's linear part, poly): ``out = (phi(q) phi(k)^T) v`` (explicit order: an Nq x Nk matrix) or
 ``phi(q) (phi(k)^T v)`` (factorised order: a d x dv matrix). Each kernel declares the weighted multiply-adds of both
-for (Nq, Nk, d, dv) (``AttentionKernel.order_costs``) and ``impl='auto'`` takes the smaller; a general mask or a bias
+for (Nq, Nk, d, dv) (``AttentionKernel.order_costs``: the products a flop counter counts, ``order_products``, plus the
+weighted work it does not see, ``order_extra``) and ``impl='auto'`` takes the smaller; a general mask or a bias
 always takes the explicit order. In token attention (N >> d) that is the factorised order; in XCiT's channel attention,
 whose "tokens" are a head's d_h channels and whose "head_dim" is the image's N tokens, the explicit one (an N x N
 ``k^T v`` otherwise). ``impl='explicit'`` / ``'factorised'`` force an order; FLOPs follow the same rule.

@@ -148,15 +148,17 @@ class PerformerAttention(AttentionKernel):
     def extra_repr(self) -> str:
         return f'{super().extra_repr()}, num_features={self.num_features}, seed={self.seed}'
 
-    def order_costs(self, nq, nk, d, dv, device='cpu'):
-        m = self.num_features  # the projections (nq + nk) d m are the same in both orders
-        return nq * nk * (m + dv + 1), (nk + nq) * m * dv + nq * m
+    def order_products(self, nq, nk, d, dv):
+        m = self.num_features
+        shared = (nq + nk) * d * m  # the projections onto the m random features, in both orders
+        # explicit: phi(q) phi(k)^T, A @ v; factorised: the normaliser phi(q) @ sum_j phi(k_j), k^T v and its use
+        return shared + nq * nk * (m + dv), shared + nq * m + (nk + nq) * m * dv
+
+    def order_extra(self, nq, nk, d, dv, device='cpu'):
+        return nq * nk, 0  # the explicit A's row sums
 
     def flops(self, nq, nk, d, dv, masked=False, hw=None):
-        m = self.num_features
-        if self.order(nq, nk, d, dv, masked) == 'explicit':
-            return (nq + nk) * d * m + nq * nk * (m + dv)  # projections, phi(q) phi(k)^T, A @ v
-        return (nq + nk) * d * m + nq * m + (nk + nq) * m * dv  # projections, normaliser, kv and its use
+        return self.order_flops(nq, nk, d, dv, masked)
 
     def memory(self, nq, nk, d, dv, masked=False, hw=None):
         m = self.num_features
@@ -219,13 +221,15 @@ class CosFormerAttention(AttentionKernel):
         self.impl = dispatch.check_order_impl('cosformer', impl)
         dispatch.forced()
 
-    def order_costs(self, nq, nk, d, dv, device='cpu'):
-        return nq * nk * (2 * d + dv + 1), 2 * (nk + nq) * d * dv + 2 * nq * d
+    def order_products(self, nq, nk, d, dv):
+        # explicit: the cos and the sin scores, A @ v; factorised: the cos and the sin halves' k^T v and their use
+        return nq * nk * (2 * d + dv), 2 * (nk + nq) * d * dv
+
+    def order_extra(self, nq, nk, d, dv, device='cpu'):
+        return nq * nk, 2 * nq * d  # the explicit A's row sums; the factorised normaliser, elementwise
 
     def flops(self, nq, nk, d, dv, masked=False, hw=None):
-        if self.order(nq, nk, d, dv, masked) == 'explicit':
-            return nq * nk * (2 * d + dv)  # the cos and the sin scores, A @ v
-        return 2 * (nk + nq) * d * dv  # the cos and the sin halves
+        return self.order_flops(nq, nk, d, dv, masked)
 
     def memory(self, nq, nk, d, dv, masked=False, hw=None):
         feats = 3 * (nq + nk) * d  # relu(q), relu(k) and their cos and sin halves
@@ -302,14 +306,15 @@ class FocusedLinearAttention(AttentionKernel):
     def extra_repr(self) -> str:
         return f'{super().extra_repr()}, focusing_power={self.focusing_power}, local_conv={self.local_conv}'
 
-    def order_costs(self, nq, nk, d, dv, device='cpu'):
-        return nq * nk * (d + dv + 1), (nk + nq) * d * dv + nq * d
+    def order_products(self, nq, nk, d, dv):
+        conv = 9 * nq * dv if self.local_conv else 0  # the 3x3 depthwise conv on v, in both orders
+        return nq * nk * (d + dv) + conv, (nk + nq) * d * dv + conv  # phi(q) phi(k)^T, A @ v; k^T v, its use
+
+    def order_extra(self, nq, nk, d, dv, device='cpu'):
+        return nq * nk, nq * d  # the explicit A's row sums; the factorised normaliser, elementwise
 
     def flops(self, nq, nk, d, dv, masked=False, hw=None):
-        conv = 9 * nq * dv if self.local_conv else 0  # the 3x3 depthwise conv on v
-        if self.order(nq, nk, d, dv, masked) == 'explicit':
-            return nq * nk * (d + dv) + conv
-        return (nk + nq) * d * dv + conv
+        return self.order_flops(nq, nk, d, dv, masked)
 
     def memory(self, nq, nk, d, dv, masked=False, hw=None):
         feats = 6 * (nq + nk) * d  # the focusing map's steps on q and k

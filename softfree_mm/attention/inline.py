@@ -176,9 +176,11 @@ class InLineAttention(AttentionKernel):
         return (f'{super().extra_repr()}, feature_map={self.feature_map!r}, local_residual={self.local_residual!r}'
                 + extra)
 
-    def order_costs(self, nq, nk, d, dv, device='cpu'):
-        # the linear part: phi(q) phi(k)^T and A @ v, or k^T v and q @ (k^T v); the residual is the same in both
-        return nq * nk * (d + dv), (nk + nq) * d * dv
+    def order_products(self, nq, nk, d, dv):
+        # the linear part: phi(q) phi(k)^T and A @ v, or k^T v and q @ (k^T v); the residual the same in both
+        res = self.local_residual
+        shared = 10 * d * d + 9 * nq * dv if res == 'channel' else d * d + 9 * d + 9 * nq * dv if res == 'head' else 0
+        return nq * nk * (d + dv) + shared, (nk + nq) * d * dv + shared
 
     def memory(self, nq, nk, d, dv, masked=False, hw=None):
         feats = 0 if self.feature_map == 'identity' else (nq + nk) * d  # phi(q), phi(k)
@@ -195,12 +197,7 @@ class InLineAttention(AttentionKernel):
         per query row (without a context) and its 3x3 neighbourhood."""
         res = self.local_residual
         if not masked:
-            total = (nk + nq) * d * dv if self.order(nq, nk, d, dv) == 'factorised' else nq * nk * (d + dv)
-            if res == 'channel':
-                total += 10 * d * d + 9 * nq * dv
-            elif res == 'head':
-                total += d * d + 9 * d + 9 * nq * dv
-            return total
+            return self.order_flops(nq, nk, d, dv)
         total = 3 * nq * nk * d + nq * nk * dv  # keep @ phi(k), phi(q) phi(k)^T, keep @ k; A @ v
         if res == 'channel':
             total += nq * nk * d + nq * 10 * d * d + 9 * nq * dv

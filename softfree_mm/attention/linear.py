@@ -64,14 +64,15 @@ class _FactorisedAttention(AttentionKernel):
     def extra_repr(self) -> str:
         return super().extra_repr() + ('' if self.impl == 'auto' else f', impl={self.impl!r}')
 
-    def order_costs(self, nq, nk, d, dv, device='cpu'):
-        # explicit: phi(q) phi(k)^T, its row sums, A @ v; factorised: k^T v, q @ (k^T v), the normaliser
-        return nq * nk * (d + dv + 1), (nk + nq) * d * dv + self.normaliser_products * nq * d
+    def order_products(self, nq, nk, d, dv):
+        # explicit: phi(q) phi(k)^T, A @ v; factorised: k^T v, q @ (k^T v), the normaliser q @ sum_j phi(k_j)
+        return nq * nk * (d + dv), (nk + nq) * d * dv + self.normaliser_products * nq * d
+
+    def order_extra(self, nq, nk, d, dv, device='cpu'):
+        return nq * nk, 0  # the explicit A's row sums
 
     def flops(self, nq, nk, d, dv, masked=False, hw=None):
-        if self.order(nq, nk, d, dv, masked) == 'explicit':
-            return nq * nk * (d + dv)  # the explicit A and A @ v
-        return (nk + nq) * d * dv + self.normaliser_products * nq * d  # k^T v, q @ (k^T v), the normaliser
+        return self.order_flops(nq, nk, d, dv, masked)
 
     def memory(self, nq, nk, d, dv, masked=False, hw=None):
         if self.order(nq, nk, d, dv, masked) == 'explicit':
@@ -183,6 +184,9 @@ class EfficientAttention(_FactorisedAttention):
     no_score_map = 'A = softmax over channels of q times softmax over tokens of k: no per-pair score map'
 
     normaliser_products = 0
+
+    def order_extra(self, nq, nk, d, dv, device='cpu'):
+        return 0, 0  # its explicit A needs no row sums (each key's softmax over the keys normalises it)
 
     def flops(self, nq, nk, d, dv, masked=False, hw=None):
         if masked:  # the per-row normaliser keep @ e, the weights, A @ v

@@ -120,17 +120,20 @@ class PolyAttention(AttentionKernel):
         return math.comb(d + self.degree - 1, self.degree)
 
     def path_costs(self, nq: int, nk: int, d: int, dv: int, device: str = 'cpu') -> Tuple[int, int]:
-        """(explicit, factorised) multiply-adds per (batch, head) on a device type ('cpu', 'cuda', ...)."""
+        """(explicit, factorised) weighted multiply-adds per (batch, head) on a device type ('cpu', 'cuda', ...):
+        ``order_costs``."""
+        return self.order_costs(nq, nk, d, dv, device)
+
+    def order_products(self, nq, nk, d, dv):
+        # explicit: S = q k^T, A @ v; factorised: phi(k)^T v, phi(q) @ kv
+        return nq * nk * (d + dv), (nk + nq) * self.num_features(d) * dv
+
+    def order_extra(self, nq, nk, d, dv, device='cpu'):
         p, m = self.degree, self.num_features(d)
-        explicit = nq * nk * (d + dv + p)
         # building the features gathers and multiplies elementwise: memory bound, so each feature element counts
         # as that many of a matmul's multiply-adds (where the weights come from: docs/benchmarks.md, the cost models)
         weight = FEATURE_WEIGHT.get(device, FEATURE_WEIGHT['cpu'])
-        factorised = weight * (nq + nk) * m * (p - 1) + nk * m * dv + nq * m * dv
-        return explicit, factorised
-
-    def order_costs(self, nq, nk, d, dv, device='cpu'):
-        return self.path_costs(nq, nk, d, dv, device)
+        return nq * nk * p, weight * (nq + nk) * m * (p - 1)  # the explicit power; the factorised features
 
     def order(self, nq, nk, d, dv, masked=False, device='cpu'):
         if dispatch.resolve(self.impl) in ('tiled', 'fused'):  # forced quadratic paths: the explicit order
@@ -138,9 +141,7 @@ class PolyAttention(AttentionKernel):
         return super().order(nq, nk, d, dv, masked, device)
 
     def flops(self, nq, nk, d, dv, masked=False, hw=None):
-        if self.order(nq, nk, d, dv, masked) == 'factorised':
-            return (nk + nq) * self.num_features(d) * dv  # phi(k)^T v, phi(q) @ kv (features: elementwise)
-        return nq * nk * (d + dv)  # S = q k^T, A @ v (explicit or in tiles)
+        return self.order_flops(nq, nk, d, dv, masked)  # the explicit order's products also in tiles or fused
 
     def memory(self, nq, nk, d, dv, masked=False, hw=None):
         normed = (nq + nk) * d if self.qk_norm else 0  # the standardised q and k, kept for backward
