@@ -90,3 +90,41 @@ def test_maskrcnn_agent_swin_t_counts_the_official_48m_parameters(monkeypatch):
     model = _build('maskrcnn_swin_t_agent.py', monkeypatch)
     params = sum(p.numel() for p in model.parameters()) / 1e6
     assert abs(params - 48) / 48 < 0.02, params
+
+
+# the classifiers as shipped: the release's backbone (Pretrained) and its linear classifier (ReleaseHead), at a small
+# width that keeps the layout; the logits against the official computation (float64)
+CLS = {'cls_swin_t_agent.py': (dict(embed_dims=16, num_heads=SWIN['num_heads'], depths=SWIN['depths']), 128),
+       'cls_pvt_s_agent.py': (PVT, 64)}
+
+
+@pytest.mark.parametrize('name', sorted(CLS))
+def test_agent_classifier_config_as_shipped_is_the_release_with_its_head(name, tmp_path, monkeypatch):
+    from tests.models.test_agent_releases import official_agent_pvt, official_agent_swin
+    from tests.models.test_official_weights import image
+    backbone, width = CLS[name]
+    cfg = Config.fromfile(osp.join(ROOT, 'configs', name))
+    release = cfg.agent_release
+    assert cfg.model.backbone.init_cfg == dict(type='Pretrained', checkpoint=release)
+    assert cfg.model.head.init_cfg == dict(type='ReleaseHead', checkpoint=release)
+    official = agent_swin_layout('AAAB') if 'swin' in name else agent_pvt_layout()
+    official = {k: v.float() if v.is_floating_point() else v for k, v in official.items()}  # as released: float32
+    path = str(tmp_path / 'release.pth')
+    torch.save({'model': official}, path)
+    official = {k: v.double() if v.is_floating_point() else v for k, v in official.items()}
+    cfg.merge_from_dict(dict(model=dict(backbone=dict(backbone, init_cfg=dict(checkpoint=path)),
+                                        head=dict(in_channels=width, num_classes=10, init_cfg=dict(checkpoint=path)))))
+    with MODELS.switch_scope_and_registry(cfg.default_scope) as registry:
+        model = registry.build(cfg.model)
+    model.init_weights()  # what tools/test.py CONFIG init does
+    model = model.double().eval()
+    x = image(224, 224)
+    with torch.no_grad():
+        feats = model.extract_feat(x)
+        logits = model.head(feats)
+    if 'swin' in name:
+        final = official_agent_swin(official, x, 'AAAB')[0]
+    else:
+        final = official_agent_pvt(official, x)[-1]
+    expect = torch.nn.functional.linear(final.mean((2, 3)), official['head.weight'], official['head.bias'])
+    torch.testing.assert_close(logits, expect, rtol=1e-10, atol=1e-10)

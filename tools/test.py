@@ -3,7 +3,9 @@
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out RESULTS.pkl] [--show-dir DIR]
         [--format-only] [--device auto|cuda|cpu] [--cfg-options KEY=VALUE ...] [--launcher none|pytorch|slurm|mpi]
 
-The metrics are logged, printed on the last line of stdout as ``metrics: {json}`` and written to
+CHECKPOINT ``init`` evaluates the model as its config initialises it: a config whose backbone starts from a release
+(``Pretrained``) and whose head reads the release's classifier (``ReleaseHead``), such as configs/cls_*_agent.py, is
+that release as shipped. The metrics are logged, printed on the last line of stdout as ``metrics: {json}`` and written to
 ``<work-dir>/test_metrics.json``. ``--format-only`` writes the results in the benchmark's submission format
 (COCO json / ADE20K png) under ``<work-dir>/format_only`` instead of evaluating (for test sets without labels).
 A corrupt checkpoint or one of another model, an unreadable image or annotation file, an unusable CUDA where CUDA
@@ -24,7 +26,8 @@ def parse_args(argv=None):
     from mmengine.config import DictAction
     p = argparse.ArgumentParser(description='Test (evaluate) a model (mmdet, mmseg or mmpretrain config)')
     p.add_argument('config', help='test config file path')
-    p.add_argument('checkpoint', help='checkpoint file')
+    p.add_argument('checkpoint', help="checkpoint file, or 'init': the model as its config's init_cfg makes it (a "
+                                      'release through Pretrained and ReleaseHead)')
     p.add_argument('--work-dir', help='the dir for logs and metrics (default: ./work_dirs/<config name>)')
     p.add_argument('--out', help='dump the raw predictions to this pickle file')
     p.add_argument('--show-dir', help='draw predictions into images saved under this folder')
@@ -41,6 +44,7 @@ def parse_args(argv=None):
     return args
 
 
+INIT = 'init'  # the CHECKPOINT that evaluates the model as its config's init_cfg makes it
 VISUALIZATION_HOOKS = {'mmdet': 'DetVisualizationHook', 'mmseg': 'SegVisualizationHook',
                        'mmpretrain': 'VisualizationHook'}
 
@@ -82,9 +86,13 @@ def prepare(args):
     from softfree_mm.engine.demo_data import make_demo
     from softfree_mm.engine.errors import UsageError
     cfg, on = runner.tool_config('test', args)
-    if not osp.isfile(args.checkpoint):
-        raise UsageError(f'checkpoint not found: {args.checkpoint}')
-    cfg.load_from = args.checkpoint
+    if args.checkpoint == INIT:
+        cfg.load_from = None
+    elif not osp.isfile(args.checkpoint):
+        raise UsageError(f"checkpoint not found: {args.checkpoint} (or 'init': the model as its config initialises "
+                         'it)')
+    else:
+        cfg.load_from = args.checkpoint
     cfg.resume = False
     checks.check_attention(cfg)
     checks.check_model_types(cfg)
@@ -121,8 +129,11 @@ def main(argv=None):
         cfg = prepare(args)
         runner = build_runner(cfg)
         from mmengine.model import is_model_wrapper
-        check_checkpoint(args.checkpoint, runner.model.module if is_model_wrapper(runner.model) else runner.model,
-                         'test')
+        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        if args.checkpoint == INIT:
+            model.init_weights()  # (mmengine initialises weights in train() only)
+        else:
+            check_checkpoint(args.checkpoint, model, 'test')
     if setup.status:
         return setup.status
     with one_line_errors(args.config) as testing:

@@ -292,14 +292,20 @@ def test_pretrained_init_cfg_loads_an_official_layout_file_through_the_converter
         p = k.split('.')
         if k.startswith('layers.') and p[2] == 'downsample':
             k = '.'.join(['layers', str(int(p[1]) - 1)] + p[2:])
-        official[k] = v
+        official[k] = v + 0.5 if k.startswith('norm.') else v  # a final norm unlike LayerNorm's initialisation
     a = convert_swin(official)
     path = os.path.join(tmp_path, 'swin_official.pth')
     torch.save({'model': official}, path)
-    loaded = SoftFreeSwin(arch=dict(TINY), init_cfg=dict(type='Pretrained', checkpoint=path))
-    loaded.init_weights()
-    sd = loaded.state_dict()
-    assert all(torch.equal(sd[k], a[k]) for k in a)
+    # a classifier takes the release's final norm as norm3; a feature pyramid leaves norm3 at its initialisation,
+    # as the official detection code and mmdet do
+    for out_indices in ((3,), (0, 1, 2, 3)):
+        loaded = SoftFreeSwin(arch=dict(TINY), out_indices=out_indices,
+                              init_cfg=dict(type='Pretrained', checkpoint=path))
+        loaded.init_weights()
+        sd = loaded.state_dict()
+        pyramid = out_indices != (3,)
+        assert all(torch.equal(sd[k], a[k]) for k in a if not (pyramid and k.startswith('norm3.')))
+        assert torch.equal(sd['norm3.weight'], torch.ones(128) if pyramid else a['norm3.weight'])
 
 
 def test_mmdet_unfold_order_conversion_inverts_mmdets_own_swin_converter():

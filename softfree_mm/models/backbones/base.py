@@ -2,6 +2,7 @@
 checks, freezing and ``train()``, one default initialisation that leaves kernels theirs, gradient checkpointing in
 training only, layer depths (layer-wise lr decay) and ``Pretrained`` loading through the family's converter."""
 import numbers
+from collections import OrderedDict
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -203,8 +204,13 @@ class SoftFreeBackbone(BaseModule):
                 if id(m) not in owned and m._parameters.get(name) is not None:
                     trunc_normal_(m._parameters[name], std=0.02)
 
+    def _load_converter(self) -> Optional[Callable]:
+        """The function ``Pretrained`` converts a file with: the family's ``_convert`` (a subclass may narrow what it
+        places for the mode it is built in)."""
+        return type(self)._convert
+
     def init_weights(self):
-        if init_from_cfg(self, type(self)._convert, prefer_ema=self._prefer_ema) == 'loaded':
+        if init_from_cfg(self, self._load_converter(), prefer_ema=self._prefer_ema) == 'loaded':
             return
         if self.init_cfg is None:
             self._init_default()
@@ -288,6 +294,33 @@ class StagedBackbone(SoftFreeBackbone):
     def _add_out_norms(self, dims):
         for i in self.out_indices:
             self.add_module(f'norm{i}', nn.LayerNorm(dims[i]))
+
+    @property
+    def feature_pyramid(self) -> bool:
+        """True when the model gives more than its last stage (a detection / segmentation backbone)."""
+        return tuple(self.out_indices) != (len(self.depths) - 1,)
+
+    def _load_converter(self):
+        """A classifier release's final ``norm`` becomes the last output norm of a classifier (the only output, the
+        classifier's own place for it); in a feature pyramid it is not placed and ``norm{last}`` keeps its
+        initialisation, as the official Swin / CSWin / Agent detection and segmentation code and mmdet's
+        SwinTransformer leave it (their per-output norms share no name with it)."""
+        convert = type(self)._convert
+        if convert is None or not self.feature_pyramid:
+            return convert
+
+        def without_final_norm(sd):
+            return convert(OrderedDict((k, v) for k, v in sd.items() if not k.startswith('norm.')))
+        return without_final_norm
+
+    @property
+    def by_design_keys(self):
+        if not self.feature_pyramid:
+            return ()
+        last = len(self.depths) - 1
+        return (("of the output norms, new to a feature pyramid: a classifier's final norm is not placed in "
+                 f'norm{last} (the official detection / segmentation code and mmdet leave it at its initialisation)',
+                 r'^norm\d+\.'),)
 
     def _frozen(self):
         if self.frozen_stages < 0:
