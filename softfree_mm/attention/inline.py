@@ -185,16 +185,17 @@ class InLineAttention(AttentionKernel):
     def memory(self, nq, nk, d, dv, masked=False, hw=None):
         feats = 0 if self.feature_map == 'identity' else (nq + nk) * d  # phi(q), phi(k)
         res = nq * dv if self.local_residual else 0  # v on the grid for the 3x3 conv
-        if masked:  # the explicit path with per-row means: A and its pieces, the per-row mean keys
+        if masked:  # a general mask: the explicit path with per-row means, A and its pieces, the per-row mean keys
             return 4 * nq * nk + 4 * nq * d + feats + res, max(nq * nk, nq * dv)
         if self.order(nq, nk, d, dv) == 'explicit':
             return 2 * nq * nk + feats + res + nq, max(nq * nk, nq * dv)
         return d * dv + feats + res + nq, max(nq, nk) * max(d, dv)
 
     def flops(self, nq, nk, d, dv, masked=False, hw=None):
-        """Without a mask: k^T v and q @ (k^T v), the residual's two grouped 1x1 convs once per sample and the 3x3
-        depthwise conv on v. With a mask (the explicit path): the row means and A, A @ v, the residual weights
-        per query row (without a context) and its 3x3 neighbourhood."""
+        """Without a mask or with a key-only one: the order's products (``order_products``: k^T v and q @ (k^T v),
+        or A and A @ v), the residual's two grouped 1x1 convs once per sample and the 3x3 depthwise conv on v. With a
+        general mask (the explicit path): the row means and A, A @ v, the residual weights per query row (without a
+        context) and its 3x3 neighbourhood."""
         res = self.local_residual
         if not masked:
             return self.order_flops(nq, nk, d, dv)
