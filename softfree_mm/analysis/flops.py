@@ -10,7 +10,7 @@ from typing import Dict, Sequence, Union
 
 import torch
 
-from ..attention import AttentionKernel
+from ..attention import AttentionKernel, dispatch
 
 
 def _kernel_modules(model):
@@ -37,7 +37,7 @@ def attention_flops(model: torch.nn.Module, inputs) -> Dict[str, int]:
                 hw = (int(hw[0]), int(hw[1]))
             b, h, nq, d = q.shape
             per_pair = mod.flops(int(nq), int(k.shape[2]), int(d), int(v.shape[3]),
-                                 masked=mask is not None or bias is not None, hw=hw)
+                                 masked=dispatch.general(mask, bias), hw=hw)  # a key mask keeps the order
             counts[name] = counts.get(name, 0) + int(b) * int(h) * int(per_pair)
         return fn
 

@@ -58,8 +58,8 @@ def _with_impl(attn, impl):
     if isinstance(attn, (list, tuple)):
         return [_with_impl(a, impl) for a in attn]
     cfg = dict(type=attn) if isinstance(attn, str) else dict(attn)
-    from ...attention import kernel_class
-    if hasattr(kernel_class(cfg), 'order_costs'):
+    from ...attention import AttentionKernel, kernel_class
+    if kernel_class(cfg).order_products is not AttentionKernel.order_products:  # a kernel with two orders
         cfg['impl'] = impl
     return cfg
 
