@@ -144,7 +144,36 @@ def test_the_findings_are_made_from_the_rows_alone():
         '(softmax ran).',
         "- **L**, `linear`: 0.50-1.05x softmax's inference time (cheaper at 800; a tie at 512), memory 1.00x; "
         'runs at 1024 where softmax is over the time limit.',
-        '- **L**: `soft` do not fit this layout.']
+        '- **L**: `soft` do not fit this layout.',
+        "- **Growth**: no kernel grows faster in pixels than its declared class allows beside softmax (memory "
+        'exponents; the rule above).']
+
+
+def _grown(layout, kernel, cls, mems, ms=(100, 250, 400)):
+    """Rows at 512, 800, 1024 with the tensors' peak ``mems`` (MiB) and the class the sweep records."""
+    return [dict(_row(layout, kernel, side, ms=t), tensor_MiB=m, **{'class': cls})
+            for side, t, m in zip((512, 800, 1024), ms, mems)]
+
+
+def test_a_linear_set_up_growing_faster_than_softmax_in_memory_is_flagged_by_hand():
+    """Exponents by hand: pixels 512x864 -> 800x1344 -> 1024x1728 (x 2.43, x 1.65); memory x pixels^e. A linear
+    set-up may grow as max(1, softmax's) + 0.1: e = 1.0 passes, e = 1.5 (CSwin's padded stripes before key masks)
+    is flagged; a quadratic one (softmax kept in a stage) is never bounded; a row without a class has no bound."""
+    px = [h * w for h, w in (cost.coco_size(s) for s in (512, 800, 1024))]
+
+    def mem(e):
+        return [10 * (p / px[0]) ** e for p in px]
+    rows = (_grown('L', 'softmax', 'quadratic', mem(1.2)) + _grown('L', 'linear', 'linear', mem(1.5))
+            + _grown('L', 'inline', 'quadratic', mem(1.8)) + _grown('L', 'agent', 'linear', mem(1.0))
+            + [dict(r, **{'class': ''}) for r in _grown('L', 'soft-l64', '', mem(1.9))])
+    got = {g['kernel']: g for g in cost_report.growth(rows)}
+    assert got['linear']['memory'] == pytest.approx(1.5) and got['linear']['bound'] == pytest.approx(1.3)
+    assert got['linear']['beyond'] and not got['agent']['beyond']
+    assert got['inline']['bound'] is None and got['soft-l64']['bound'] is None and got['softmax']['bound'] is None
+    text = cost_report.findings(rows)
+    assert ("- **L**, `linear` (declared linear): **grows faster than its class allows**, memory^1.50 in pixels "
+            "against softmax's memory^1.20 (bound 1.30)") in text
+    assert 'growth in pixels time^' in text and '`agent` (declared' not in text
 
 
 def test_the_docs_section_is_what_the_committed_csv_makes():

@@ -44,8 +44,9 @@ LARGE_SIDE = 1600  # for the kernels still within the limits at the largest of S
 SEG_SIZE = (512, 2048)
 MODELS = (('maskrcnn', 'swin_t', 'softmax'), ('maskrcnn', 'swin_t', 'linear'), ('semfpn', 'swin_t', 'softmax'),
           ('semfpn', 'swin_t', 'linear'))
+# class: the declared class of the backbone's kernels (``layout_class``), read when the row is measured
 COLUMNS = ('what', 'layout', 'kernel', 'config', 'pass', 'size', 'short_side', 'status', 'ms', 'peak_MiB',
-           'rss_MiB', 'error', 'tensor_MiB')
+           'rss_MiB', 'error', 'tensor_MiB', 'class')
 
 
 def coco_size(short: int) -> Tuple[int, int]:
@@ -86,6 +87,18 @@ def layout_backbone(layout: str, kernel: str) -> Tuple[Optional[dict], str, str]
         raise ValueError(f'unknown layout {layout!r}; valid: {", ".join(COST_LAYOUTS)}')
     if kernel not in KERNEL_NAMES:
         raise ValueError(f'unknown kernel {kernel!r}; valid: {", ".join(KERNEL_NAMES)}')
+    cfg, source = _layout_cfg(layout, kernel)
+    try:
+        with DefaultScope.overwrite_default_scope('softfree_mm'):
+            MODELS.build(dict(cfg, arch=cfg.get('arch')) if 'arch' in cfg else cfg)
+    except (ValueError, TypeError, KeyError) as e:
+        return None, osp.relpath(source, _root()), (str(e).splitlines() or [type(e).__name__])[0]
+    return cfg, osp.relpath(source, _root()), ''
+
+
+def _layout_cfg(layout: str, kernel: str) -> Tuple[dict, str]:
+    """(backbone config, the config file it comes from) of ``kernel`` in ``layout``, not built."""
+    from mmengine.config import Config
     base, form = KERNEL_FORMS.get(kernel, (kernel, None))
     bb, extra = COST_LAYOUTS[layout]
     own = osp.join(_root(), 'configs', f'maskrcnn_{bb}_{base}.py')
@@ -96,12 +109,31 @@ def layout_backbone(layout: str, kernel: str) -> Tuple[Optional[dict], str, str]
     if form is not None:
         cfg['attn_cfg'] = _with_form(cfg['attn_cfg'], KERNEL_CFGS[base]['type'], form)
     cfg.update(extra)
-    try:
-        with DefaultScope.overwrite_default_scope('softfree_mm'):
-            MODELS.build(dict(cfg, arch=cfg.get('arch')) if 'arch' in cfg else cfg)
-    except (ValueError, TypeError, KeyError) as e:
-        return None, osp.relpath(source, _root()), (str(e).splitlines() or [type(e).__name__])[0]
-    return cfg, osp.relpath(source, _root()), ''
+    return cfg, source
+
+
+CLASSES = ('linear', 'quadratic', 'cubic')
+
+
+def layout_class(layout: str, kernel: str) -> str:
+    """The declared class (``complexity``) of ``kernel``'s set-up in ``layout``: the worst over every kernel its
+    backbone config holds (the official InLine / Agent set-ups keep softmax in their last stages), read from the
+    config and the family's preset, not built."""
+    from ...attention import build_attention
+    from ...models.family import FAMILIES
+    cfg, _ = _layout_cfg(layout, kernel)
+    attn = cfg.get('attn_cfg')
+    if attn is None:
+        arch = cfg.get('arch')
+        preset = FAMILIES[cfg['type']].arch_zoo.get(arch, {}) if isinstance(arch, str) else dict(arch or {})
+        attn = preset.get('attn_cfg', 'softmax')
+
+    def entries(a):
+        if isinstance(a, (list, tuple)):
+            return [e for x in a for e in entries(x)]
+        return [dict(type=a) if isinstance(a, str) else dict(a)]
+    found = {build_attention(e, num_heads=1, head_dim=8).complexity for e in entries(attn)}
+    return max(found, key=CLASSES.index)
 
 
 def _with_form(attn_cfg, kernel_type: str, form: dict):
@@ -359,6 +391,8 @@ def sweep(cases: List[dict], csv_path: str, time_limit: float, mem_limit_gib: fl
                 fits[fk] = layout_backbone(*fk)
             cfg, source, err = fits[fk]
             row['config'] = source
+            if cfg is not None:
+                row['class'] = layout_class(*fk)
             if cfg is None:
                 row.update(status='does not fit', error=err)
             elif 'after' in case:

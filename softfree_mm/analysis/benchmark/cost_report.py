@@ -5,13 +5,24 @@ of a docs page, so no figure of the sweep is typed by hand.
 One rule says "cheaper" and "a tie": a kernel's inference time over softmax's at the same size is a tie within
 ``[1 / TIE, TIE]`` (timings repeat within a few per cent on the sweep's machine), cheaper below, dearer above; a
 size where softmax went over a limit and the kernel ran counts as cheaper, the reverse as dearer.
+
+Growth: a kernel's exponent in pixels (least squares of log time and log memory over the COCO-aspect sizes it ran,
+three at least) against softmax's in the same layout. A set-up whose declared class (the worst ``complexity`` of its
+kernels, which the sweep records in each row) is linear may grow no faster than ``max(1, softmax's) +
+GROWTH_MARGIN``; a quadratic or cubic one (the official InLine / Agent / SOFT set-ups keep softmax in a stage) may
+grow as softmax may, and a row without a recorded class has no bound. The memory exponent (the tensors' peak, an
+exact instrument) decides; the time exponent is shown beside it (on this 2-core machine it carries memory-bandwidth
+effects: linear attention in Swin-T's windows grows as time^1.19, softmax there as time^1.21). A set-up beyond its
+bound is flagged in the findings: a figure its declared class does not allow, a defect to explain.
 """
+import math
 import os.path as osp
 from typing import Dict, List, Optional
 
 from .cost import COST_KERNELS, COST_LAYOUTS, SEG_SIZE
 
 TIE = 1.1
+GROWTH_MARGIN = 0.1
 
 
 def verdict(ratio: float) -> str:
@@ -108,12 +119,60 @@ def _memory_ratio(r: dict, b: dict) -> float:
     return _num(r['peak_MiB']) / max(_num(b['peak_MiB']), 1e-9)
 
 
+def _fit(points) -> Optional[float]:
+    """The least-squares slope of log y against log x over (x, y) points (three at least), else None."""
+    pts = [(math.log(x), math.log(y)) for x, y in points if x and y and x > 0 and y > 0]
+    if len(pts) < 3:
+        return None
+    mx, my = sum(p[0] for p in pts) / len(pts), sum(p[1] for p in pts) / len(pts)
+    var = sum((p[0] - mx) ** 2 for p in pts)
+    return sum((p[0] - mx) * (p[1] - my) for p in pts) / var if var else None
+
+
+def growth(rows: List[dict], reference: str = 'softmax') -> List[dict]:
+    """Per layout and kernel: its exponents in pixels (time, memory), softmax's in the layout, the kernel's class,
+    the memory bound that class allows (None: no bound) and whether the kernel exceeds it."""
+    rows = ordered(rows)
+    coco = [r for r in rows if r.get('what') == 'backbone' and r.get('pass') == 'fwd' and r.get('status') == 'ok'
+            and r.get('size') != 'x'.join(map(str, SEG_SIZE))]
+
+    def exps(layout, kernel):
+        mine = [r for r in coco if r['layout'] == layout and r['kernel'] == kernel]
+        px = [math.prod(int(v) for v in r['size'].split('x')) for r in mine]
+        return (_fit(zip(px, (_num(r['ms']) for r in mine))), _fit(zip(px, (_memory(r) for r in mine))))
+    out = []
+    for layout in dict.fromkeys(r['layout'] for r in coco):
+        ref = exps(layout, reference)
+        for kernel in dict.fromkeys(r['kernel'] for r in coco if r['layout'] == layout):
+            t, m = exps(layout, kernel)
+            cls = next((r.get('class') for r in coco if r['layout'] == layout and r['kernel'] == kernel
+                        and r.get('class')), None)  # the declared class the sweep recorded
+            bound = None
+            if kernel != reference and m is not None and ref[1] is not None and cls == 'linear':
+                bound = max(1.0, ref[1]) + GROWTH_MARGIN
+            out.append(dict(layout=layout, kernel=kernel, time=t, memory=m, ref_time=ref[0], ref_memory=ref[1],
+                            cls=cls, bound=bound, beyond=bound is not None and m > bound))
+    return out
+
+
+def _growth_line(rows: List[dict], reference: str = 'softmax') -> List[str]:
+    """The findings' lines on growth: each kernel beyond its class's bound, or one line saying none is."""
+    flagged = [g for g in growth(rows, reference) if g['beyond']]
+    if not flagged:
+        return [f'- **Growth**: no kernel grows faster in pixels than its declared class allows beside {reference} '
+                f'(memory exponents; the rule above).']
+    return [f"- **{g['layout']}**, `{g['kernel']}` (declared {g['cls']}): **grows faster than its class allows**, "
+            f"memory^{g['memory']:.2f} in pixels against {reference}'s memory^{g['ref_memory']:.2f} (bound "
+            f"{g['bound']:.2f}); time^{g['time']:.2f} against {g['ref_time']:.2f}." for g in flagged]
+
+
 def findings(rows: List[dict], reference: str = 'softmax') -> str:
     """One line per layout and kernel, from the rows alone: the time ratio to softmax at each COCO-aspect size both
     ran (its span and which sizes are cheaper, ties or dearer by the tie rule), where either went over a limit, the
     memory ratio's span, forward + backward and the segmentation size; then the whole models."""
     rows = ordered(rows)
     out = []
+    grown = {(g['layout'], g['kernel']): g for g in growth(rows, reference)}
     back = [r for r in rows if r.get('what') == 'backbone']
     seg = 'x'.join(map(str, SEG_SIZE))
     for layout in dict.fromkeys(r['layout'] for r in back):
@@ -142,6 +201,10 @@ def findings(rows: List[dict], reference: str = 'softmax') -> str:
             if times:
                 said = '; '.join(f'{v} at {_sides(groups[v])}' for v in ('cheaper', 'a tie', 'dearer') if v in groups)
                 parts.insert(0, f'{_span(times)} softmax\'s inference time ({said}), memory {_span(mems)}')
+            g = grown.get((layout, kernel))
+            if g and g['time'] is not None and g['ref_time'] is not None:
+                parts.append(f"growth in pixels time^{g['time']:.2f}, memory^{g['memory']:.2f} (softmax "
+                             f"{g['ref_time']:.2f}, {g['ref_memory']:.2f})")
             for what, key in (('forward + backward', 'fwdbwd'), ('at 512x2048', 'fwd')):
                 r = next((x for x in kr if x['pass'] == key and (key == 'fwdbwd' or x['size'] == seg)), None)
                 b = ref.get((key, r['size'])) if r else None
@@ -161,6 +224,8 @@ def findings(rows: List[dict], reference: str = 'softmax') -> str:
             if pts:
                 out.append(f"- **{model[0]} {model[1]}** (whole model), `{kernel}`: "
                            + ', '.join(f'{t:.2f}x at {s} ({verdict(t)})' for s, t in pts) + '.')
+    if grown:
+        out += _growth_line(rows, reference)
     return '\n'.join(out)
 
 
