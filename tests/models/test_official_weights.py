@@ -395,11 +395,18 @@ def test_inline_cswin_release_layout_loads_strictly_and_equals_the_official_comp
         torch.testing.assert_close(model(x)[0], official_cswin(official, x, kinds, CSWIN['num_heads'])[0], **TOL)
 
 
-@pytest.mark.parametrize('hw', [(224, 224), (228, 260)])  # 228x260: stripes padded in stages 2 and 3
-def test_cswin_segmentation_release_with_pad_keys_zeros_equals_the_official_segmentation_computation(hw):
+# 228x260: stripes padded in stages 2 and 3; 256x320: stage 3's 16x20 grid padded in both branches; 250x330: sides
+# that are 2 mod 4 (the official stem's grid, 62x82, is a row and a column short of ceil(H / 4)); 96x320: stage 3's
+# 6-row grid narrower than its 7-wide stripe (padded up to it, not cut)
+@pytest.mark.parametrize('hw', [(224, 224), (228, 260), (256, 320), (250, 330), (96, 320)])
+def test_cswin_segmentation_release_with_its_padding_rule_equals_the_official_segmentation_computation(hw):
+    """The UperNet releases' rule, ``downstream_padding['cswin']`` (``pad_keys='zeros', patch_grid='floor'``): zero
+    pad keys, stripes never cut to the grid, the stem conv's own grid; to 1e-10 in float64."""
     kinds = ('S', 'S', 'S', 'S')
     official = cswin_layout(kinds, segmentation=True)
-    model = SoftFreeCSWin(arch='tiny', pad_keys='zeros', drop_path_rate=0., **CSWIN)
+    rule = SoftFreeCSWin.family.downstream_padding['cswin']
+    assert rule == dict(pad_keys='zeros', patch_grid='floor')
+    model = SoftFreeCSWin(arch='tiny', drop_path_rate=0., **rule, **CSWIN)
     load_strict(model, official, 'cswin')
     masked = SoftFreeCSWin(arch='tiny', drop_path_rate=0., **CSWIN)
     load_strict(masked, official, 'cswin')
@@ -407,10 +414,12 @@ def test_cswin_segmentation_release_with_pad_keys_zeros_equals_the_official_segm
         x = image(*hw)
         ref = official_cswin(official, x, kinds, CSWIN['num_heads'], segmentation=True, pad_zeros=True)
         for ours, r in zip(model(x), ref):
-            torch.testing.assert_close(ours, r, **TOL)
-        # our default masks the pad keys: the same where nothing is padded, different where stripes are padded
-        same = [torch.allclose(a, b, rtol=1e-6, atol=1e-6) for a, b in zip(masked(x), ref)]
-    assert same == ([True] * 4 if hw == (224, 224) else [True, False, False, False])
+            assert ours.shape == r.shape
+            torch.testing.assert_close(ours, r, rtol=1e-10, atol=1e-10)
+        if hw in ((224, 224), (228, 260)):
+            # our default masks the pad keys: the same where nothing is padded, different where stripes are padded
+            same = [torch.allclose(a, b, rtol=1e-6, atol=1e-6) for a, b in zip(masked(x), ref)]
+            assert same == ([True] * 4 if hw == (224, 224) else [True, False, False, False])
 
 
 # ---------------------------------------------------------------------------------------------- SOFT

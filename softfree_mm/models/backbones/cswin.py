@@ -47,13 +47,15 @@ ARCH_ZOO: Dict[str, dict] = {
 PAD_KEYS = ('mask', 'zeros')
 
 
-def stripe_geometry(hw: Tuple[int, int], stripe: Optional[Tuple[int, int]]):
-    """Stripe size (sh, sw) clamped to the grid, and the symmetric padding (top, bottom, left, right).
-    ``stripe`` None = one window over the whole grid."""
+def stripe_geometry(hw: Tuple[int, int], stripe: Optional[Tuple[int, int]], clamp: bool = True):
+    """Stripe size (sh, sw) and the symmetric padding (top, bottom, left, right). ``stripe`` None = one window over
+    the whole grid. ``clamp``: a stripe wider than the grid is cut to it (ours: with pad keys removed that computes
+    what padding would); without (the official segmentation code, ``pad_keys='zeros'``), the grid is padded up to it
+    and the zero pad tokens are keys."""
     h, w = hw
     if stripe is None:
         return (h, w), (0, 0, 0, 0)
-    sh, sw = min(stripe[0], h), min(stripe[1], w)
+    sh, sw = (min(stripe[0], h), min(stripe[1], w)) if clamp else stripe
     ph, pw = (-h) % sh, (-w) % sw
     return (sh, sw), (ph // 2, ph - ph // 2, pw // 2, pw - pw // 2)
 
@@ -82,7 +84,7 @@ class StripeBranch(KernelAttention):
         """Where the tokens of this branch's kernel call sit: stripes of the symmetrically padded grid (or the whole
         grid)."""
         h, w = q.shape[1:3]
-        (sh, sw), (top, bottom, left, right) = stripe_geometry((h, w), self.stripe((h, w)))
+        (sh, sw), (top, bottom, left, right) = stripe_geometry((h, w), self.stripe((h, w)), self.pad_keys == 'mask')
         hp, wp = h + top + bottom, w + left + right
         if self.direction is None or (sh, sw) == (h, w):
             kind, note = 'global', f'global over the {h}x{w} grid'
@@ -96,7 +98,7 @@ class StripeBranch(KernelAttention):
     def forward(self, q, k, v, context=None):
         """q, k, v: (B, H, W, c) -> (B, H, W, c); context (B, c): the kernel's context (when it takes one)."""
         b, h, w, c = q.shape
-        (sh, sw), (top, bottom, left, right) = stripe_geometry((h, w), self.stripe((h, w)))
+        (sh, sw), (top, bottom, left, right) = stripe_geometry((h, w), self.stripe((h, w)), self.pad_keys == 'mask')
         mask = None
         if top or bottom or left or right:
             q, k, v = (F.pad(t, (0, 0, left, right, top, bottom)) for t in (q, k, v))
@@ -208,8 +210,12 @@ class SoftFreeCSWin(StagedBackbone):
             ``['inline', 'inline', 'softmax', 'softmax']``). Default: the preset's, else 'softmax'.
         global_window: bool or one per stage; True = one branch with all heads attends over the whole stage grid
             (no stripes). The last stage is always global. Default: the preset's, else False.
-        pad_keys: 'mask' (default: padded stripe keys are masked, padding changes nothing) or 'zeros' (the
-            official segmentation code: zero pad tokens take part as keys).
+        pad_keys: 'mask' (default: padded stripe keys are removed by a key mask, padding changes nothing; a stripe
+            wider than the grid is cut to it) or 'zeros' (the official segmentation code: zero pad tokens take part
+            as keys, and a grid narrower than a stripe is padded up to it).
+        patch_grid: 'ceil' (default, ours: the image is zero padded to a multiple of 4 before the 7x7 stride-4 stem)
+            or 'floor' (the official code: the stem's own grid, floor((H - 3) / 4) + 1, a row less where H % 4 is 1
+            or 2). They agree at 224 and on sides that are multiples of 4.
         out_indices, frozen_stages, drop_path_rate, with_cp, init_cfg, pretrained: as :class:`SoftFreeSwin`.
     """
 
@@ -225,12 +231,14 @@ class SoftFreeCSWin(StagedBackbone):
                      'agent_cswin': dict(arch='agent_tiny', embed_dims=8, num_heads=(2, 2, 2, 2))},
         benchmark={'cswin_t': dict(arch='tiny')},
         layout=lambda cfg: 'global tokens' if _global(cfg.get('global_window')) else 'stripes',
-        downstream_padding={'cswin': dict(pad_keys='zeros')})  # the official UperNet releases keep pad keys
+        # the official UperNet releases keep pad keys and pad no image before the stem
+        downstream_padding={'cswin': dict(pad_keys='zeros', patch_grid='floor')})
 
     def __init__(self, arch: Union[str, dict] = 'tiny', embed_dims: Optional[int] = None,
                  depths: Optional[Sequence[int]] = None, num_heads: Optional[Sequence[int]] = None,
                  stripe_widths: Optional[Sequence[int]] = None, attn_cfg: Union[str, dict, Sequence, None] = None,
                  global_window: Union[bool, Sequence[bool], None] = None, pad_keys: str = 'mask',
+                 patch_grid: str = 'ceil',
                  mlp_ratio: float = 4.0, qkv_bias: bool = True, in_channels: int = 3, drop_rate: float = 0.0,
                  drop_path_rate: float = 0.1, out_indices: Sequence[int] = (0, 1, 2, 3), frozen_stages: int = -1,
                  with_cp: bool = False, init_cfg: Optional[Union[dict, List[dict]]] = None,
@@ -248,6 +256,9 @@ class SoftFreeCSWin(StagedBackbone):
                              'must have one entry per stage')
         if pad_keys not in PAD_KEYS:
             raise ValueError(f"{owner}: pad_keys must be one of {', '.join(map(repr, PAD_KEYS))}, got {pad_keys!r}")
+        if patch_grid not in ('ceil', 'floor'):
+            raise ValueError(f"{owner}: patch_grid must be 'ceil' (the image padded to a multiple of 4 first, ours) or "
+                             f"'floor' (the stem conv's own grid, the official code), got {patch_grid!r}")
         if any(not isinstance(s, int) or s < 1 for s in stripe_widths):
             raise ValueError(f'{owner}: stripe_widths must be positive ints, got {stripe_widths}')
         dims = self._stages_from(arch, depths, num_heads, embed_dims, out_indices, frozen_stages)
@@ -260,7 +271,11 @@ class SoftFreeCSWin(StagedBackbone):
         self.attn_cfgs = cfgs
         self.global_window = tuple(global_window)
 
-        self.patch_embed = PatchEmbed(in_channels, embed_dims, 7, 4, padding=2, pad_to=4)  # ceil(H/4) x ceil(W/4)
+        # 'ceil': the image zero padded to a multiple of 4 first, ceil(H/4) x ceil(W/4); 'floor': the 7x7 stride-4
+        # conv's own grid, floor((H - 3) / 4) + 1 (one row less where H % 4 is 1 or 2), as the official code
+        self.patch_grid = patch_grid
+        self.patch_embed = PatchEmbed(in_channels, embed_dims, 7, 4, padding=2,
+                                      pad_to=4 if patch_grid == 'ceil' else 1)
         self.drop_after_pos = nn.Dropout(drop_rate)
         dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
         self.stages = nn.ModuleList()
