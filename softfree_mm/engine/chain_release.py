@@ -2,26 +2,43 @@
 
 The release is fetched once, by the tool, before the first run that reads it, into ``WORK_ROOT/releases/`` (a
 folder the compute nodes see, unlike a login node's torch cache), and every run is given that file: no rank
-downloads. The lock (``WORK_ROOT/warm_start_<stage 1>.lock``) keeps a second invocation of the same chain (a requeued
-job, a second terminal) from training beside the first.
+downloads. The cache is content-addressed: a URL's file lives in ``releases/<sha256 of the URL, 16 hex>/<its file
+name>`` (two URLs that end in the same name, ``pytorch_model.bin``, never share a file), its content hash recorded
+beside it when it is downloaded (``<file>.sha256.json``: the URL, size and sha256), never computed again while the
+file is unchanged. A download that is no torch file (a zip archive with a ``data.pkl`` member, or a pickle) is
+refused: a web page came back. Nothing is taken from torch hub's cache by its file name (nodes without internet:
+``--release FILE``). :func:`start_of` is what a run records of a start (:mod:`softfree_mm.engine.run_identity`). The
+lock (``WORK_ROOT/warm_start_<stage 1>.lock``) keeps a second invocation of the same chain (a requeued job, a second
+terminal) from training beside the first.
 """
+import hashlib
 import os
 import os.path as osp
-import shutil
 import socket
 import time
+import zipfile
 from contextlib import contextmanager
-from typing import Optional
+from typing import Dict, Optional
 
+from . import run_identity
 from .errors import UsageError, short_error
 
 RELEASES = 'releases'
-_MAGIC = (b'PK', b'\x80\x02', b'\x80\x03', b'\x80\x04', b'\x80\x05')  # zip or pickle: a torch file
+
+
+def reference_name(reference: Optional[str]) -> Optional[str]:
+    """What a start is called whatever folder it sits in: a URL's file name, a file's name, a work dir's name."""
+    if not isinstance(reference, str):
+        return None
+    if '://' in reference:
+        from softfree_mm.models.converters import release_file_name
+        return release_file_name(reference)
+    return osp.basename(osp.normpath(reference))
 
 
 def release_path(url: str, work_root: str) -> str:
-    from softfree_mm.models.converters import release_file_name
-    return osp.join(work_root, RELEASES, release_file_name(url))
+    """Where a URL's file lives in the work root: releases/<sha256(url)[:16]>/<its file name>."""
+    return osp.join(work_root, RELEASES, hashlib.sha256(url.encode()).hexdigest()[:16], reference_name(url))
 
 
 def local_release(reference: str, work_root: str) -> Optional[str]:
@@ -37,21 +54,48 @@ def local_release(reference: str, work_root: str) -> Optional[str]:
     return reference if osp.isfile(reference) else None
 
 
+def start_of(reference: str, work_root: str) -> Dict:
+    """What a run records of a checkpoint it starts from (:mod:`run_identity`): the work dir of a run that wrote its
+    identity -> that run's record; a file (a URL's copy in the work root, a run's last checkpoint) -> its name and
+    content hash (computed once); not here yet -> its name, hash unknown."""
+    from softfree_mm.models.converters import checkpoints_in
+    if '://' not in reference and osp.isdir(reference):
+        stored = run_identity.read(reference)
+        if stored is not None:
+            return run_identity.run_start(stored['record'])
+        found = checkpoints_in(reference)
+        if found:
+            return run_identity.release_start(osp.basename(found[0]), run_identity.sha256_of(found[0]))
+    local = local_release(reference, work_root)
+    return run_identity.release_start(reference_name(reference),
+                                      run_identity.sha256_of(local) if local else None)
+
+
+def is_torch_file(path: str) -> bool:
+    """A file torch.load reads: a zip archive holding a ``data.pkl`` (torch's format since 1.6) or a pickle
+    (the legacy format)."""
+    with open(path, 'rb') as f:
+        head = f.read(2)
+    if head == b'PK':
+        try:
+            with zipfile.ZipFile(path) as z:
+                return any(n == 'data.pkl' or n.endswith('/data.pkl') for n in z.namelist())
+        except (zipfile.BadZipFile, OSError):
+            return False
+    return len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5
+
+
 def _download(url: str, dest: str) -> None:
     import torch
     tmp = f'{dest}.{os.getpid()}.part'  # one process downloads (under the lock); the name is its own anyway
-    cached = osp.join(torch.hub.get_dir(), 'checkpoints', osp.basename(dest))
-    if osp.isfile(cached):  # this machine's torch cache has it: copied, the compute nodes may not see that cache
-        shutil.copyfile(cached, tmp)
-    else:
-        torch.hub.download_url_to_file(url, tmp, progress=True)
-    with open(tmp, 'rb') as f:
-        head = f.read(2)
-    if head not in _MAGIC:
+    torch.hub.download_url_to_file(url, tmp, progress=True)
+    if not is_torch_file(tmp):
         os.remove(tmp)
         raise UsageError(f'{url} did not give a checkpoint file (a web page came back): download it by hand and pass '
                          f'--release FILE, or put it at {dest}')
+    sha = run_identity._digest(tmp)  # once, here: recorded beside the file
     os.replace(tmp, dest)
+    run_identity.remember_sha256(dest, sha, url=url)
 
 
 def fetch(reference: str, work_root: str) -> str:

@@ -149,7 +149,8 @@ def head_reads_release(cfg) -> bool:
 
 
 def _release_fields(reference: str, local: Optional[str]) -> Dict:
-    sha = fingerprint.sha256_of(local) if local and osp.isfile(local) else None
+    from .run_identity import sha256_of
+    sha = sha256_of(local) if local and osp.isfile(local) else None
     return dict(release=fingerprint.reference_name(reference), release_sha256=sha)
 
 

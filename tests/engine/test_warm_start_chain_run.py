@@ -200,12 +200,13 @@ def test_the_release_is_fetched_once_into_the_work_root_and_every_run_reads_that
 
     def download(url, dst, progress=True):
         calls.append(url)
-        with open(dst, 'wb') as f:
-            f.write(b'PK downloaded')
+        torch.save({'state_dict': {}}, dst)
     monkeypatch.setattr(torch.hub, 'download_url_to_file', download)
     work_root = str(tmp_path / 'w')
     local = chain_release.fetch(URL, work_root)
-    assert local == osp.join(work_root, 'releases', 'xcit_small_12_p16_224.pth') and calls == [URL]
+    assert local == chain_release.release_path(URL, work_root) and calls == [URL]
+    assert osp.dirname(osp.dirname(local)) == osp.join(work_root, 'releases')
+    assert osp.basename(local) == 'xcit_small_12_p16_224.pth'
     assert chain_release.fetch(URL, work_root) == local and calls == [URL]  # once
     p = chain_run.plan(_request(tmp_path), ROOT)
     stage1, _ = chain_run.command(p, 0, False, local)
