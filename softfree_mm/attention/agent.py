@@ -139,14 +139,13 @@ class AgentAttention(AttentionKernel):
         return n * nk * (d + dv) + nq * n * (d + dv) + self.kernel_size ** 2 * nk * dv
 
     def memory(self, nq, nk, d, dv, masked=False, hw=None):
-        """Kept for backward: the two softmaxes (n x Nk, Nq x n), q on the grid for the pooling, v on the grid for
-        the dwc, and the resized bias tables (a head's agent_num x 7 x 7 tables and their resizes, shared by the
-        batch; they dominate on grids smaller than 7 x 7); the largest tensor is one of those maps or a token-sized
-        copy."""
+        """Kept for backward: the two softmaxes (n x Nk, Nq x n), the scaled q, the pooled agents, their scaled copy
+        and their values (n x dv); the bias resizes are added, not kept, and the dwc takes v on the grid as a view.
+        The largest tensor is one of the maps, the output, or a head's agent_num x 7 x 7 bias tables summed (shared
+        by the batch; they dominate on grids smaller than 7 x 7)."""
         n = self.agents
-        conv = nk * dv if self.kernel_size else 0
         table = self.agent_num * BIAS_GRID ** 2 if self.agent_bias else 0
-        return (n * nk + nq * n + nq * d + conv + table,
+        return (n * nk + nq * n + nq * d + 2 * n * d + n * dv,
                 max(n * nk, nq * n, nq * max(d, dv), table))
 
     # ------------------------------------------------------------------ pieces

@@ -140,13 +140,16 @@ class AttentionKernel(nn.Module):
                            q.device.type)
         return f'{order} order' if order else 'one path'
 
-    def memory(self, nq: int, nk: int, d: int, dv: int, masked: bool = False, hw=None) -> Tuple[int, int]:
-        """``(saved, largest)`` elements per (batch, head) of one forward call on a CPU in fp32 with autograd on:
-        what the call creates and autograd keeps for backward (its inputs not counted), and the largest tensor it
-        creates. The dominant terms in (nq, nk, d, dv) for the path the call takes (``masked``: a general mask or a
-        bias is given, ``dispatch.general``; a key-only mask counts as none), as ``flops`` states its products;
-        ``tests/analysis/test_analysis_kernel_memory.py`` measures every kernel in every layout the support table
-        lists against it."""
+    def memory(self, nq: int, nk: int, d: int, dv: int, masked: bool = False, hw=None, *,
+               key_mask: bool = False) -> Tuple[int, int]:
+        """``(saved, largest)`` elements per (batch, head) of one forward call on a CPU in fp32 with autograd on, its
+        q, k, v strided views as a multi-head projection gives them: what the call creates and autograd keeps for
+        backward (its inputs not counted; the copies it makes of them counted), and the largest tensor it creates
+        (its output included). The dominant terms in (nq, nk, d, dv) for the path the call takes (``masked``: a
+        general mask or a bias is given, ``dispatch.general``; ``key_mask``: a key-only mask is given,
+        ``dispatch.key_only``, which leaves the path alone but may add the masked copies it keeps), as ``flops``
+        states its products; ``tests/analysis/test_analysis_kernel_memory.py`` measures every kernel in every layout
+        the support table lists against it (``analysis/kernel_memory.py``: within a factor 1.75 either way)."""
         raise NotImplementedError(f"attention kernel '{self.name}' declares no memory()")
 
     # ------------------------------------------------------------------ to override

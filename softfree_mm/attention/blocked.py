@@ -30,15 +30,21 @@ def tile_shape(nq: int, nk: int) -> Tuple[int, int]:
     return max(1, min(nq, TILE_ROWS)), max(1, min(nk, TILE_COLS))
 
 
-def memory(nq: int, nk: int, dv: int, kept_per_score: int, masked: bool = False) -> Tuple[int, int]:
-    """``(saved, largest)`` elements per (batch, head) of a pointwise kernel's quadratic path on a CPU: the explicit
-    matrix keeps ``kept_per_score`` Nq x Nk tensors for backward (scores and weights, or weights alone; with a mask
-    or a bias two more: the masked scores and the keep mask as a factor); the tiles keep their output and row terms
-    beside their inputs and hold one tile at a time."""
+def memory(nq: int, nk: int, d: int, dv: int, kept_per_score: int, masked: bool = False,
+           key_mask: bool = False) -> Tuple[int, int]:
+    """``(saved, largest)`` elements per (batch, head) of a pointwise kernel's quadratic path on a CPU.
+
+    The explicit matrix keeps ``kept_per_score`` Nq x Nk tensors for backward (the scores and the weights, or the
+    weights alone); with a mask the masked weights are kept for ``A @ v`` instead of the weights, so at least two
+    (the negated mask, one per window shared by its heads, is left out); its largest tensor is an Nq x Nk one or
+    the output. The tiles keep only their inputs, the contiguous copies of q, k, v they make (the output is not
+    needed in backward), and hold one tile at a time beside the output."""
+    out = nq * dv
     if use_tiles(nq, nk):
         rows, cols = tile_shape(nq, nk)
-        return nq * dv + nq, rows * cols
-    return (kept_per_score + (2 if masked else 0)) * nq * nk, nq * nk
+        return (nq + nk) * d + nk * dv, max(rows * cols, out)
+    kept = max(kept_per_score, 2) if masked or key_mask else kept_per_score
+    return kept * nq * nk, max(nq * nk, out)
 
 
 def use_tiles(nq: int, nk: int) -> bool:

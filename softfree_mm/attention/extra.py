@@ -78,9 +78,9 @@ class NystromAttention(AttentionKernel):
 
     def memory(self, nq, nk, d, dv, masked=False, hw=None):
         m = min(self.num_landmarks, nq, nk)
-        # the three softmax blocks (scores and weights), their products with v, and the inverse's steps (autograd
-        # runs through them: about six m x m matrices a step)
-        blocks = 2 * (nq * m + m * m + m * nk) + m * dv + m * dv
+        # the landmarks (segment means of q and k), the three softmax blocks (scores and weights), the two products
+        # with v that end in m rows, and the inverse's steps (autograd runs through them: about six m x m a step)
+        blocks = 2 * m * d + 2 * (nq * m + m * m + m * nk) + 2 * m * dv
         return blocks + 6 * self.pinv_iters * m * m, max(nq * m, nk * m, m * m, nq * dv)
 
     def _factors(self, q, k, scale):
@@ -162,10 +162,13 @@ class PerformerAttention(AttentionKernel):
 
     def memory(self, nq, nk, d, dv, masked=False, hw=None):
         m = self.num_features
-        feats = 3 * (nq + nk) * m  # projections, exponents, features
+        # per token: the scaled x (d), the projection, the stabilised exponent and the feature (3 m)
+        feats = (nq + nk) * (d + 3 * m)
         if self.order(nq, nk, d, dv, masked) == 'explicit':
-            return feats + 2 * nq * nk + nq * dv, max(nq * nk, max(nq, nk) * max(m, dv))
-        return feats + m * dv + nq * dv + nq, max(nq, nk) * max(m, dv)
+            # the scores, the row sums and the weights
+            return feats + 2 * nq * nk + nq, max(nq * nk, max(nq, nk) * max(m, dv))
+        # k^T v, the normaliser and the stabiliser of each query row, the numerator the division keeps
+        return feats + m * dv + nq * dv + 2 * nq, max(nq, nk) * max(m, dv)
 
     def features(self, x, scale, is_query):
         """phi(x) (B, h, N, m) up to a factor that cancels in A: the stabiliser (row max for queries, the
@@ -234,8 +237,10 @@ class CosFormerAttention(AttentionKernel):
     def memory(self, nq, nk, d, dv, masked=False, hw=None):
         feats = 3 * (nq + nk) * d  # relu(q), relu(k) and their cos and sin halves
         if self.order(nq, nk, d, dv, masked) == 'explicit':
-            return feats + 2 * nq * nk + nq * dv, max(nq * nk, max(nq, nk) * max(d, dv))
-        return feats + 2 * d * dv + 2 * nq * dv, max(nq, nk) * max(d, dv)
+            # the summed scores, the row sums and the weights
+            return feats + 2 * nq * nk + nq, max(nq * nk, max(nq, nk) * max(d, dv))
+        # the cos and sin halves' k^T v, the numerator and the normaliser the division keeps
+        return feats + 2 * d * dv + nq * dv + nq, max(nq, nk) * max(d, dv)
 
     def _feats(self, q, k):
         q, k = upcast(q, k)
@@ -317,11 +322,15 @@ class FocusedLinearAttention(AttentionKernel):
         return self.order_flops(nq, nk, d, dv, masked)
 
     def memory(self, nq, nk, d, dv, masked=False, hw=None):
-        feats = 6 * (nq + nk) * d  # the focusing map's steps on q and k
-        conv = 2 * nq * dv if self.local_conv else 0
+        # the focusing map's steps on q and k: relu + 1e-6, over the learned scale, its power, the feature (and the
+        # steps' input, 5 N x d a side), the two norms and their ratio (3 N); the local conv takes v on the grid as a
+        # view and keeps nothing of its own
+        feats = 5 * (nq + nk) * d + 3 * (nq + nk)
         if self.order(nq, nk, d, dv, masked) == 'explicit':
-            return feats + 2 * nq * nk + nq * dv + conv, max(nq * nk, max(nq, nk) * max(d, dv))
-        return feats + d * dv + 2 * nq * dv + conv, max(nq, nk) * max(d, dv)
+            # the scores, the row sums and the weights
+            return feats + 2 * nq * nk + nq, max(nq * nk, max(nq, nk) * max(d, dv))
+        # k^T v, the normaliser, the numerator the division keeps
+        return feats + d * dv + nq + nq * dv, max(nq, nk) * max(d, dv)
 
     def features(self, x):
         x = (F.relu(x) + 1e-6) / F.softplus(self.scale.to(x.dtype))

@@ -182,14 +182,24 @@ class InLineAttention(AttentionKernel):
         shared = 10 * d * d + 9 * nq * dv if res == 'channel' else d * d + 9 * d + 9 * nq * dv if res == 'head' else 0
         return nq * nk * (d + dv) + shared, (nk + nq) * d * dv + shared
 
-    def memory(self, nq, nk, d, dv, masked=False, hw=None):
-        feats = 0 if self.feature_map == 'identity' else (nq + nk) * d  # phi(q), phi(k)
-        res = nq * dv if self.local_residual else 0  # v on the grid for the 3x3 conv
-        if masked:  # a general mask: the explicit path with per-row means, A and its pieces, the per-row mean keys
-            return 4 * nq * nk + 4 * nq * d + feats + res, max(nq * nk, nq * dv)
+    def memory(self, nq, nk, d, dv, masked=False, hw=None, *, key_mask=False):
+        tokens = max(nq, nk) * max(d, dv)
+        feats = 0 if self.feature_map == 'identity' else (nq + nk) * d  # phi(q), phi(k) (identity: q, k themselves)
+        # the residual's weights from one summary vector: the two grouped 1x1 convs' outputs and the GELU between
+        # ('channel': d, d and 9 d; 'head': d, d and 9); v on the grid is a view of v
+        res = {'channel': 11 * d, 'head': 2 * d + 9}.get(self.local_residual, 0)
+        if masked:  # a general mask, the explicit path per row: the float keep mask, the masked A, the per-row mean
+            # keys; with the 'channel' residual its 3x3 conv per row keeps each of the nine shifted, masked v
+            rows = 9 * nq * (dv + 1) if self.local_residual == 'channel' else 0
+            return 2 * nq * nk + nq * d + rows + res + feats, max(nq * nk, tokens)
+        # a key-only mask: phi(k) with its masked rows zeroed and the keep column; the residual's conv takes v with
+        # its masked rows zeroed too
+        keys = (nk * d + nk + (nk * dv + nk if self.local_residual else 0)) if key_mask else 0
         if self.order(nq, nk, d, dv) == 'explicit':
-            return 2 * nq * nk + feats + res + nq, max(nq * nk, nq * dv)
-        return d * dv + feats + res + nq, max(nq, nk) * max(d, dv)
+            # A and v / N, the mean phi(k) the offset is built from
+            return nq * nk + nk * dv + d + res + feats + keys, max(nq * nk, tokens)
+        # the offset 1 - s phi(q).kbar, k^T v, the mean phi(k) and the mean v
+        return nq + d * dv + 2 * d + res + feats + keys, tokens
 
     def flops(self, nq, nk, d, dv, masked=False, hw=None):
         """Without a mask or with a key-only one: the order's products (``order_products``: k^T v and q @ (k^T v),

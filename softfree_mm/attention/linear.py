@@ -74,12 +74,17 @@ class _FactorisedAttention(AttentionKernel):
     def flops(self, nq, nk, d, dv, masked=False, hw=None):
         return self.order_flops(nq, nk, d, dv, masked)
 
-    def memory(self, nq, nk, d, dv, masked=False, hw=None):
+    def memory(self, nq, nk, d, dv, masked=False, hw=None, *, key_mask=False):
+        tokens = max(nq, nk) * max(d, dv)  # phi(q), phi(k), the output: no other temporary on the factorised path
         if self.order(nq, nk, d, dv, masked) == 'explicit':
-            # phi(q), phi(k), the scores and the weights kept (with a mask: the masked scores and the mask too)
-            return (nq + nk) * d + (4 if masked else 2) * nq * nk, max(nq * nk, max(nq, nk) * max(d, dv))
-        # phi(q), phi(k), k^T v and the output kept; no temporary beyond an (N, d) or (N, dv) one
-        return (nq + nk) * d + d * dv + nq * dv, max(nq, nk) * max(d, dv)
+            # phi(q), phi(k), the scores, the weights and the row sums (a mask: the masked scores instead of the
+            # scores; its negation, one per window shared by the heads, left out)
+            return (nq + nk) * d + 2 * nq * nk + nq, max(nq * nk, tokens)
+        # phi(q), phi(k), k^T v, sum_j phi(k_j), the normaliser and the output the in-place division keeps
+        saved = (nq + nk) * d + d * dv + d + nq + nq * dv
+        if key_mask:
+            saved += nk * d + nk  # phi(k) with its masked rows zeroed, the keep column
+        return saved, tokens
 
     def _fast(self, q, k, v, keep=None):
         """``A @ v`` in O(N d dv), over the keys ``keep`` (``base.key_keep``: a (B', h', Nk, 1) column of 1s and 0s)
@@ -188,6 +193,18 @@ class EfficientAttention(_FactorisedAttention):
     def order_extra(self, nq, nk, d, dv, device='cpu'):
         return 0, 0  # its explicit A needs no row sums (each key's softmax over the keys normalises it)
 
+    def memory(self, nq, nk, d, dv, masked=False, hw=None, *, key_mask=False):
+        tokens = max(nq, nk) * max(d, dv)
+        # a key-only mask: its softmax over the valid keys keeps k with the masked keys zeroed, their exponentials,
+        # the masked exponentials and their quotient (four Nk x d tensors where softmax keeps one), and the keep column
+        keys = 3 * nk * d + 3 * nk if key_mask else 0
+        if masked:  # a general mask, per row: softmax(q), the masked k and its exponentials, each row's normaliser
+            # and softmax(q) over it, the float keep mask, the product and the masked weights
+            return 2 * (nq + nk) * d + 3 * nq * nk, max(nq * nk, tokens)
+        if self.order(nq, nk, d, dv, masked) == 'explicit':
+            return (nq + nk) * d + nq * nk + keys, max(nq * nk, tokens)  # softmax(q), softmax(k), A
+        return (nq + nk) * d + d * dv + keys, tokens  # softmax(q), softmax(k), k^T v
+
     def flops(self, nq, nk, d, dv, masked=False, hw=None):
         if masked:  # the per-row normaliser keep @ e, the weights, A @ v
             return nq * nk * (2 * d + dv)
@@ -235,6 +252,19 @@ class TaylorAttention(_FactorisedAttention):
 
     ``|q^.k^| <= 1`` so no weight is negative (rounding below zero is clamped on the explicit path).
     """
+
+    def memory(self, nq, nk, d, dv, masked=False, hw=None, *, key_mask=False):
+        tokens = max(nq, nk) * max(d, dv)
+        normed = (nq + nk) * (d + 2)  # q^ and k^, with their norms and clamped norms
+        if self.order(nq, nk, d, dv, masked) == 'explicit':
+            # 1 + q^.k^, its clamp and the weights, the row sums and their floor (a mask: the masked scores too;
+            # its negation, one per window shared by the heads, left out)
+            return normed + 3 * nq * nk + 2 * nq, max(nq * nk, tokens)
+        # k^T v, sum_j k^_j, the normaliser and its floor, the numerator the in-place division keeps
+        saved = normed + d * dv + d + 2 * nq + nq * dv
+        if key_mask:
+            saved += nk * d + nk  # k^ with its masked rows zeroed, the keep column
+        return saved, tokens
 
     def _fast(self, q, k, v, keep=None):
         qn, kn = F.normalize(q, dim=-1), F.normalize(k, dim=-1)

@@ -50,8 +50,8 @@ class _PointwiseAttention(AttentionKernel):
     def flops(self, nq, nk, d, dv, masked=False, hw=None):
         return nq * nk * (d + dv)  # S = q k^T, A @ v
 
-    def memory(self, nq, nk, d, dv, masked=False, hw=None):
-        return blocked_memory(nq, nk, dv, self.kept_per_score, masked)
+    def memory(self, nq, nk, d, dv, masked=False, hw=None, *, key_mask=False):
+        return blocked_memory(nq, nk, d, dv, self.kept_per_score, masked, key_mask)
 
     def _tiled(self, q, k, v, scale, bias, mask):
         """``A @ v`` in tiles; inputs in the working dtype."""

@@ -143,14 +143,16 @@ class PolyAttention(AttentionKernel):
     def flops(self, nq, nk, d, dv, masked=False, hw=None):
         return self.order_flops(nq, nk, d, dv, masked)  # the explicit order's products also in tiles or fused
 
-    def memory(self, nq, nk, d, dv, masked=False, hw=None):
+    def memory(self, nq, nk, d, dv, masked=False, hw=None, *, key_mask=False):
         normed = (nq + nk) * d if self.qk_norm else 0  # the standardised q and k, kept for backward
         if self.order(nq, nk, d, dv, masked) == 'factorised':
-            # chunks recomputed in backward: kept are the key-value sum and the output; one chunk's features held
+            # chunks recomputed in backward: kept are the key-value sum and the scaled q the query chunks' checkpoints
+            # read (a key-only mask: v with its masked rows zeroed, and the keep column); one chunk's features held
             m = self.num_features(d)
             rows = max(1, _CHUNK_ELEMENTS // m, -(-max(nq, nk) // _MAX_CHUNKS))
-            return m * dv + nq * dv + normed, min(max(nq, nk), rows) * m
-        saved, largest = blocked_memory(nq, nk, dv, 2, masked)  # the scores and the weights, or tiles
+            keys = nk * dv + nk if key_mask else 0
+            return m * dv + nq * d + keys + normed, max(min(max(nq, nk), rows) * m, nq * dv)
+        saved, largest = blocked_memory(nq, nk, d, dv, 2, masked, key_mask)  # the scores and the weights, or tiles
         return saved + normed, largest
 
     def uses_factorised(self, q, k, v, bias=None, mask=None) -> bool:

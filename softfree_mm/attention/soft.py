@@ -250,20 +250,21 @@ class SoftAttention(AttentionKernel):
         return lm + kern + inv + (nk + nq) * m * dv + m * m * dv + conv
 
     def memory(self, nq, nk, d, dv, masked=False, hw=None):
-        """The scaled q and its grid copy for the landmark conv, the landmarks, the Gaussian kernels K(Q, L) and
-        K(L, L) (each with its exponent), the inverse, the products with v; the conv on v keeps its grid copy. All
-        linear in N with a fixed ``num_landmarks``; with a landmark ratio m grows with N, and K(Q, L) with it."""
+        """The scaled q (its grid for the landmark conv is a view), the landmarks (the conv's output, its layer norm
+        with the row statistics, the GELU), the Gaussian kernels K(Q, L) and K(L, L) (each with its exponent), the
+        inverse, the products with v; the conv on v keeps v on the grid (a copy where heads > 1). All linear in N with
+        a fixed ``num_landmarks``; with a landmark ratio m grows with N, and K(Q, L) with it."""
         grid = grid_for(nq, hw)
         m = self.num_landmark_tokens(grid)
-        kern = 2 * nq * m + 2 * m * m + (0 if self.tie_qk else 2 * m * nk)
+        kern = 2 * nq * m + 2 * m * m + (0 if self.tie_qk else 2 * m * nk + nk * d)  # untied: the scaled k too
         inv = m * m * (2 * self.newton_iters + 1 if self.normalized else 1)
         conv = nq * dv if self.conv_size else 0
-        saved = 3 * nq * d + 3 * m * d + kern + inv + 2 * m * dv + conv
-        padded = 0  # the ratio form zero-pads the grid to whole ratio x ratio cells for its conv
+        saved = nq * d + 3 * m * d + 2 * m + kern + inv + 2 * m * dv + conv
+        padded = 0  # the ratio form zero-pads the grid to whole ratio x ratio cells for its conv, which keeps it
         if self.num_landmarks is None:
             mh, mw = landmark_grid(grid, self.landmark_ratio, None, self.landmark_cells)
             padded = d * mh * mw * self.landmark_ratio ** 2
-        return saved, max(nq * m, nq * d, m * m, nq * dv, padded)
+        return saved + padded, max(nq * m, nq * d, m * m, nq * dv, padded)
 
     # ------------------------------------------------------------------ pieces
     def landmarks(self, q, hw):

@@ -114,14 +114,20 @@ class SoftmaxAttention(AttentionKernel):
     def flops(self, nq, nk, d, dv, masked=False, hw=None):
         return nq * nk * (d + dv)  # S = q k^T, A @ v (SDPA's fused kernel does the same products)
 
-    def memory(self, nq, nk, d, dv, masked=False, hw=None):
-        size = nq * nk
+    def memory(self, nq, nk, d, dv, masked=False, hw=None, *, key_mask=False, scale=None):
+        """``scale``: the call's score scale (None: head_dim^-1/2). The explicit products keep the weights and what
+        the scale makes: a float other than 1 scales a copy of q, a tensor (XCiT's temperature) the scores; SDPA
+        keeps its output and log-sum-exp (a tensor scale folded into a copy of q)."""
+        size, out = nq * nk, nq * dv
+        tensor_scale = isinstance(scale, torch.Tensor)
+        scaled = size if tensor_scale else 0 if scale == 1 else nq * d
+        explicit = size <= TINY_CPU_ELEMENTS or ((masked or key_mask) and size <= EXPLICIT_CPU_ELEMENTS)
         if self.recompute:  # only the inputs are kept; the call's own tensors are held while it runs
-            return 0, size if size <= EXPLICIT_CPU_ELEMENTS else nq * dv
-        if size <= TINY_CPU_ELEMENTS or (masked and size <= EXPLICIT_CPU_ELEMENTS):  # explicit products (CPU)
-            return size + nq * d, size  # the weights (and a scaled q) kept
-        # SDPA: its output and log-sum-exp kept; a mask or a bias goes in as one float Nq x Nk tensor
-        return nq * dv + nq, size if masked else nq * dv
+            return 0, max(size, out, scaled) if explicit else max(out, size if masked else 0)
+        if explicit:  # explicit products (CPU)
+            return size + scaled, max(size, out, scaled)
+        # SDPA: a mask or a bias goes in as one float Nq x Nk tensor
+        return out + nq + (nq * d if tensor_scale else 0), max(out, size if masked else 0)
 
     def _score_map(self, q, k, hw, scale, bias, mask):
         q, k = upcast(q, k)

@@ -106,10 +106,12 @@ class SynthesizerAttention(AttentionKernel):
                   'factorized_dense': nq * (d * d + d * self.rank + self.rank * nk)}[self.mode]
         return logits + (nq * nk * d if self.mix else 0) + nq * nk * dv
 
-    def memory(self, nq, nk, d, dv, masked=False, hw=None):
+    def memory(self, nq, nk, d, dv, masked=False, hw=None, *, key_mask=False):
         hidden = nq * d if self.mode in ('dense', 'factorized_dense') else 0  # relu(q W1)
-        # logits and weights kept; with a mask also the logits moved to the kept keys' positions and the mask
-        return (4 if masked else 2) * nq * nk + hidden, max(nq * nk, hidden)
+        # the weights kept (the logits, a table or the mixed scores, are not: softmax keeps its output); a mask
+        # (Swin's come with its bias) adds the keys' positions it gathers the logits by and the masked weights
+        kept = 3 if masked or key_mask else 1
+        return kept * nq * nk + hidden, max(nq * nk, nq * dv, hidden)
 
     def synthetic_logits(self, q, nk):
         """(B or 1, h, Nq, Nk) logits in q's dtype."""
