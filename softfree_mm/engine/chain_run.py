@@ -1,11 +1,12 @@
 """What of the warm-start chain runs, and running it: plan, probe, report, execute (``tools/warm_start.py``).
 
 - :func:`plan`: the chain's runs (:func:`softfree_mm.engine.chain.chain`), each with its config as the run reads it
-  (the recipe's options, ``--recipe`` / ``--iters`` / ``--batch-scale linear`` included) and the fingerprint of the run
-  this command would make (:mod:`softfree_mm.engine.run_fingerprint`).
+  (the recipe's options, ``--recipe`` / ``--iters`` / ``--batch-scale linear`` included) and the record of the run
+  this command would make, chained top-down (:mod:`softfree_mm.engine.chain_identity`).
 - :func:`probe`: decided from the end: the last run that is done and is this chain's; only what comes after it runs
-  (a stopped one resumes, a missing one starts). Each run looked at must be this command's run (its fingerprint, or
-  one adopted from its checkpoint's saved config); another is one line, before any process starts.
+  (a stopped one resumes, a missing one starts). Each run looked at must be this command's run (its identity, or
+  one adopted from its checkpoint's saved config); another is one line naming the keys that differ, before any
+  process starts. Records chain, so a finished main job is this chain's only when every run above it is.
 - :func:`check_launch`: each stage that runs sees the scale's batch (world size x per-GPU batch), or the user chose
   ``--batch-scale linear|keep``.
 - :func:`report`: the lines the tool prints; :func:`execute`: the runs, one process each, under the chain's lock
@@ -19,7 +20,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
-from . import run_fingerprint as fingerprint
+from . import chain_identity
+from . import run_identity as identity
 from . import warm_start as ws
 from .chain import ROLE_NAMES, Stage, chain
 from .errors import UsageError
@@ -73,7 +75,7 @@ class Plan:
     root: str
     runs: List[Stage]
     cfgs: list
-    fingerprints: List[Dict]
+    records: List[Dict]  # each run's record as this command would make it (run_identity.record)
     release: str  # the chain's release as the user or the config names it (a URL, a file, a work dir)
     recipe: Optional[str] = None
     scale: Optional[str] = None
@@ -86,7 +88,8 @@ class RunState:
     state: str
     checkpoint: Optional[str] = None
     at: tuple = ()
-    adopted: Optional[Dict] = None  # a fingerprint derived from the checkpoint, to write before the chain goes on
+    adopted: Optional[str] = None  # made before identities: the checkpoint whose saved config was this run's
+    note: str = ''  # shown after its state (the libraries that changed since it was made)
 
 
 @dataclass
@@ -144,14 +147,10 @@ def _recipe_options(request: Request, runs: List[Stage], recipe: str, scale: str
 
 
 def head_reads_release(cfg) -> bool:
-    """Whether stage 2 reads the release (its head is the release's classifier)."""
-    return fingerprint.head_start(cfg) == 'release'
-
-
-def _release_fields(reference: str, local: Optional[str]) -> Dict:
-    from .run_identity import sha256_of
-    sha = sha256_of(local) if local and osp.isfile(local) else None
-    return dict(release=fingerprint.reference_name(reference), release_sha256=sha)
+    """Whether stage 2 reads the release (its head is the release's classifier, ReleaseHead)."""
+    head = cfg.model.get('head')
+    init = (head.get('init_cfg') or {}) if isinstance(head, dict) else {}
+    return init.get('type') == 'ReleaseHead'
 
 
 def _finish_configs(runs: List[Stage], release: str):
@@ -166,8 +165,8 @@ def _finish_configs(runs: List[Stage], release: str):
 
 
 def plan(request: Request, root: str) -> Plan:
-    """The chain's runs with their configs and fingerprints (nothing on disk is read but configs and the release)."""
-    from .chain_release import local_release
+    """The chain's runs with their configs and records (nothing on disk is read but configs, the starts' recorded
+    hashes and a start's run_identity.json)."""
     if request.recipe is not None and request.recipe not in ws.RECIPES:
         raise UsageError(f'--recipe {request.recipe!r} is no recipe; known: {", ".join(ws.RECIPES)}')
     if request.batch_scale is not None and request.batch_scale not in ws.BATCH_RULES:
@@ -184,12 +183,7 @@ def plan(request: Request, root: str) -> Plan:
         stage = next(r for r in runs if r.role == role)
         stage.options[:0] = extra
     cfgs = _finish_configs(runs, release)
-    rel = _release_fields(release, local_release(release, request.work_root))
-    launch = dict(recipe=recipe, scale=scale, batch_scale=request.batch_scale)
-    fps = [fingerprint.make(c, r.role, r.config, release if r.role == 'stage1' else r.reads, rel,
-                            dict(launch, world_size=request.world_size(r.role)))
-           for r, c in zip(runs, cfgs)]
-    return Plan(request, root, runs, cfgs, fps, release, recipe, scale)
+    return Plan(request, root, runs, cfgs, chain_identity.records(runs, cfgs, request), release, recipe, scale)
 
 
 # --------------------------------------------------------------------------------------------------- probe
@@ -210,34 +204,28 @@ def progress(path: str, unit: str) -> Optional[int]:
     m = _CKPT.match(osp.basename(path))
     if m and m.group(1) == unit:
         return int(m.group(2))
+    from .checkpoints import read_meta
     try:
-        at = fingerprint.read_meta(path).get(unit)
+        at = read_meta(path).get(unit)
     except Exception:  # noqa: BLE001  (a checkpoint that is not mmengine's: its count is not known)
         return None
     return int(at) if at is not None else None
 
 
-def run_state(stage: Stage, cfg, ours: Dict) -> RunState:
-    """A run's state; a work dir whose checkpoint another command made is a UsageError (one line)."""
+def run_state(p: Plan, i: int) -> RunState:
+    """Run ``i``'s state; a work dir that holds another run is a UsageError (one line naming what differs)."""
     from softfree_mm.models.converters import checkpoints_in
+    stage = p.runs[i]
     found = checkpoints_in(stage.work_dir) if osp.isdir(stage.work_dir) else []
     if not found:
         return RunState('missing')
-    theirs, source, adopted = fingerprint.read(stage.work_dir), fingerprint.FILE, None
-    if theirs is None:
-        theirs = adopted = fingerprint.from_checkpoint(found[0], stage.role)
-        source = osp.basename(found[0])
-    if theirs is None:
-        raise UsageError(f'{stage.work_dir} holds {osp.basename(found[0])}, which says nothing of what made it (no '
-                         f'{fingerprint.FILE}, no saved config): give the chain another --work-root, or move that '
-                         'folder away')
-    keys = fingerprint.differences(theirs, ours)
-    if keys:
-        raise UsageError(fingerprint.refusal(stage.work_dir, theirs, ours, keys, source))
-    unit, end = target(cfg)
+    held = chain_identity.held(stage, p.cfgs[i], p.records[i], found[0], chain_identity.upstream(p.runs, i))
+    unit, end = target(p.cfgs[i])
     at = progress(found[0], unit)
     state = 'done' if at is not None and at >= end else 'partial'
-    return RunState(state, found[0], (unit, at, end), adopted)
+    changed = identity.version_changes(held.versions)
+    return RunState(state, found[0], (unit, at, end), held.adopted_from,
+                    f' (made with other libraries, then -> now: {changed})' if changed else '')
 
 
 def probe(p: Plan) -> Probe:
@@ -245,7 +233,7 @@ def probe(p: Plan) -> Probe:
     stopped runs (resumed) with what follows it; the runs before are not looked at."""
     states: List[Optional[RunState]] = [None] * len(p.runs)
     for i in reversed(range(len(p.runs))):
-        states[i] = run_state(p.runs[i], p.cfgs[i], p.fingerprints[i])
+        states[i] = run_state(p, i)
         if states[i].state == 'done':
             return Probe(states, i + 1)
         if states[i].state == 'partial':
@@ -299,9 +287,10 @@ def _now(p: Plan, pr: Probe, i: int) -> str:
         how = 'is done' if pr.states[later].state == 'done' else 'resumes'
         return f'not needed: {ROLE_NAMES[p.runs[later].role]} {how} (not looked at)'
     if st.state == 'done':
-        return f'done: {st.checkpoint}' + (' (adopted: its saved config is this run\'s)' if st.adopted else '')
+        return f'done: {st.checkpoint}' + (' (adopted: its saved config is this run\'s)' if st.adopted else '') \
+            + st.note
     if st.state == 'partial':
-        return f'stopped at {st.at[0]} {st.at[1]} of {st.at[2]}: resumes from {st.checkpoint}'
+        return f'stopped at {st.at[0]} {st.at[1]} of {st.at[2]}: resumes from {st.checkpoint}' + st.note
     return 'not started'
 
 
@@ -387,29 +376,30 @@ def stage_log(p: Plan, i: int) -> Optional[str]:
 
 def execute(p: Plan, pr: Probe, release: Optional[str] = None, launch: Optional[Callable] = None, say=print,
             nodes=None, stop=None) -> int:
-    """Run what the probe left, in order: each run's fingerprint first (an adopted one too), then its process
+    """Run what the probe left, in order: each run's identity first (run_identity.json; an adopted run's too, and
+    the records again once the release is here: its hash), then its process
     (``launch(argv, env) -> exit status``; default: a subprocess). Returns the first non-zero exit status, else 0; a
     run that ends without its last checkpoint stops the chain, whatever the launcher.
 
     ``nodes`` (several nodes, one copy of the tool each; :mod:`softfree_mm.engine.chain_cluster`): node 0 writes the
-    fingerprints, checks what each run left and publishes its verdict; the others run the same processes and follow
+    identities, checks what each run left and publishes its verdict; the others run the same processes and follow
     that verdict, never their own look at the disk. ``stop`` (a Slurm job warned before its time limit): the running
     stage saves and stops, and the job is requeued instead of going on."""
     launch = launch or _launch
     leader = nodes is None or nodes.leader
-    for st, r in zip(pr.states, p.runs):
+    if leader and release:  # fetched since the plan: its content hash is known now
+        p.records = chain_identity.records(p.runs, p.cfgs, p.request)
+    for st, r, rec in zip(pr.states, p.runs, p.records):
         if leader and st is not None and st.adopted is not None:
-            fingerprint.write(r.work_dir, dict(st.adopted, version=fingerprint.VERSION))
+            identity.write(r.work_dir, rec, adopted_from=st.adopted)
     n = len(p.runs)
     for i in range(pr.first, n):
-        r, fp = p.runs[i], p.fingerprints[i]
+        r = p.runs[i]
         if stop is not None and stop.requested:
             return stop.requeue(say, f'before {r.name}')
         resume = pr.states[i] is not None and pr.states[i].state == 'partial'
-        if release and fp.get('release_sha256') is None:
-            fp = dict(fp, release_sha256=fingerprint.sha256_of(release) if osp.isfile(release) else None)
-        if leader and (not resume or fingerprint.read(r.work_dir) is None):
-            fingerprint.write(r.work_dir, fp)
+        if leader and (not resume or identity.read(r.work_dir) is None):
+            identity.write(r.work_dir, p.records[i])
         cmd, env = command(p, i, resume, release)
         log = stage_log(p, i)
         if log:
@@ -434,7 +424,7 @@ def execute(p: Plan, pr: Probe, release: Optional[str] = None, launch: Optional[
             say(f'[warm-start] {r.name} stopped with exit status {status}; the same command resumes the chain',
                 file=sys.stderr)
             return status
-        st = run_state(r, p.cfgs[i], fp)
+        st = run_state(p, i)
         if st.state != 'done':
             if nodes is not None:
                 nodes.publish(i, f'node 0 found {r.name} without its last checkpoint')

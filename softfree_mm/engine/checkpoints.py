@@ -92,3 +92,14 @@ def check_checkpoint(path: str, model: torch.nn.Module, mode: str) -> None:
             parts.append(f'{len(extra)} unknown to the model (e.g. {extra[0]})')
         raise BadInput(f'checkpoint {path} does not fit this model: {"; ".join(parts)}; it belongs to another '
                        'model or config')
+
+
+def read_meta(path: str) -> dict:
+    """A checkpoint's ``meta``, read with ``weights_only=True`` (nothing is executed; mmengine's own types are
+    allowed by softfree_mm.compat), memory-mapped where torch can (the optimiser is not read into memory)."""
+    import softfree_mm.compat  # noqa: F401  (mmengine's own types in the weights-only unpickler)
+    try:
+        ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=True)
+    except (TypeError, RuntimeError):  # a torch without mmap, a file of the legacy format
+        ckpt = torch.load(path, map_location='cpu', weights_only=True)
+    return (ckpt.get('meta') if isinstance(ckpt, dict) else None) or {}

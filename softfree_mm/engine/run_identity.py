@@ -276,10 +276,9 @@ def show(value, label: Optional[str] = None, by_name: bool = False) -> str:
     kind = start_kind(value)
     if kind == 'release':
         sha = value['sha256']
-        if by_name or not sha:
-            return f"release {value['release']} (sha256 not known here yet: compared by its file name)" if by_name \
-                else f"release {value['release']}"
-        return f"release {value['release']} sha256 {sha[:12]}"
+        if by_name:
+            return f"{value['release']} (sha256 not known here yet: compared by its file name)"
+        return f"{value['release']} (sha256 {sha[:12]})" if sha else value['release']
     if kind == 'run':
         return f"{label + ' ' if label else ''}run {value['run'][:16]}"
     return _short(value)

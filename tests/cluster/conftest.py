@@ -70,7 +70,7 @@ def release(tmp_path_factory):
     return str(work_dir)
 
 
-# a stage 1 that is done, made by the first test that runs it at 2 processes (the fingerprints of both launches
+# a stage 1 that is done, made by the first test that runs it at 2 processes (the run identities of both launches
 # agree: world size 2, the same release file, recipe and length); the others copy it instead of training it again
 _DONE_STAGE1 = {}
 

@@ -79,10 +79,10 @@ def test_the_demo_chain_runs_as_srun_jobs_and_resumes_after_scancel(slurm, relea
     assert len(launches) == 4 and all('slurm_train.sh cpu ' in ln for ln in launches), launches
     resumed_log = open(logs[2][1]).read()
     assert re.search(rf'resumed epoch: 0, iter: {at_cancel}\b', resumed_log), resumed_log[-3000:]
-    # 2 tasks: each says how it runs (gloo: no CUDA), and the fingerprint the chain wrote says world size 2
+    # 2 tasks: each says how it runs (gloo: no CUDA), and the run identity the chain wrote says world size 2
     for _, path in logs:
         assert open(path).read().count('[softfree_mm] no CUDA: distributed backend gloo') == 2, path
-    assert '"world_size": 2' in (stage2 / 'warm_start_run.json').read_text()
+    assert '"world_size": 2' in (stage2 / 'run_identity.json').read_text()
 
 
 def test_submit_runs_the_chain_as_one_job_that_saves_requeues_and_resumes_on_the_signal(slurm, release, tmp_path):

@@ -93,7 +93,7 @@ def test_node_1_follows_node_0s_decision_where_its_own_view_disagrees(release, t
     assert sorted(os.listdir(root / STAGE1)) == stage1_files
     assert (root / STAGE2 / 'iter_4.pth').exists()
     assert osp.isfile(root / f'warm_start_{STAGE1}.nodes.json')
-    assert '"world_size": 2' in (root / STAGE2 / 'warm_start_run.json').read_text()
+    assert '"world_size": 2' in (root / STAGE2 / 'run_identity.json').read_text()
 
 
 def test_a_refusal_on_node_0_stops_node_1_with_node_0s_line(tmp_path):

@@ -223,11 +223,11 @@ def test_a_release_is_compared_by_hash_and_by_name_only_while_its_hash_is_not_kn
         return ri.record(dict(load_from='x'), {'x': ri.release_start(name, sha)}, 1)
     assert ri.differences(rec('a.pth', 'a' * 64), rec('b.pth', 'a' * 64)) == []  # the same file, renamed
     assert ri.differences(rec('a.pth', 'a' * 64), rec('a.pth', 'b' * 64)) == [
-        ('load_from', 'release a.pth sha256 aaaaaaaaaaaa', 'release a.pth sha256 bbbbbbbbbbbb')]
+        ('load_from', 'a.pth (sha256 aaaaaaaaaaaa)', 'a.pth (sha256 bbbbbbbbbbbb)')]
     assert ri.differences(rec('a.pth', None), rec('a.pth', 'b' * 64)) == []
     assert ri.differences(rec('a.pth', None), rec('b.pth', 'b' * 64)) == [
-        ('load_from', 'release a.pth (sha256 not known here yet: compared by its file name)',
-         'release b.pth (sha256 not known here yet: compared by its file name)')]
+        ('load_from', 'a.pth (sha256 not known here yet: compared by its file name)',
+         'b.pth (sha256 not known here yet: compared by its file name)')]
 
 
 def test_the_work_dir_file_round_trips_with_the_versions_and_an_unreadable_one_is_named(tmp_path):

@@ -1,14 +1,15 @@
-"""The warm-start chain knows what each of its runs is (softfree_mm/engine/chain_run.py, run_fingerprint.py,
-chain_release.py; issue 48), on the shipped XCiT-S12 x poly3 chain with fake tiny checkpoints written here.
+"""The warm-start chain knows what each of its runs is (softfree_mm/engine/chain_run.py, chain_identity.py,
+chain_release.py; issues 48 and 63), on the shipped XCiT-S12 x poly3 chain with fake tiny checkpoints written here.
 
 Guards: decided from the end (a done stage 2 leaves stage 1 and the release alone); a work dir of another start,
-recipe, release or length is one line naming what it holds and what this command would make, also when it would be
+recipe, release or length is one line naming the resolved keys that differ (old -> new), also when it would be
 resumed; a launch of another batch is one line naming both and the choices, and --batch-scale linear / keep is what
-the runs get and what their fingerprints record; the release is fetched once into the work root and every run reads
-that file, no network is one line naming --release FILE; no checkpoint is unpickled to read a state; transfer-newhead
-with --release is no traceback; a pre-fingerprint work dir is adopted when its saved config is this run's; a second
-invocation stops with one line (--wait waits); each recipe gives each stage the config it defines, read as
-tools/train.py reads its command line.
+the runs get and what their records hold; the release is fetched once into the work root and every run reads that
+file, no network is one line naming --release FILE; no checkpoint is unpickled to read a state; transfer-newhead with
+--release is no traceback; a work dir made before run identities is adopted when its saved config and its logged
+world size are this run's; a second invocation stops with one line (--wait waits); each recipe gives each stage the
+config it defines, read as tools/train.py reads its command line. The issue-63 cases are
+tests/engine/test_warm_start_identity.py.
 """
 import os
 import os.path as osp
@@ -21,7 +22,7 @@ import pytest
 import torch
 
 from softfree_mm.engine import chain_release, chain_run
-from softfree_mm.engine import run_fingerprint as fingerprint
+from softfree_mm.engine import run_identity as identity
 from softfree_mm.engine import warm_start as ws
 from softfree_mm.engine.errors import UsageError
 
@@ -44,8 +45,8 @@ def _release(tmp_path, content=b'PK fake release'):
 
 
 def _write_run(p, i, at=None, fp=None, payload=None):
-    """Run ``i`` of the plan on disk: a checkpoint at ``at`` (default: its end) and its fingerprint (``fp``; False:
-    none, as a run made before fingerprints)."""
+    """Run ``i`` of the plan on disk: a checkpoint at ``at`` (default: its end) and its run_identity.json (``fp``: the
+    record, default the plan's; False: none, as a run made before identities)."""
     r = p.runs[i]
     unit, end = chain_run.target(p.cfgs[i])
     os.makedirs(r.work_dir, exist_ok=True)
@@ -54,8 +55,16 @@ def _write_run(p, i, at=None, fp=None, payload=None):
     with open(osp.join(r.work_dir, 'last_checkpoint'), 'w') as f:
         f.write(path)
     if fp is not False:
-        fingerprint.write(r.work_dir, fp or p.fingerprints[i])
+        identity.write(r.work_dir, fp or p.records[i])
     return path
+
+
+def _log(work_dir, world_size):
+    """The log mmengine writes when a run starts, as far as the chain reads it (its world size)."""
+    log = osp.join(work_dir, '20240101_120000', '20240101_120000.log')
+    os.makedirs(osp.dirname(log), exist_ok=True)
+    with open(log, 'w') as f:
+        f.write(f'Runtime environment:\n    Distributed launcher: pytorch\n    GPU number: {world_size}\n')
 
 
 def _fake_launch(p, ran):
@@ -96,7 +105,7 @@ def test_a_done_stage_2_leaves_stage_1_and_the_release_alone(tmp_path, monkeypat
     assert chain_run.execute(p, pr, launch=_fake_launch(p, ran), say=lambda *a, **k: None) == 0
     assert [name for name, _ in ran] == ['maskrcnn_xcit_s12_poly3']
     assert not osp.exists(p.runs[0].work_dir) and not osp.exists(tmp_path / 'w' / 'releases')
-    assert fingerprint.read(p.runs[2].work_dir) == p.fingerprints[2]
+    assert identity.read(p.runs[2].work_dir)['record'] == p.records[2]
 
 
 def test_the_dry_run_says_stage_1_is_not_needed_after_a_done_stage_2(tmp_path, tool):
@@ -109,7 +118,7 @@ def test_the_dry_run_says_stage_1_is_not_needed_after_a_done_stage_2(tmp_path, t
 
 # ------------------------------------------------------------------------------------------------- case 2
 def test_a_main_job_started_from_the_swapped_release_is_refused_by_name(tmp_path, tool):
-    """A pre-fingerprint detector in the main job's work dir that started from the softmax release with the kernel
+    """A detector made before run identities in the main job's work dir that started from the softmax release with the kernel
     swapped (tools/train.py's other start) is not the chain's main job: one line, whichever state it is in."""
     from mmengine.config import Config
     cfg = Config.fromfile(CONFIG)
@@ -118,15 +127,17 @@ def test_a_main_job_started_from_the_swapped_release_is_refused_by_name(tmp_path
     _write_run(p, 2, fp=False, payload={'meta': {'epoch': 36, 'cfg': cfg.pretty_text}, 'state_dict': {}})
     status, out, err = tool(CONFIG, '--dry-run', '--work-root', str(tmp_path / 'w'), *IMAGENET)
     assert status == 2 and out == '', out
+    run = identity.identity(p.records[1])[:16]
     assert _one_error(err) == (
-        f'error: {p.runs[2].work_dir} holds a checkpoint of SoftFreeXCiT s12 with type=poly, degree=3 '
-        f"(start={osp.basename(cfg.softmax_release)}), not of this run's SoftFreeXCiT s12 with type=poly, degree=3 "
-        '(start=finetune_xcit_s12_poly3) (epoch_36.pth): give the chain another --work-root, or move that folder away')
+        f"error: {p.runs[2].work_dir} holds another run than this command's main job: "
+        f'model.backbone.init_cfg.checkpoint: {osp.basename(cfg.softmax_release)} -> stage 2 (fine-tune) run '
+        f'{run} (adopted from the config epoch_36.pth saved): give the chain another --work-root, or move that folder '
+        'away')
 
 
 @pytest.mark.parametrize('change,named', [
-    (['--recipe', 'transfer-final'], 'recipe=transfer'),
-    (['--release', 'OTHER'], 'release_sha256='),
+    (['--recipe', 'transfer-final'], "stage 1 (transfer)'s model.loss: blocks -> blocks+final"),
+    (['--release', 'OTHER'], 'model.head.init_cfg.checkpoint: xcit_small_12_p16_224.pth (sha256 '),
 ])
 def test_stages_of_another_recipe_or_release_are_refused(change, named, tmp_path, tool):
     """Both stages done with the default recipe and one release: another --recipe or another --release is not their
@@ -141,8 +152,8 @@ def test_stages_of_another_recipe_or_release_are_refused(change, named, tmp_path
     args = ['--release', release, *change] if change[0] != '--release' else change
     status, out, err = tool(CONFIG, '--dry-run', '--work-root', str(tmp_path / 'w'), *IMAGENET, *args)
     line = _one_error(err)
-    assert status == 2 and f'{p.runs[1].work_dir} holds a checkpoint of SoftFreeXCiT s12' in line, line
-    assert named in line and "not of this run's" in line and 'another --work-root' in line, line
+    assert status == 2 and f"{p.runs[1].work_dir} holds another run than this command's stage 2" in line, line
+    assert named in line and 'another --work-root' in line, line
 
 
 # ------------------------------------------------------------------------------------------------- case 3
@@ -153,7 +164,7 @@ def test_a_resume_with_another_length_is_refused_not_run_at_the_old_schedule(tmp
     _write_run(p, 0, at=500)
     status, out, err = tool(CONFIG, '--dry-run', '--work-root', str(tmp_path / 'w'), *IMAGENET)
     line = _one_error(err)
-    assert status == 2 and 'length=1000 iters' in line and 'length=12510 iters' in line, line
+    assert status == 2 and 'train_cfg.max_iters: 1000 -> 12510' in line, line
     status, out, err = tool(CONFIG, '--dry-run', '--work-root', str(tmp_path / 'w'), *IMAGENET, '--iters', '3000')
     assert status == 0 and 'stopped at iter 500 of 1000: resumes from' in out, err
 
@@ -182,9 +193,14 @@ def test_the_docs_first_command_on_one_process_stops_in_one_line_before_anything
 def test_batch_scale_linear_rescales_lr_and_iterations_and_both_rules_are_recorded(tmp_path):
     keep = chain_run.plan(_request(tmp_path, launcher='none', batch_scale='keep'), ROOT)
     linear = chain_run.plan(_request(tmp_path, launcher='none', batch_scale='linear'), ROOT)
-    for p, rule in ((keep, 'keep'), (linear, 'linear')):
-        assert [fp['batch_scale'] for fp in p.fingerprints] == [rule] * 3
-        assert [fp['world_size'] for fp in p.fingerprints] == [1] * 3
+    for p in (keep, linear):
+        assert [r['world_size'] for r in p.records] == [1] * 3 and p.records[0]['batch_per_gpu'] == 128
+    # each rule's stages are other runs, and so is the main job that starts from them
+    assert all(identity.identity(a) != identity.identity(b) for a, b in zip(keep.records, linear.records))
+    keys = [k for k, _, _ in identity.differences(keep.records[2], linear.records[2],
+                                                  ['stage 2 (fine-tune)', 'stage 1 (transfer)'])]
+    assert "stage 1 (transfer)'s optim_wrapper.optimizer.lr" in keys and \
+        "stage 2 (fine-tune)'s optim_wrapper.optimizer.lr" in keys and "stage 2 (fine-tune)'s train_cfg.max_iters" in keys
     k1, l1 = keep.cfgs[0], linear.cfgs[0]
     assert k1.train_cfg.max_iters == 12510 and k1.optim_wrapper.optimizer.lr == pytest.approx(3e-3)
     assert l1.train_cfg.max_iters == 8 * 12510 and l1.optim_wrapper.optimizer.lr == pytest.approx(3e-3 / 8)
@@ -213,7 +229,8 @@ def test_the_release_is_fetched_once_into_the_work_root_and_every_run_reads_that
     stage2, _ = chain_run.command(p, 1, False, local)
     assert f'model.teacher.init_cfg.checkpoint={local}' in stage1
     assert f'model.head.init_cfg.checkpoint={local}' in stage2
-    assert p.fingerprints[0]['release_sha256'] == fingerprint.sha256_of(local)  # it is here now: its hash counts
+    teacher = identity.start_at(p.records[0], 'model.teacher.init_cfg.checkpoint')
+    assert teacher == identity.release_start('xcit_small_12_p16_224.pth', identity.sha256_of(local))  # here now
 
 
 def test_no_network_is_one_line_naming_release_file(tmp_path, monkeypatch, tool):
@@ -238,15 +255,15 @@ class _Trap:
         return (open, (self.path, 'w'))
 
 
-@pytest.mark.parametrize('fingerprinted', [True, False])
-def test_states_are_read_without_unpickling(fingerprinted, tmp_path, tool):
+@pytest.mark.parametrize('identified', [True, False])
+def test_states_are_read_without_unpickling(identified, tmp_path, tool):
     marker = tmp_path / 'unpickled'
     p = chain_run.plan(_request(tmp_path), ROOT)
-    _write_run(p, 1, fp=None if fingerprinted else False,
+    _write_run(p, 1, fp=None if identified else False,
                payload={'meta': {'iter': 25020, 'trap': _Trap(str(marker))}, 'state_dict': {}})
     status, out, err = tool(CONFIG, '--dry-run', '--work-root', str(tmp_path / 'w'), *IMAGENET)
     assert not marker.exists()
-    if fingerprinted:  # its state from the fingerprint and the file's name
+    if identified:  # its state from its run_identity.json and the file's name
         assert status == 0 and f'done: {p.runs[1].work_dir}' in out, err
     else:  # weights-only reading refuses the file: it cannot be adopted, and says so
         assert status == 2 and 'which says nothing of what made it' in _one_error(err)
@@ -262,23 +279,25 @@ def test_transfer_newhead_with_a_release_is_no_traceback(tmp_path, tool):
 
 
 # ---------------------------------------------------------------------------------------- the adoption rule
-def test_a_pre_fingerprint_work_dir_is_adopted_when_its_saved_config_is_this_runs(tmp_path):
+def test_a_work_dir_made_before_identities_is_adopted_when_its_saved_config_and_world_size_are_this_runs(tmp_path):
     p = chain_run.plan(_request(tmp_path), ROOT)
     _write_run(p, 1, fp=False, payload={'meta': {'iter': 25020, 'cfg': p.cfgs[1].pretty_text}, 'state_dict': {}})
+    _log(p.runs[1].work_dir, 8)
     pr = chain_run.probe(p)
-    assert pr.first == 2 and pr.states[1].adopted['adopted_from'] == 'iter_25020.pth'
+    assert pr.first == 2 and pr.states[1].adopted == 'iter_25020.pth'
     ran = []
     chain_run.execute(p, pr, launch=_fake_launch(p, ran), say=lambda *a, **k: None)
-    written = fingerprint.read(p.runs[1].work_dir)  # derived once: the next probe reads the JSON
-    assert written['adopted_from'] == 'iter_25020.pth' and written['start'] == 'transfer_xcit_s12_poly3'
+    written = identity.read(p.runs[1].work_dir)  # adopted once: the next probe reads the JSON
+    assert written['adopted_from'] == 'iter_25020.pth' and written['record'] == p.records[1]
     assert [name for name, _ in ran] == ['maskrcnn_xcit_s12_poly3']
 
 
-def test_a_pre_fingerprint_work_dir_of_another_length_is_refused_by_name(tmp_path):
+def test_a_work_dir_made_before_identities_of_another_length_is_refused_by_name(tmp_path):
     p = chain_run.plan(_request(tmp_path), ROOT)
     other = chain_run.plan(_request(tmp_path, iters=3000), ROOT)
     _write_run(p, 1, at=100, fp=False, payload={'meta': {'iter': 100, 'cfg': other.cfgs[1].pretty_text}})
-    with pytest.raises(UsageError, match=r"\(length=2000 iters, lr=.*\), not of this run's .*\(length=25020 iters"):
+    with pytest.raises(UsageError, match=r"holds another run than this command's stage 2 \(fine-tune\): .*"
+                                         r'train_cfg.max_iters: 2000 -> 25020 \(adopted from the config iter_100.pth'):
         chain_run.probe(p)
 
 

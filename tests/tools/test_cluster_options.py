@@ -3,7 +3,7 @@ and on two node ranks are tests/cluster/ (`make test-cluster`, .ci/run).
 
 Guards: the Slurm scripts' variables are checked in one line naming the variable and what is valid; the chain gives
 each stage its scripts' interpreter (PYTHON = the tool's), asks a CPU partition for no GRES, passes CPUs per task and
-srun options, and gives a stage its own --gpus (its world size in its fingerprint); a stage that ends without its last
+srun options, and gives a stage its own --gpus (its world size in its run identity); a stage that ends without its last
 checkpoint stops the chain under every launcher (slurm included); --submit's sbatch line has the time limit, requeue,
 the signal before the limit and the user's options, and the job runs the same command without --submit; bad options
 are one line, exit status 2.
@@ -51,7 +51,7 @@ def test_each_stage_is_given_the_tools_interpreter_its_gpus_and_no_gres_on_cpu(t
                        SRUN_ARGS='--account=a --qos=q')
     _, env2 = chain_run.command(p, 1, False)
     assert (env2['GPUS'], env2['TASKS_PER_NODE']) == ('4', '2')
-    assert [fp['world_size'] for fp in p.fingerprints] == [8, 4, 8]
+    assert [rec['world_size'] for rec in p.records] == [8, 4, 8]
     gpu = _plan(tmp_path, launcher='slurm', partition='gpu', gpus=8, batch_scale='keep')
     assert chain_run.command(gpu, 0, False)[1]['GPUS_PER_NODE'] == '8'  # GPU nodes: today's request
     torchrun = _plan(tmp_path, launcher='pytorch', gpus=8)

@@ -8,8 +8,8 @@ length); a stage's work dir holding another pair's checkpoint, a config with a r
 cls task, bad options: one line, exit status 2; the chain runs end to end at demo scale (a softmax demo classifier as
 the release, stage 1, stage 2, the detector) and, killed in stage 2, resumes there without running stage 1 again and
 ends with the weights of an uninterrupted stage 2; ReleaseHead loads a release's classifier in both layouts and
-refuses one of another shape. What the chain decides from its work dirs (fingerprints, adoption, the batch, the lock,
-the release) is tests/engine/test_warm_start_chain_run.py.
+refuses one of another shape. What the chain decides from its work dirs (run identities, adoption, the batch, the lock,
+the release) is tests/engine/test_warm_start_chain_run.py and test_warm_start_identity.py.
 """
 import fnmatch
 import os
@@ -209,10 +209,13 @@ def test_a_work_dir_holding_another_pairs_checkpoint_is_one_line(tmp_path):
     (folder / 'last_checkpoint').write_text(str(folder / 'iter_3.pth'))
     proc = _dry_run('configs/maskrcnn_xcit_s12_poly3.py', '--work-root', str(tmp_path))
     assert proc.returncode == 2 and proc.stdout == ''
-    assert proc.stderr.strip() == (
-        f"error: {folder} holds a checkpoint of SoftFreeXCiT s12 with type=linear, feature_map=elu+1, not of this "
-        "run's SoftFreeXCiT s12 with type=poly, degree=3 (iter_3.pth): give the chain another --work-root, or move "
-        'that folder away'), proc.stderr
+    line = proc.stderr.strip()
+    assert line.startswith(
+        f"error: {folder} holds another run than this command's stage 2 (fine-tune): model.backbone.attn_cfg.degree: "
+        '<absent> -> 3; model.backbone.attn_cfg.type: linear -> poly; model.backbone.init_cfg.checkpoint: '
+        'transfer_xcit_s12_linear -> stage 1 (transfer) run ') and line.endswith(
+        ' (adopted from the config iter_3.pth saved): give the chain another --work-root, or move that folder away'), \
+        proc.stderr
 
 
 def test_train_py_alone_names_the_warm_start_command_first(tmp_path):
