@@ -14,10 +14,14 @@ starts from stage 1's (configs/transfer_<pair>.py), whose teacher is the softmax
 cls_<pair>.py stands for its stage 2. Each run's work dir is WORK_ROOT/<its config name>, and each reads the one
 before it (its last checkpoint, found there: no config hard-codes an iteration count).
 Decided from the end: the last run that is done and is this chain's ends the search; only what follows it runs (one
-that stopped resumes, tools/train.py --resume). A run is this chain's when the fingerprint in its work dir
-(warm_start_run.json, written when it starts: config, backbone, start, release and its sha256, recipe, scale, length,
-lr rule, world size x per-GPU batch) is what this command would make; a work dir made before fingerprints is judged
-by the config its checkpoint saved. Another is one line, exit status 2, before any process starts.
+that stopped resumes, tools/train.py --resume). A run is this chain's when the identity in its work dir
+(run_identity.json, written when it starts: the hash of its whole resolved config less a named list of keys that cannot
+change a result, of its starts, a release by content hash and an upstream run by that run's planned record, of world
+size x per-GPU batch and of the --train-args flags that change a result; softfree_mm/engine/run_identity.py) is what
+this command would make; records chain, so a finished main job is the chain's only when the stages above it are too.
+A work dir made before identities is judged by the config its checkpoint saved and the world size its log names.
+Another is one line naming the first resolved keys that differ (old -> new), exit status 2, before any process
+starts (docs/warm_start.md, "What identifies a run").
 Each run is its own process, started the way a user starts one: tools/train.py (--launcher none, the default),
 tools/dist_train.sh with --gpus per node (--launcher pytorch; several nodes: run the command on each with NNODES,
 NODE_RANK, MASTER_ADDR set, as dist_train.sh reads them) or tools/slurm_train.sh on --partition with --gpus per node
@@ -34,7 +38,8 @@ the job's own options); its output is WORK_ROOT/logs/<job name>.<job id>.out. Ea
 transfer-final, transfer-attn, transfer-blocks, transfer-newhead: docs/warm_start.md) at the stage configs' scale.
 --iters N runs the recipe at another length: N iterations in both stages, split and scheduled as the recipe says.
 --release replaces the release the chain starts from (stage 1's teacher, stage 2's head); a URL is downloaded once,
-by this tool, into WORK_ROOT/releases/ and every run reads that file. --stage1-options, --stage2-options and
+by this tool, into WORK_ROOT/releases/<hash of the URL>/ (a web page is refused; nodes without internet: --release
+FILE) and every run reads that file. --stage1-options, --stage2-options and
 --cfg-options (CONFIG's) go to one run each; --train-args to every tools/train.py call (e.g. "--amp --device cpu").
 A second invocation of the same chain stops with one line (--wait: waits for the first). --dry-run prints the
 chain: each run's config, work dir, the checkpoint it reads and the one it writes, and which of them exist.

@@ -4,7 +4,7 @@ The choice (:data:`LAYOUT_DEFAULTS`, by the layout's class: global or reduced to
 attention, channel attention) is the recipe rule's, version 2 (``softfree_mm/analysis/recipe_rule.py``,
 docs/warm_start.md): the seed is the unit, and a variant replaces the default only where its interval over seeds
 excludes zero. Version 1 had taken ``transfer-final`` for token attention from (kernel, seed) pairs counted as
-independent; work dirs it made are refused by the chain's fingerprints.
+independent; work dirs it made are refused by the chain's run identities.
 
 Where it was measured (:data:`MEASURED_ON`): one grid backbone per class, at the digits scale. A backbone whose
 attention meets other tokens than the measured layout's (CSWin's stripes against the windows measured, PVT with
