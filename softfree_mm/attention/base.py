@@ -143,7 +143,8 @@ class AttentionKernel(nn.Module):
     def memory(self, nq: int, nk: int, d: int, dv: int, masked: bool = False, hw=None, *,
                key_mask: bool = False) -> Tuple[int, int]:
         """``(saved, largest)`` elements per (batch, head) of one forward call on a CPU in fp32 with autograd on, its
-        q, k, v strided views as a multi-head projection gives them: what the call creates and autograd keeps for
+        q, k, v views whose rows are not adjacent (``analysis/kernel_memory.py`` hands them so, whatever the caller's
+        layout; (B, h) fold into one matmul batch without a copy): what the call creates and autograd keeps for
         backward (its inputs not counted; the copies it makes of them counted), and the largest tensor it creates
         (its output included). The dominant terms in (nq, nk, d, dv) for the path the call takes (``masked``: a
         general mask or a bias is given, ``dispatch.general``; ``key_mask``: a key-only mask is given,

@@ -116,8 +116,8 @@ class SoftmaxAttention(AttentionKernel):
 
     def memory(self, nq, nk, d, dv, masked=False, hw=None, *, key_mask=False, scale=None):
         """``scale``: the call's score scale (None: head_dim^-1/2). The explicit products keep the weights and what
-        the scale makes: a float other than 1 scales a copy of q, a tensor (XCiT's temperature) the scores; SDPA
-        keeps its output and log-sum-exp (a tensor scale folded into a copy of q)."""
+        the scale makes: a float other than 1 scales a copy of q (XCiT passes 1: its temperature is in q already), a
+        tensor the scores; SDPA keeps its output and log-sum-exp (a tensor scale folded into a copy of q)."""
         size, out = nq * nk, nq * dv
         tensor_scale = isinstance(scale, torch.Tensor)
         scaled = size if tensor_scale else 0 if scale == 1 else nq * d
