@@ -11,8 +11,10 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
+from ..engine.errors import UsageError
+from . import grid_identity as gi
 from .study import read_scalars
 from .sweep import newest_scalars, safe_name, train_one
 
@@ -41,12 +43,16 @@ def kernel_cfg(label: str) -> dict:
 class Runner:
     """Runs the study's commands in a work root, one folder each, ``jobs`` processes at a time with ``threads``
     torch threads each; results cached in each folder's result.json. ``report_only``: nothing runs, a run not finished
-    is ``status='not run'`` (and so is what needs it)."""
+    is ``status='not run'`` (and so is what needs it). Each run is identified by its record
+    (:mod:`.grid_identity`): a folder holding another run is refused (UsageError, one line) before that run trains,
+    and once one is refused no other run starts."""
 
     def __init__(self, root: str, tools: str, jobs: int = 2, threads: int = 1, echo=print,
                  report_only: bool = False):
         self.root, self.tools, self.jobs, self.threads, self.echo = root, tools, jobs, threads, echo
         self.report_only = report_only
+        self.refused: Optional[str] = None  # the first refusal: no run starts after it
+        self._told_old = False
 
     def folder(self, key: str) -> str:
         return osp.join(self.root, key)
@@ -79,15 +85,44 @@ class Runner:
         self.echo(f'[warm-start] {key}: {row["status"]}' + (f' ({row.get("error")})' if row['status'] != 'ok' else ''))
         return row
 
-    def train(self, key: str, config_text: str, options: Sequence[str] = ()) -> dict:
+    def held(self, key: str, config_text: str, options: Sequence[str] = (), checkpoint: Optional[str] = None
+             ) -> Tuple[Optional[dict], Optional[dict]]:
+        """(the folder's finished result, or None: run it; the run's record, None where not computed yet). A folder
+        whose run_identity.json is another run's is refused (UsageError); a finished one without it (made before run
+        identities) is its key's run, as before."""
+        if self.refused:
+            raise UsageError(self.refused)
+        wd, rec = self.folder(key), None
+        if osp.isfile(osp.join(wd, gi.ri.FILE)):
+            rec = gi.record(config_text, options, checkpoint, f'{safe_name(key)}.py')
+            try:
+                gi.check(wd, rec)
+            except UsageError as e:
+                self.refused = str(e)
+                raise
         got = self.done(key)
+        if got is not None and rec is None and not self._told_old:
+            self._told_old = True
+            self.echo(f'[grid] {wd}: made before run identities (no {gi.ri.FILE}): kept by its key, as before '
+                      '(so are the other such folders; their rows have no identity)')
+        return got, rec
+
+    def _begin(self, key: str, config_text: str, options: Sequence[str], checkpoint: Optional[str],
+               rec: Optional[dict]):
+        """The run's folder emptied, its child config and run_identity.json written: (folder, config, identity)."""
+        rec = rec or gi.record(config_text, options, checkpoint, f'{safe_name(key)}.py')
+        wd, cfg = self._fresh(key, config_text)
+        return wd, cfg, gi.begin(wd, rec)
+
+    def train(self, key: str, config_text: str, options: Sequence[str] = ()) -> dict:
+        got, rec = self.held(key, config_text, options)
         if got is not None or self.report_only:
             return got or dict(status='not run', key=key)
-        wd, cfg = self._fresh(key, config_text)
+        wd, cfg, ident = self._begin(key, config_text, options, None, rec)
         res = train_one(osp.join(self.tools, 'train.py'), cfg, wd, list(options), log_path=osp.join(wd, 'run.log'),
                         env=self._env())
         row = dict(status='ok' if res['returncode'] == 0 else 'failed', error=res['error'], wall_s=res['seconds'],
-                   cpu_s=res['cpu_s'])
+                   cpu_s=res['cpu_s'], identity=ident)
         log = newest_scalars(wd)
         if log:
             row['log'] = log
@@ -103,17 +138,18 @@ class Runner:
         return self._finish(key, row)
 
     def test(self, key: str, config_text: str, checkpoint: str, options: Sequence[str] = ()) -> dict:
-        got = self.done(key)
+        got, rec = self.held(key, config_text, options, checkpoint)
         if got is not None or self.report_only:
             return got or dict(status='not run', key=key)
-        wd, cfg = self._fresh(key, config_text)
+        wd, cfg, ident = self._begin(key, config_text, options, checkpoint, rec)
         cmd = [sys.executable, osp.join(self.tools, 'test.py'), cfg, checkpoint, '--work-dir', wd]
         if options:
             cmd += ['--cfg-options', *options]
         t = time.time()
         with open(osp.join(wd, 'run.log'), 'w') as log:
             proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=self._env())
-        row = dict(status='ok' if proc.returncode == 0 else 'failed', wall_s=time.time() - t, error='')
+        row = dict(status='ok' if proc.returncode == 0 else 'failed', wall_s=time.time() - t, error='',
+                   identity=ident)
         metrics = osp.join(wd, 'test_metrics.json')
         if osp.isfile(metrics):
             with open(metrics) as f:

@@ -3,9 +3,11 @@
 Each run is :mod:`.sweep`'s child config (the kernel set at ``key``) trained with ``randomness.seed`` set, in a
 folder ``<work_root>/<config>/<kernel>/seed<S>/``; when it ends its row goes to ``result.json`` there, and a run
 with that file is not trained again (a folder without it, left by a run that was killed, is emptied and trained
-anew). Every number comes from the run's own log: ``vis_data/scalars.json`` (the validation records' top-1, the
-training records' loss and time) and ``vis_data/attention_stats.json`` (AttentionStatsHook's norms per layer).
-A kernel the backbone refuses, or a run that fails, is a 'failed' row with the error's last line.
+anew). The folder's ``run_identity.json`` says which run it holds (:mod:`.grid_identity`: the resolved child config
+with its seed and options): a folder of another run is refused, never reused (one made before run identities is
+kept by its key). Every number comes from the run's own log: ``vis_data/scalars.json`` (the validation records'
+top-1, the training records' loss and time) and ``vis_data/attention_stats.json`` (AttentionStatsHook's norms per
+layer). A kernel the backbone refuses, or a run that fails, is a 'failed' row with the error's last line.
 """
 import json
 import math
@@ -18,6 +20,7 @@ from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence
 
 from ..attention import kernel_label
+from . import grid_identity as gi
 from .stats import mean_std
 from .sweep import child_config, json_records, newest_scalars, safe_name, train_one
 
@@ -25,6 +28,7 @@ RESULT = 'result.json'
 METRIC = 'accuracy/top1'
 CHANCE = 10.0  # ten digit classes
 
+KEY = ('config', 'kernel', 'seed')  # a run of the study (identities.csv names it by these)
 RUN_FIELDS = ('config', 'kernel', 'seed', 'status', 'top1_final', 'top1_best', 'best_iter', 'loss_final',
               's_per_iter', 'peak_mem_mib', 'mem_kind', 'iters', 'wall_s', 'cpu_s', 'threads', 'error', 'log')
 CURVE_FIELDS = ('config', 'kernel', 'seed', 'step', 'layer', 'rows', 'keys', 'fro', 'jac', 'fro_sqrt_n',
@@ -117,6 +121,27 @@ def run_dir(work_root: str, config: str, spec, seed: int) -> str:
     return osp.join(work_root, name, safe_name(kernel_label(spec)), f'seed{seed}')
 
 
+def run_record(config: str, spec, seed: int, cfg_options: Sequence[str] = (),
+               key: str = 'model.backbone.attn_cfg') -> dict:
+    """The record of a study run (:mod:`.grid_identity`): its child config with the seed and the options, as
+    tools/train.py reads it (the visualizer's name an in-process run adds is not part of a run)."""
+    name = osp.splitext(osp.basename(config))[0]
+    return gi.record(child_config(config, spec, key), list(cfg_options) + [f'randomness.seed={seed}'],
+                     name=f'{name}__{safe_name(kernel_label(spec))}.py')
+
+
+def held(config: str, spec, seed: int, work_root: str, cfg_options: Sequence[str] = (),
+         key: str = 'model.backbone.attn_cfg') -> Optional[dict]:
+    """The run's record where its folder has a run_identity.json that is this run's; None where it has none (no
+    folder, or one made before run identities); another run's: a UsageError naming the keys that differ."""
+    wd = run_dir(work_root, config, spec, seed)
+    if not osp.isfile(osp.join(wd, gi.ri.FILE)):
+        return None
+    rec = run_record(config, spec, seed, cfg_options, key)
+    gi.check(wd, rec, 'the study')
+    return rec
+
+
 def run_one(config: str, spec, seed: int, work_root: str, train_py: str, cfg_options: Sequence[str] = (),
             key: str = 'model.backbone.attn_cfg', in_process: bool = False, echo=None,
             threads: Optional[int] = None) -> dict:
@@ -126,11 +151,13 @@ def run_one(config: str, spec, seed: int, work_root: str, train_py: str, cfg_opt
     label = kernel_label(spec)
     wd = run_dir(work_root, config, spec, seed)
     done = osp.join(wd, RESULT)
+    rec = held(config, spec, seed, work_root, cfg_options, key)  # another run's folder: refused here
     if osp.isfile(done):
         with open(done) as f:
             row = json.load(f)
         if echo:
-            echo(f'[study] {name} {label} seed {seed}: finished before ({row["status"]}), not trained again')
+            echo(f'[study] {name} {label} seed {seed}: finished before ({row["status"]}), not trained again'
+                 + ('' if rec else ' (made before run identities: kept by its key)'))
         return row
     if osp.isdir(wd):  # a run that did not finish: start it again from nothing
         shutil.rmtree(wd)
@@ -138,6 +165,7 @@ def run_one(config: str, spec, seed: int, work_root: str, train_py: str, cfg_opt
     child = osp.join(wd, f'{name}__{safe_name(label)}.py')
     with open(child, 'w') as f:
         f.write(child_config(config, spec, key))
+    ident = gi.begin(wd, rec or run_record(config, spec, seed, cfg_options, key))
     opts = list(cfg_options) + [f'randomness.seed={seed}']
     if in_process:  # one visualizer instance per run in one process
         opts.append(f'visualizer.name=study_{safe_name(label)}_{seed}_{os.getpid()}_{time.time_ns()}')
@@ -148,7 +176,7 @@ def run_one(config: str, spec, seed: int, work_root: str, train_py: str, cfg_opt
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     res = train_one(train_py, child, wd, opts, in_process, osp.join(wd, 'train.log'), env=env)
     ok = res['returncode'] == 0
-    row = dict(config=name, kernel=label, seed=seed, status='ok' if ok else 'failed', threads=threads,
+    row = dict(config=name, kernel=label, seed=seed, status='ok' if ok else 'failed', threads=threads, identity=ident,
                error='' if ok else (res['error'] or f'exit status {res["returncode"]}'), wall_s=res['seconds'],
                cpu_s=res.get('cpu_s'), top1_final=None, top1_best=None, best_iter=None, loss_final=None,
                s_per_iter=None, peak_mem_mib=None, mem_kind='', iters=0, log='')
@@ -182,6 +210,8 @@ def study(configs: Sequence[str], kernels: Sequence, seeds: Sequence[int], work_
     if jobs < 1 or (jobs > 1 and in_process):
         raise ValueError(f'study: jobs must be >= 1, and 1 when training in this process; got jobs={jobs}')
     grid = [(ci, ki, s) for s in seeds for ci in range(len(configs)) for ki in range(len(kernels))]
+    for ci, ki, s in grid:  # a folder that holds another run is refused before anything trains
+        held(configs[ci], kernels[ki], s, work_root, cfg_options, key)
 
     def one(task):
         ci, ki, s = task
@@ -200,14 +230,17 @@ def study(configs: Sequence[str], kernels: Sequence, seeds: Sequence[int], work_
     return [done[(ci, ki, s)] for ci in range(len(configs)) for ki in range(len(kernels)) for s in seeds]
 
 
-def finished(configs: Sequence[str], kernels: Sequence, seeds: Sequence[int], work_root: str) -> List[dict]:
-    """The rows of the grid's runs that have their result.json (nothing is trained), in the study's order."""
+def finished(configs: Sequence[str], kernels: Sequence, seeds: Sequence[int], work_root: str,
+             cfg_options: Sequence[str] = (), key: str = 'model.backbone.attn_cfg') -> List[dict]:
+    """The rows of the grid's runs that have their result.json (nothing is trained), in the study's order; a folder
+    that holds another run than this study's (its run_identity.json) is refused, not reported."""
     out = []
     for c in configs:
         for k in kernels:
             for s in seeds:
                 path = osp.join(run_dir(work_root, c, k, s), RESULT)
                 if osp.isfile(path):
+                    held(c, k, s, work_root, cfg_options, key)
                     with open(path) as f:
                         out.append(json.load(f))
     return out

@@ -4,13 +4,16 @@ kernel or seed is added to the study without its other runs, whose work folders 
 A kept run is identified by its config, kernel and seed (the row's own columns); a finished row (status 'ok') is
 not trained again, a failed one (a kernel the backbone refuses) stays in the outputs unless the selection runs it
 again. The merged rows are in the study's order (configs, then kernels, in the order first met, then seeds), the
-kept rows' norm curves read from the folder's norm_curves.csv.
+kept rows' norm curves read from the folder's norm_curves.csv. A kept row that a run with an identity made keeps it
+(``identity``, from the folder's identities.csv: :mod:`.grid_identity`); the committed rows made before identities
+have none.
 """
 import os.path as osp
 from typing import Dict, List, Tuple
 
 from ..engine.errors import UsageError
-from .study import CURVE_FIELDS, RUN_FIELDS
+from .grid_identity import Identities
+from .study import CURVE_FIELDS, KEY, RUN_FIELDS
 from .tables import read_csv
 
 INTS = ('seed', 'best_iter', 'iters', 'threads', 'step')
@@ -41,8 +44,10 @@ class KeptStudy:
         runs = osp.join(folder, 'runs.csv')
         if not osp.isfile(runs):
             raise UsageError(f'--keep-from {folder}: no runs.csv there (an earlier study\'s --out folder)')
+        made = Identities(folder)
         self.rows: Dict[Tuple[str, str, int], dict] = {
-            (r['config'], r['kernel'], r['seed']): r for r in _read(runs, RUN_FIELDS, 'runs.csv')}
+            (r['config'], r['kernel'], r['seed']): dict(r, identity=made.get('runs.csv', r, KEY))
+            for r in _read(runs, RUN_FIELDS, 'runs.csv')}
         self.curves: Dict[Tuple[str, str, int], List[dict]] = {}
         path = osp.join(folder, 'norm_curves.csv')
         if osp.isfile(path):

@@ -27,6 +27,7 @@ TEST_KEYS = {'det': 'coco/', 'seg': ''}
 COLUMNS = ('layout', 'task', 'kernel', 'start', 'recipe', 'seed', 'cls_top1', 'status', 'error', 'bbox_mAP',
            'segm_mAP', 'bbox_mAP_50', 'segm_mAP_50', 'mIoU', 'aAcc', 'mAcc', 'wall_s', 'source')
 REFERENCE = 'softmax'
+KEY = ('layout', 'task', 'kernel', 'start', 'recipe', 'seed')  # a row's run (identities.csv names it by these)
 
 
 class Layout:
@@ -295,12 +296,23 @@ class Study:
                     m = run.get('metrics', {})
                     rows.append(dict(base, cls_top1=top1(cls), status=run.get('status'),
                                      error=error_cell(run.get('error') or ''), wall_s=run.get('wall_s'),
-                                     source='study',
+                                     source='study', identity=run.get('identity'),
                                      **{name: m.get(TEST_KEYS[task] + name) for name in METRICS[task]}))
-        # the earlier rows this run did not select (other seeds, layouts, starts) stay in the outputs
-        mine = {(r['layout'], r['task'], r['kernel'], r['start'], r['seed']) for r in rows}
-        return rows + [dict(r) for r in self.keep if (r['layout'], r['task'], r['kernel'], r['start'], r['seed'])
-                       not in mine]
+        return in_kept_order(rows, self.keep)
+
+
+def _place(r: dict) -> tuple:
+    return r['layout'], r['task'], r['kernel'], r['start'], r['seed']
+
+
+def in_kept_order(rows: List[dict], keep: Sequence[dict]) -> List[dict]:
+    """This run's rows merged into the earlier runs.csv's: the earlier rows in their order (each replaced by this
+    run's row of the same layout, task, kernel, start and seed), then this run's others in the study's order; the
+    earlier rows this run did not select (other seeds, layouts, starts) stay. Stable: a report of the same rows
+    writes the same file."""
+    mine = OrderedDict((_place(r), r) for r in rows)
+    out = [dict(mine.pop(_place(r), r)) for r in keep]
+    return out + list(mine.values())
 
 
 def read_detector_rows(path: str) -> Dict[tuple, dict]:
@@ -313,7 +325,8 @@ def read_detector_rows(path: str) -> Dict[tuple, dict]:
         start = 'scratch' if r['start'] == 'softmax' else r['start']
         made = r['source'].split(': ', 2)[2] if r['source'].count(': ') >= 2 else ''  # 'read: <file>: <what made it>'
         row = dict(cls_top1=r['start_top1'], status=r['status'], error=r['error'], wall_s=r['wall_s'],
-                   source=f'warm_start/{osp.basename(path)}' + (f': {made}' if made else ''))
+                   source=f'warm_start/{osp.basename(path)}' + (f': {made}' if made else ''),
+                   identity=r.get('identity'))
         if made and start != 'scratch':  # a warm start made otherwise than the recipe the study names
             row['recipe'] = f"{RECIPES[start].format('transfer')}, {made}"
         elif made:
@@ -330,13 +343,17 @@ def _num(v):
 
 
 def read_rows(path: str) -> List[dict]:
-    """runs.csv back as rows (numbers as floats, seeds as ints, blanks as None)."""
+    """runs.csv back as rows (numbers as floats, seeds as ints, blanks as None); a row a run with an identity made
+    has it (``identity``, from identities.csv beside the file)."""
+    from .grid_identity import Identities
+    made = Identities(osp.dirname(osp.abspath(path)))
     rows = []
     with open(path, newline='') as f:
         for r in csv.DictReader(f):
             row = dict(r, seed=int(r['seed']))
             for k in ('cls_top1', 'wall_s', *METRICS['det'], *METRICS['seg']):
                 row[k] = _num(r.get(k))
+            row['identity'] = made.get(osp.basename(path), row, KEY)
             rows.append(row)
     return rows
 
@@ -651,6 +668,8 @@ def write_outputs(rows: List[dict], out: str, docs: Optional[str] = None, root: 
     clean = [{k: (v.replace(prefix, '') if prefix and isinstance(v, str) else v) for k, v in r.items()} for r in rows]
     from .tables import write_csv
     write_csv(osp.join(out, 'runs.csv'), [{k: r.get(k) for k in COLUMNS} for r in clean], COLUMNS)
+    from .grid_identity import write_identities
+    write_identities(out, [('runs.csv', clean, KEY)])
     summary = summarise(clean)
     flat = [{k: v for k, v in e.items() if k != 'by_seed'} for e in summary]
     write_csv(osp.join(out, 'summary.csv'), flat, list(dict.fromkeys(k for e in flat for k in e)))

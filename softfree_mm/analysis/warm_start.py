@@ -235,9 +235,10 @@ class Plan:
 
 
 def _row(run: dict, **fields) -> dict:
+    """A classifiers.csv row; ``identity`` (the run's, or a kept row's: identities.csv, not a column) beside it."""
     return dict(fields, source=run.get('source', 'grid'), status=run.get('status'), error=run.get('error', ''),
                 top1=top1(run),
-                wall_s=run.get('wall_s'), cpu_s=run.get('cpu_s'), key=run.get('key'))
+                wall_s=run.get('wall_s'), cpu_s=run.get('cpu_s'), key=run.get('key'), identity=run.get('identity'))
 
 
 def run_grid(plan: Plan) -> dict:
@@ -350,7 +351,8 @@ def run_grid(plan: Plan) -> dict:
         det_rows.append(dict(kernel=k, start=start, seed=s, start_top1=top1(cls), status=run.get('status'),
                              error=run.get('error', ''), wall_s=run.get('wall_s'),
                              bbox_mAP=m.get('coco/bbox_mAP'), segm_mAP=m.get('coco/segm_mAP'),
-                             bbox_mAP_50=m.get('coco/bbox_mAP_50'), segm_mAP_50=m.get('coco/segm_mAP_50')))
+                             bbox_mAP_50=m.get('coco/bbox_mAP_50'), segm_mAP_50=m.get('coco/segm_mAP_50'),
+                             identity=run.get('identity')))
     if plan.det_rows is not None:
         det_rows = list(plan.det_rows)
     curves = []

@@ -4,17 +4,22 @@ A kept run is identified by what made it: backbone, kernel, seed, start, iterati
 row's own columns), never by a folder's name. Its teacher is identified by its from-scratch softmax row of the same
 backbone and seed: a row is kept only with its teacher's, and a teacher the grid trains again for new runs must give
 that row's top-1 exactly (``check_teacher``), else the new runs would not share the kept ones' teacher and the
-seed-paired comparisons would pair runs of two different teachers.
+seed-paired comparisons would pair runs of two different teachers. A kept row that a run with an identity made keeps
+that identity (the folder's identities.csv, :mod:`.grid_identity`); the committed rows made before identities have
+none.
 """
 import csv
 import os.path as osp
 from typing import Dict, List, Optional, Tuple
 
 from ..engine.errors import UsageError
+from .grid_identity import Identities
 from .tables import read_csv
 
 Key = Tuple[str, str, int, str, int, str, str]  # backbone, kernel, seed, start, iters, recipe, groups
-NEEDED = ('backbone', 'kernel', 'seed', 'start', 'iters', 'recipe', 'groups', 'status', 'top1', 'source')
+CLASSIFIER_KEY = ('backbone', 'kernel', 'seed', 'start', 'iters', 'recipe', 'groups')  # a classifiers.csv row's key
+DETECTOR_KEY = ('kernel', 'start', 'seed')  # a detectors.csv row's key
+NEEDED = (*CLASSIFIER_KEY, 'status', 'top1', 'source')
 
 
 def row_key(backbone: str, kernel: str, seed: int, start: str, iters: int, recipe: str = '', groups: str = '') -> Key:
@@ -38,6 +43,7 @@ class Kept:
             raise UsageError(f'--keep-from {folder}: no classifiers.csv there (an earlier grid\'s --out folder)')
         rows = read_csv(path, NEEDED, f'--keep-from {folder}: its classifiers.csv (not a warm-start grid\'s?)')
         self.folder = folder
+        self.identities = Identities(folder)  # the rows runs with an identity made (none before identities)
         ok = [r for r in rows if r['status'] == 'ok' and r['top1'] not in (None, '')]
         failed = [r for r in rows if r['status'] == 'failed']
         teachers = {(r['backbone'], int(r['seed'])) for r in ok if r['kernel'] == 'softmax' and r['start'] == 'scratch'}
@@ -63,12 +69,14 @@ class Kept:
         r = self.rows.get(key)
         if r is None:
             return None
+        identity = self.identities.get('classifiers.csv', r, CLASSIFIER_KEY)
+        made = {'identity': identity} if identity else {}
         if r['status'] == 'failed':
             return dict(status='failed', error=r.get('error') or '', source=r.get('source') or 'grid', kept=True,
-                        key='kept: ' + '/'.join(map(str, key)))
+                        key='kept: ' + '/'.join(map(str, key)), **made)
         return dict(status='ok', error='', top1_final=float(r['top1']), wall_s=_num(r.get('wall_s')),
                     cpu_s=_num(r.get('cpu_s')), s_per_iter=_num(r.get('finetune_s_per_iter')),
-                    source=r.get('source') or 'grid', kept=True, key='kept: ' + '/'.join(map(str, key)))
+                    source=r.get('source') or 'grid', kept=True, key='kept: ' + '/'.join(map(str, key)), **made)
 
     def stage1(self, key: Key) -> Optional[dict]:
         """The stage 1 of a kept warm start (its loss, time and curves as the row recorded them)."""

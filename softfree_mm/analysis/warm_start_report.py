@@ -42,6 +42,9 @@ def read_detectors(path: str) -> List[dict]:
     if missing:
         raise UsageError(f'{path}: not a detectors.csv of the warm-start grid: no column {", ".join(missing)} '
                          f'(it has {", ".join(reader.fieldnames or ()) or "none"})')
+    from .grid_identity import Identities
+    from .warm_start_keep import DETECTOR_KEY
+    made = Identities(osp.dirname(osp.abspath(path)))  # the identities of the rows runs with one made
     out = []
     for r in rows:
         row = {k: r.get(k) or '' for k in ('kernel', 'start', 'status', 'error')}
@@ -49,8 +52,9 @@ def read_detectors(path: str) -> List[dict]:
         row.update({k: float(r[k]) if r.get(k) not in (None, '') else None
                     for k in DETECTOR_COLUMNS[3:] if k not in ('status', 'error')})
         own = r.get('source') or ''  # what made the row: kept through every read
-        out.append(dict(row, source=own if own.startswith('read: ') else
-                        f'read: {osp.basename(path)}' + (f': {own}' if own else '')))
+        row['source'] = own if own.startswith('read: ') else f'read: {osp.basename(path)}' + (f': {own}' if own else '')
+        identity = made.get(osp.basename(path), row, DETECTOR_KEY)
+        out.append(dict(row, identity=identity) if identity else row)
     return out
 
 
@@ -394,13 +398,18 @@ def write_outputs(result: dict, out: str, plan, docs: Optional[str] = None) -> N
 
     for name, rows in (('classifiers', result['rows']), ('detectors', result['detectors']),
                        ('transfer_curves', result['curves'])):
-        fields = list(dict.fromkeys(k for r in rows for k in r if k not in ('key', 'error'))) + ['error']
+        fields = list(dict.fromkeys(k for r in rows for k in r if k not in ('key', 'error', 'identity'))) + ['error']
         fields = [f for f in fields if any(f in r for r in rows)] or ['status']
         with open(osp.join(out, f'{name}.csv'), 'w', newline='') as f:
             w = csv.DictWriter(f, fieldnames=fields, extrasaction='ignore')
             w.writeheader()
             for r in rows:
                 w.writerow({k: cell(r.get(k)) for k in fields})
+    # which rows runs with an identity made (the kept rows made before identities have none): beside the CSVs
+    from .grid_identity import write_identities
+    from .warm_start_keep import CLASSIFIER_KEY, DETECTOR_KEY
+    write_identities(out, [('classifiers.csv', result['rows'], CLASSIFIER_KEY),
+                           ('detectors.csv', result['detectors'], DETECTOR_KEY)])
     groups = dict(chosen=list(result['groups']), scores={'+'.join(g): v for g, v in result['scores'].items()},
                   budgets=plan.budgets, recipe=plan.recipe.name, recipes=[r.name for r in plan.recipes])
     if plan.recipes:

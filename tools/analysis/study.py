@@ -24,6 +24,10 @@ seeds, chance and the validation set's standard error stated), accuracy.png and 
 again (softfree_mm/analysis/study_keep.py); the outputs hold them all, the selection's new runs added (so
 `--kernels agent --configs configs/demo/study_pvt_v2_b0_digits.py --keep-from docs/results/study --out
 docs/results/study` adds one kernel's rows to the committed study).
+Each run's folder holds its run_identity.json (softfree_mm/analysis/grid_identity.py): a folder that holds another
+run (another config, kernel, seed or --cfg-options, or a base config whose content changed) is refused in one line
+naming the keys that differ, before anything trains; identities.csv beside the outputs names the rows made by runs
+with an identity (the committed rows, made before identities, have none).
 Bad input: one line, exit status 2.
 """
 import os
@@ -122,7 +126,8 @@ def main(argv=None):
     if args.report_only:
         rows = [kept.get(osp.splitext(osp.basename(c))[0], kernel_label(k), s) if kept else None
                 for c in args.configs for k in specs for s in args.seeds]
-        rows = [r for r in rows if r] + st.finished(args.configs, specs, args.seeds, args.work_dir)
+        rows = [r for r in rows if r] + st.finished(args.configs, specs, args.seeds, args.work_dir,
+                                                    args.cfg_options, args.key)
         print(f'{len(rows)} of {len(args.configs) * len(specs) * len(args.seeds)} runs have finished')
     else:
         rows = st.study(args.configs, specs, args.seeds, args.work_dir, train_py, args.cfg_options, key=args.key,
@@ -140,6 +145,8 @@ def main(argv=None):
     n_val = {n: val_images(paths[n], options) if n in paths else None for n in names}
     write_csv(osp.join(out, 'runs.csv'), rows, st.RUN_FIELDS)
     write_csv(osp.join(out, 'norm_curves.csv'), curves, st.CURVE_FIELDS)
+    from softfree_mm.analysis.grid_identity import write_identities
+    write_identities(out, [('runs.csv', rows, st.KEY)])  # the rows runs with an identity made (none: no file)
     write_csv(osp.join(out, 'summary.csv'), summary, ('config', 'kernel', 'what', 'n', 'failed', 'top1_final',
                                                        'top1_final_std', 'top1_best', 'top1_best_std', 'loss_final',
                                                        'loss_final_std', 'delta_paired', 'delta_paired_std',

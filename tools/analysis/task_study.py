@@ -21,7 +21,10 @@ again: the same command resumes a stopped study, --report-only runs nothing and 
 finished so far. The finished rows of --keep-from (by default --out's runs.csv, the committed outputs) are kept as
 they are and not run again, also when the work dir is gone (another machine); their classifiers are not retrained
 unless another run needs them ('' keeps none); rows outside the selection stay in the outputs. A kernel a layout
-does not take is a row with the fit error's line; a run that fails is a row with its error; the grid goes on. Writes into --out: runs.csv (one row per layout, task, kernel, start, seed),
+does not take is a row with the fit error's line; a run folder that holds another run (its run_identity.json:
+softfree_mm/analysis/grid_identity.py) is refused in one line naming the keys that differ; the kept rows keep
+--keep-from's order, and identities.csv in --out names the rows runs with an identity made;
+a run that fails is a row with its error; the grid goes on. Writes into --out: runs.csv (one row per layout, task, kernel, start, seed),
 summary.csv, table.md, task_study.png, curves.csv (every logged training loss of each run, under the row's identity:
 read from the run's log where its run is in --work-dir and its test there gives the row's numbers, else kept from the
 --keep-from folder's curves.csv), seg_curves.png and a table of the segmentors' losses, and the section of --docs

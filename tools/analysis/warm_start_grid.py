@@ -25,7 +25,11 @@ measured against (paired by kernel and seed; the others on x^3, x, linear, relu 
 in XCiT); the table then names the default the rule of docs/warm_start.md picks per backbone.
 Every run is tools/train.py or tools/test.py on a child config written into its folder under --work-dir; a run
 that finished is not run again, so the same command resumes a stopped study. --report-only runs nothing and writes
-the outputs from the runs finished so far. Writes into --out: classifiers.csv (one row per classifier run, its
+the outputs from the runs finished so far. Each run's folder holds its run_identity.json (its resolved config and the
+records of the runs it starts from: softfree_mm/analysis/grid_identity.py): a folder that holds another run is refused
+in one line naming the keys that differ; identities.csv in --out names the rows runs with an identity made (kept rows
+keep theirs; the committed rows, made before identities, have none).
+Writes into --out: classifiers.csv (one row per classifier run, its
 ``start``: scratch / swap / transfer, its iterations and the transfer's), detectors.csv, transfer_curves.csv (each
 block's stage-1 loss per iteration), summary.csv and table.md, and the plots (accuracy.png, recipes.png with a
 second recipe, transfer_curves.png); and the table and plots into --docs between its markers ('' leaves it alone).
