@@ -11,8 +11,10 @@ world size are this run's; a second invocation stops with one line (--wait waits
 config it defines, read as tools/train.py reads its command line. The issue-63 cases are
 tests/engine/test_warm_start_identity.py.
 """
+import json
 import os
 import os.path as osp
+import re
 import subprocess
 import sys
 import threading
@@ -290,6 +292,39 @@ def test_a_work_dir_made_before_identities_is_adopted_when_its_saved_config_and_
     written = identity.read(p.runs[1].work_dir)  # adopted once: the next probe reads the JSON
     assert written['adopted_from'] == 'iter_25020.pth' and written['record'] == p.records[1]
     assert [name for name, _ in ran] == ['maskrcnn_xcit_s12_poly3']
+
+
+@pytest.mark.parametrize('world_size', [8, 4])
+def test_a_work_dir_with_the_old_fingerprint_is_adopted_at_the_world_size_it_names(world_size, tmp_path):
+    """warm_start_run.json (the chain's file before run identities) names the world size where no log is left."""
+    p = chain_run.plan(_request(tmp_path), ROOT)
+    _write_run(p, 1, at=100, fp=False, payload={'meta': {'iter': 100, 'cfg': p.cfgs[1].pretty_text}})
+    with open(osp.join(p.runs[1].work_dir, 'warm_start_run.json'), 'w') as f:
+        json.dump({'version': 1, 'world_size': world_size, 'recipe': 'transfer'}, f)
+    if world_size == 8:
+        pr = chain_run.probe(p)
+        assert pr.first == 1 and pr.states[1].state == 'partial' and pr.states[1].adopted == 'iter_100.pth'
+    else:
+        with pytest.raises(UsageError, match=r': world_size: 4 -> 8 \(adopted from the config iter_100.pth saved\)'):
+            chain_run.probe(p)
+
+
+def test_other_libraries_are_shown_beside_a_resume_and_a_refusal_never_a_reason(tmp_path):
+    p = chain_run.plan(_request(tmp_path), ROOT)
+    _write_run(p, 1, at=100)
+    held = identity.read(p.runs[1].work_dir)
+    now = held['versions']['torch']
+    held['versions']['torch'] = '1.0.0'
+    with open(osp.join(p.runs[1].work_dir, identity.FILE), 'w') as f:
+        json.dump(held, f)
+    pr = chain_run.probe(p)
+    assert pr.first == 1  # resumed all the same
+    assert f'resumes from {p.runs[1].work_dir}/iter_100.pth (made with other libraries, then -> now: torch 1.0.0 -> ' \
+           f'{now})' in '\n'.join(chain_run.report(p, pr))
+    other = chain_run.plan(_request(tmp_path, iters=3000), ROOT)
+    with pytest.raises(UsageError, match=re.escape(f'(its run_identity.json; its libraries then -> now: torch 1.0.0 -> '
+                                                   f'{now}')):
+        chain_run.probe(other)
 
 
 def test_a_work_dir_made_before_identities_of_another_length_is_refused_by_name(tmp_path):

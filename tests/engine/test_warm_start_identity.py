@@ -271,6 +271,7 @@ CHANGES = [
     (['--train-args=--amp'], 'train_args.amp: false -> true'),
     (['--train-args=--auto-scale-lr'], 'train_args.auto_scale_lr: false -> true'),
     ('content', 'auto_scale_lr.base_batch_size: 1024 -> 512'),
+    (['--gpus', '4', '--batch-scale', 'keep'], 'world_size: 8 -> 4'),
 ]
 
 
@@ -288,10 +289,11 @@ def _edited_configs(tmp_path):
 
 @pytest.mark.parametrize('state', ['finished', 'stopped'])
 @pytest.mark.parametrize('change,named', CHANGES, ids=['data-root', 'optimizer', 'weight-decay', 'drop-path', 'seed',
-                                                      'amp', 'auto-scale-lr', 'config-content'])
+                                                      'amp', 'auto-scale-lr', 'config-content',
+                                                      'world-size'])
 def test_what_changes_a_result_refuses_a_finished_or_stopped_stage_2(change, named, state, drive, tmp_path):
     """Stage 2 finished (the main job not run yet) or stopped: any of these changed is another stage 2 (the
-    fingerprints reused it, or resumed it, with the change)."""
+    fingerprints reused it, or resumed it, with the change; the world size they did compare)."""
     config = _edited_configs(tmp_path) if change == 'content' else CONFIG
     args = () if change == 'content' else change
     status, out, err, ran = drive(state, *args, drop=[MAIN] if state == 'finished' else (), config=config)
