@@ -399,11 +399,14 @@ def versions() -> Dict[str, str]:
 
 
 def version_changes(then: Optional[Mapping[str, str]], now: Optional[Mapping[str, str]] = None) -> str:
-    """'torch 2.1.0 -> 2.4.1, ...' for the libraries whose versions differ ('' when none, or none recorded)."""
+    """'torch 2.1.0 -> 2.4.1, ...' for the libraries whose versions differ ('' when none, or none recorded).
+    softfree_mm's git commit is recorded but not named here: it moves with every commit of a checkout, and what the
+    code computes is already in the record (a changed default changes the resolved config)."""
     now = now or versions()
     if not then:
         return ''
-    changed = [f'{k} {then[k][:12]} -> {now[k][:12]}' for k in now if k in then and then[k] != now[k]]
+    changed = [f'{k} {then[k][:12]} -> {now[k][:12]}' for k in now
+               if k in then and then[k] != now[k] and k != 'softfree_mm_commit']
     return ', '.join(changed)
 
 

@@ -239,6 +239,8 @@ def test_the_work_dir_file_round_trips_with_the_versions_and_an_unreadable_one_i
             'softfree_mm', 'softfree_mm_commit'} == set(data['versions'])
     assert ri.version_changes(data['versions']) == ''
     assert ri.version_changes(dict(data['versions'], torch='1.0')) == f"torch 1.0 -> {data['versions']['torch']}"
+    # another commit of this checkout is recorded, not announced on every resume
+    assert ri.version_changes(dict(data['versions'], softfree_mm_commit='0' * 40)) == ''
     assert ri.read(str(tmp_path / 'none')) is None
     (tmp_path / ri.FILE).write_text('{"identity": ')
     with pytest.raises(UsageError, match=f'^{tmp_path / ri.FILE}: not a run identity that can be read'):
