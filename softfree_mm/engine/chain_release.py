@@ -20,7 +20,7 @@ import zipfile
 from contextlib import contextmanager
 from typing import Dict, Optional
 
-from . import run_identity
+from . import file_hash, run_identity
 from .errors import UsageError, short_error
 
 RELEASES = 'releases'
@@ -65,10 +65,10 @@ def start_of(reference: str, work_root: str) -> Dict:
             return run_identity.run_start(stored['record'])
         found = checkpoints_in(reference)
         if found:
-            return run_identity.release_start(osp.basename(found[0]), run_identity.sha256_of(found[0]))
+            return run_identity.release_start(osp.basename(found[0]), file_hash.sha256_of(found[0]))
     local = local_release(reference, work_root)
     return run_identity.release_start(reference_name(reference),
-                                      run_identity.sha256_of(local) if local else None)
+                                      file_hash.sha256_of(local) if local else None)
 
 
 def is_torch_file(path: str) -> bool:
@@ -93,9 +93,9 @@ def _download(url: str, dest: str) -> None:
         os.remove(tmp)
         raise UsageError(f'{url} did not give a checkpoint file (a web page came back): download it by hand and pass '
                          f'--release FILE, or put it at {dest}')
-    sha = run_identity._digest(tmp)  # once, here: recorded beside the file
+    sha = file_hash.digest(tmp)  # once, here: recorded beside the file
     os.replace(tmp, dest)
-    run_identity.remember_sha256(dest, sha, url=url)
+    file_hash.remember_sha256(dest, sha, url=url)
 
 
 def fetch(reference: str, work_root: str) -> str:

@@ -23,9 +23,10 @@ import re
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import UsageError
+from .file_hash import SIDECAR, remember_sha256, sha256_of  # noqa: F401  (a release's start: its content hash)
+from .versions import LIBRARIES, version_changes, versions  # noqa: F401  (recorded beside the identity)
 
 FILE = 'run_identity.json'
-SIDECAR = '.sha256.json'
 
 # keys that cannot change what a run computes (dotted; a key names its whole subtree), each with its reason
 IGNORED: Dict[str, str] = {
@@ -57,12 +58,6 @@ MACHINE_HOOKS: Dict[str, str] = {
 }
 SYNC_BN = ('SyncBN', 'MMSyncBN', 'TorchSyncBN')  # canonically BN: the tools swap them for one process
 START_KINDS = (('release', 'sha256'), ('run', 'record'))  # the keys of a start record
-LIBRARIES = (('torch', ('torch', )), ('torchvision', ('torchvision', )), ('mmengine', ('mmengine', )),
-             ('mmcv', ('mmcv', 'mmcv-lite', 'mmcv-full')), ('mmdet', ('mmdet', )),
-             ('mmseg', ('mmsegmentation', )), ('mmpretrain', ('mmpretrain', )), ('timm', ('timm', )),
-             ('numpy', ('numpy', )),
-             ('opencv', ('opencv-python', 'opencv-python-headless', 'opencv-contrib-python',
-                         'opencv-contrib-python-headless')))
 ABSENT = '<absent>'
 
 
@@ -359,57 +354,6 @@ def describe(diffs: List[Tuple[str, str, str]], most: int = 5) -> str:
     return text + (f' (and {len(diffs) - most} more)' if len(diffs) > most else '')
 
 
-# ----------------------------------------------------------------------------------------------- versions
-_VERSIONS: Dict[str, str] = {}
-
-
-def _dist_version(names: Sequence[str]) -> str:
-    from importlib import metadata
-    for name in names:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return 'not installed'
-
-
-def _git_commit(folder: str) -> str:
-    import subprocess
-    if not osp.exists(osp.join(folder, '.git')):
-        return 'unknown'
-    try:
-        out = subprocess.run(['git', '-C', folder, 'rev-parse', 'HEAD'], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return 'unknown'
-    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else 'unknown'
-
-
-def versions() -> Dict[str, str]:
-    """The libraries a run is made with (read from the installed packages' metadata, nothing imported) and
-    softfree_mm's version and git commit ('unknown' outside a checkout)."""
-    if not _VERSIONS:
-        for key, names in LIBRARIES:
-            _VERSIONS[key] = _dist_version(names)
-        package = osp.dirname(osp.dirname(osp.abspath(__file__)))
-        with open(osp.join(package, '__init__.py')) as f:
-            m = re.search(r"^__version__ = ['\"]([^'\"]+)", f.read(), re.M)
-        _VERSIONS['softfree_mm'] = m.group(1) if m else 'unknown'
-        _VERSIONS['softfree_mm_commit'] = _git_commit(osp.dirname(package))
-    return dict(_VERSIONS)
-
-
-def version_changes(then: Optional[Mapping[str, str]], now: Optional[Mapping[str, str]] = None) -> str:
-    """'torch 2.1.0 -> 2.4.1, ...' for the libraries whose versions differ ('' when none, or none recorded).
-    softfree_mm's git commit is recorded but not named here: it moves with every commit of a checkout, and what the
-    code computes is already in the record (a changed default changes the resolved config)."""
-    now = now or versions()
-    if not then:
-        return ''
-    changed = [f'{k} {then[k][:12]} -> {now[k][:12]}' for k in now
-               if k in then and then[k] != now[k] and k != 'softfree_mm_commit']
-    return ', '.join(changed)
-
-
 # ------------------------------------------------------------------------------------------ the work dir file
 def write(work_dir: str, rec: Dict, **extra) -> str:
     """``work_dir/run_identity.json``: {'identity', 'record', 'versions'} and ``extra`` (e.g. adopted_from),
@@ -439,57 +383,3 @@ def read(work_dir: str) -> Optional[Dict]:
         raise UsageError(f'{path}: not a run identity (a JSON object with identity and record); move that folder '
                          'away or give the chain another --work-root')
     return data
-
-
-# ------------------------------------------------------------------------------------------- content hashes
-_MEMO: Dict[tuple, str] = {}
-
-
-def _digest(path: str) -> str:
-    """The sha256 of a file's content, read once through (the one place a file is hashed)."""
-    h = hashlib.sha256()
-    with open(path, 'rb') as f:
-        for block in iter(lambda: f.read(1 << 20), b''):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _sidecar(path: str) -> Optional[Dict]:
-    try:
-        with open(path + SIDECAR) as f:
-            data = json.load(f)
-        return data if isinstance(data, dict) else None
-    except (OSError, ValueError):
-        return None
-
-
-def remember_sha256(path: str, sha256: str, **extra) -> None:
-    """Record a file's hash beside it (``<file>.sha256.json``: size, mtime_ns, sha256 and ``extra``, e.g. the URL it
-    came from); a folder that cannot be written keeps it for this process only."""
-    st = os.stat(path)
-    _MEMO[(osp.abspath(path), st.st_size, st.st_mtime_ns)] = sha256
-    data = dict(extra, size=st.st_size, mtime_ns=st.st_mtime_ns, sha256=sha256)
-    tmp = f'{path}{SIDECAR}.{os.getpid()}.part'
-    try:
-        with open(tmp, 'w') as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(tmp, path + SIDECAR)
-    except OSError:
-        pass
-
-
-def sha256_of(path: str) -> str:
-    """A file's content hash, computed once: kept beside it in ``<file>.sha256.json`` with its size and mtime, and
-    computed again only when either changed."""
-    st = os.stat(path)
-    key = (osp.abspath(path), st.st_size, st.st_mtime_ns)
-    if key in _MEMO:
-        return _MEMO[key]
-    side = _sidecar(path)
-    if side and side.get('size') == st.st_size and side.get('mtime_ns') == st.st_mtime_ns \
-            and re.fullmatch(r'[0-9a-f]{64}', str(side.get('sha256'))):
-        _MEMO[key] = side['sha256']
-        return side['sha256']
-    sha = _digest(path)
-    remember_sha256(path, sha, **{k: v for k, v in (side or {}).items() if k == 'url'})
-    return sha

@@ -250,16 +250,17 @@ def test_the_work_dir_file_round_trips_with_the_versions_and_an_unreadable_one_i
 def test_a_file_is_hashed_once_and_again_only_when_it_changed(tmp_path, monkeypatch):
     import hashlib
     calls = []
-    digest = ri._digest
-    monkeypatch.setattr(ri, '_digest', lambda p: calls.append(p) or digest(p))
-    monkeypatch.setattr(ri, '_MEMO', {})
+    from softfree_mm.engine import file_hash
+    digest = file_hash.digest
+    monkeypatch.setattr(file_hash, 'digest', lambda p: calls.append(p) or digest(p))
+    monkeypatch.setattr(file_hash, '_MEMO', {})
     path = tmp_path / 'release.pth'
     path.write_bytes(b'weights' * 1000)
     want = hashlib.sha256(path.read_bytes()).hexdigest()
     assert ri.sha256_of(str(path)) == want and ri.sha256_of(str(path)) == want and len(calls) == 1
     side = json.loads((tmp_path / ('release.pth' + ri.SIDECAR)).read_text())
     assert side == {'size': 7000, 'mtime_ns': os.stat(path).st_mtime_ns, 'sha256': want}
-    monkeypatch.setattr(ri, '_MEMO', {})  # another process: the sidecar answers
+    monkeypatch.setattr(file_hash, '_MEMO', {})  # another process: the sidecar answers
     assert ri.sha256_of(str(path)) == want and len(calls) == 1
     path.write_bytes(b'other weights')  # another size: hashed again
     assert ri.sha256_of(str(path)) == hashlib.sha256(b'other weights').hexdigest() and len(calls) == 2
