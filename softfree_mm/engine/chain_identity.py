@@ -134,7 +134,8 @@ def held(stage: Stage, cfg, ours: Dict, checkpoint: str, above: List[str]) -> He
                          '--work-root, or move that folder away')
     if len(sizes) > 1:
         raise UsageError(f"{stage.work_dir} holds {name}, a run its logs show at several world sizes "
-                         f"({', '.join(map(str, sizes))}): give the chain another --work-root, or move that folder away")
+                         f"({', '.join(map(str, sizes))}): give the chain another --work-root, or move that folder "
+                         'away')
     if sizes[0] != ours['world_size']:
         raise UsageError(refusal(stage, [('world_size', str(sizes[0]), str(ours['world_size']))], source))
     return Held(dict(theirs, world_size=sizes[0]), source, adopted_from=name)

@@ -378,8 +378,9 @@ def read(work_dir: str) -> Optional[Dict]:
             data = json.load(f)
     except (OSError, ValueError) as e:
         raise UsageError(f'{path}: not a run identity that can be read ({" ".join(str(e).split())}); move that '
-                         'folder away or give the chain another --work-root') from None
+                         'folder away or give the tool another work folder (the chain: --work-root; a grid: '
+                         '--work-dir)') from None
     if not isinstance(data, dict) or not isinstance(data.get('record'), dict) or 'identity' not in data:
         raise UsageError(f'{path}: not a run identity (a JSON object with identity and record); move that folder '
-                         'away or give the chain another --work-root')
+                         'away or give the tool another work folder (the chain: --work-root; a grid: --work-dir)')
     return data

@@ -120,8 +120,9 @@ def test_the_dry_run_says_stage_1_is_not_needed_after_a_done_stage_2(tmp_path, t
 
 # ------------------------------------------------------------------------------------------------- case 2
 def test_a_main_job_started_from_the_swapped_release_is_refused_by_name(tmp_path, tool):
-    """A detector made before run identities in the main job's work dir that started from the softmax release with the kernel
-    swapped (tools/train.py's other start) is not the chain's main job: one line, whichever state it is in."""
+    """A detector made before run identities in the main job's work dir that started from the softmax release with
+    the kernel swapped (tools/train.py's other start) is not the chain's main job: one line, whichever state it is
+    in."""
     from mmengine.config import Config
     cfg = Config.fromfile(CONFIG)
     cfg.merge_from_dict({'model.backbone.init_cfg.checkpoint': cfg.softmax_release})

@@ -186,9 +186,9 @@ class _PVTBase(SoftFreeBackbone):
         patch_grid = preset.get('patch_grid', 'ceil') if patch_grid is None else patch_grid
         if patch_grid not in PATCH_GRIDS or (self.VERSION == 2 and patch_grid != 'ceil'):
             valid = PATCH_GRIDS if self.VERSION == 1 else ('ceil',)
-            raise ValueError(f"{owner}: patch_grid must be one of {', '.join(map(repr, valid))} ('ceil': a grid that is "
-                             "no patch multiple is zero padded up to one, ours; 'floor': the strided patch conv "
-                             "drops the last partial patch, the official code"
+            raise ValueError(f"{owner}: patch_grid must be one of {', '.join(map(repr, valid))} ('ceil': a grid "
+                             "that is no patch multiple is zero padded up to one, ours; 'floor': the strided patch "
+                             "conv drops the last partial patch, the official code"
                              f"{'' if self.VERSION == 1 else '; v2 overlapping embeddings round up by their padding'}"
                              f'), got {patch_grid!r}')
         self.patch_grid = patch_grid
