@@ -63,7 +63,8 @@ def query_map(call, xy: Tuple[float, float], head: Union[int, str] = 0, channel:
     values = sub.spread(row.view(1, -1))[0]
     if call.mask is not None:
         m = call.mask if call.mask.shape[0] == 1 else call.mask[rows.start + g:rows.start + g + 1]
-        keep = m[0, 0 if m.shape[1] == 1 or head == 'mean' else head, i, :].float()
+        # a key mask (query axis of 1: padding) is every query's row
+        keep = m[0, 0 if m.shape[1] == 1 or head == 'mean' else head, i if m.shape[2] > 1 else 0, :].float()
     else:
         keep = torch.ones(call.k.shape[2], device=row.device)
     seen = sub.spread(keep.view(1, -1))[0] > 0

@@ -123,6 +123,7 @@ def test_each_blocks_loss_is_the_teacher_fed_error_over_the_teachers_update(fam,
 
 @pytest.mark.parametrize('fam', FAMILIES)
 def test_steps_lower_the_loss_and_touch_only_what_trains(fam, releases):
+    torch.manual_seed(0)  # the student's new parameters: not whatever draw the suite's order leaves
     model = _transfer(fam, releases[fam], OWN.get(fam, dict(attn_cfg='poly')))
     before = {k: v.clone() for k, v in model.state_dict(keep_vars=False).items()}
     teacher_before = {k: v.clone() for k, v in model.teacher.state_dict().items()}
@@ -133,7 +134,9 @@ def test_steps_lower_the_loss_and_touch_only_what_trains(fam, releases):
     assert not any(p.requires_grad for p in model.teacher.parameters())
     # what the teacher has no value for (the kernel's own, a new layout's) trains in any case
     assert set(n for n in model.new if n in params) <= trained
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.05)
+    # lr 3e-3: at 1e-2 the x^3 student of the tiny PVT (reduced keys) climbs instead (0.178 -> 0.229 in 25 steps,
+    # whatever the seed, on this machine's torch 2.14.1); every family falls at 3e-3 and at 1e-3
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3, weight_decay=0.05)
     x = _images(5)
     first = float(model(x, mode='loss')['loss_transfer'])
     for _ in range(25):
