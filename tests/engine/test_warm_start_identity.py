@@ -22,24 +22,14 @@ import torch
 
 from softfree_mm.engine import chain_release, chain_run
 
-from tests.helpers import ROOT, load_tool, main_as_command
+from tests.engine.test_warm_start_chain_run import _one_error, tool  # noqa: F401  (the chain tests' fixture)
+from tests.helpers import ROOT
 
 CONFIG = osp.join(ROOT, 'configs', 'maskrcnn_xcit_s12_poly3.py')
 URL = 'https://dl.fbaipublicfiles.com/xcit/xcit_small_12_p16_224.pth'
 IMAGENET = ['--launcher', 'pytorch', '--gpus', '8']
 
 
-@pytest.fixture
-def tool(capsys, monkeypatch):
-    """tools/warm_start.py's main() in this process, as its command line wraps it: (status, stdout, stderr)."""
-    monkeypatch.chdir(ROOT)
-    return main_as_command(load_tool('warm_start'), capsys)
-
-
-def _one_error(err):
-    lines = [ln for ln in err.strip().splitlines() if ln.startswith('error:')]
-    assert len(lines) == 1, err
-    return lines[0]
 
 
 def _torch_file(path, value=0.0, size=4):
