@@ -34,8 +34,9 @@ SIGNAL_ENV = 'SOFTFREE_MM_CHECKPOINT_SIGNAL'  # a signal name: the run saves a c
 
 
 def add_reliability_hooks(cfg: Config, skip_nonfinite_loss: bool = False) -> None:
-    """The RNG-state hook (kill-and-resume reproduces) and the non-finite-loss guard, unless the config has them; with
-    ``SOFTFREE_MM_CHECKPOINT_SIGNAL`` set (e.g. USR1), the hook that saves a checkpoint and stops on that signal."""
+    """The RNG-state hook (kill-and-resume reproduces), the non-finite-loss guard and the hook that resumes a
+    mid-epoch checkpoint mid-epoch, unless the config has them; with ``SOFTFREE_MM_CHECKPOINT_SIGNAL`` set (e.g.
+    USR2), that hook also saves a checkpoint and stops on that signal."""
     hooks = list(cfg.get('custom_hooks') or [])
     names = {h.get('type') for h in hooks if isinstance(h, dict)}
     if 'RNGStateHook' not in names:
@@ -46,11 +47,13 @@ def add_reliability_hooks(cfg: Config, skip_nonfinite_loss: bool = False) -> Non
         for h in hooks:
             if isinstance(h, dict) and h.get('type') == 'NonFiniteLossHook':
                 h['skip'] = True
-    on_signal = os.environ.get(SIGNAL_ENV)
-    if on_signal and 'CheckpointOnSignalHook' not in names:  # a job warned before its time limit saves and stops
+    on_signal = os.environ.get(SIGNAL_ENV) or None
+    if 'CheckpointOnSignalHook' not in names:
+        # every training: a resume from a mid-epoch checkpoint goes on mid-epoch; with SOFTFREE_MM_CHECKPOINT_SIGNAL
+        # (a job warned before its time limit), that signal saves and stops
         from .hooks.signal_checkpoint import signal_number
         try:
-            signal_number(on_signal)
+            on_signal is None or signal_number(on_signal)
         except ValueError as e:
             raise UsageError(str(e)) from None
         hooks.append(dict(type='CheckpointOnSignalHook', signal=on_signal))

@@ -112,6 +112,11 @@ class RNGStateHook(Hook):
                     return True
         return False
 
+    def gather_for_checkpoint(self) -> None:
+        """Every rank, before a checkpoint saved outside the CheckpointHook's schedule (a collective): the next
+        checkpoint holds every process's state."""
+        self._gather()
+
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
         # all ranks, before the CheckpointHook (rank 0 only) saves: a collective is allowed here
         if self._checkpoint_due(runner, by_epoch=False):
