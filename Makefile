@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 # the test files are spread over this many processes (pytest-xdist, whole files per worker); 0 = one process
 TEST_WORKERS ?= 2
 
-.PHONY: setup demo test test-cluster test-pythons gpu-check clean
+.PHONY: setup demo test test-cluster test-pythons newest lock gpu-check clean
 
 setup:
 	bash tools/setup_env.sh
@@ -40,6 +40,16 @@ test-cluster: setup
 # PYTHONS="python3.12 /opt/py313/bin/python3" names them instead
 test-pythons: setup
 	bash tools/test_pythons.sh
+
+# the newest versions the loose requirements (requirements/*.txt) allow, on purpose: on every supported Python a venv
+# from them (.venv-newest-3.X, SOFTFREE_LOCK=none) runs test-pythons' slice; what passed is recorded in
+# work_dirs/newest/ (about 9 minutes per Python here). Then `make lock` writes requirements/lock/ from those records
+# (tools/lock.sh: uv pip compile, exact versions with hashes), which `make setup` installs
+newest:
+	NEWEST=1 bash tools/test_pythons.sh
+
+lock:
+	bash tools/lock.sh
 
 # on a CUDA machine: set-up (offline from GPU_CHECK_WHEELS where the node has no package index), the fused-kernel
 # and CUDA-only tests, kernels vs SDPA (bf16, fp32, N = 1k..64k), a Mask R-CNN training step against mmdet's

@@ -3,6 +3,8 @@ __version__ = '0.1.0'
 
 from .mmcv_ext import install as _serve_mmcv_ext  # noqa: E402  (before anything imports mmcv.ops)
 _serve_mmcv_ext()
+from .mim_cache import make_mim_cache as _make_mim_cache  # noqa: E402
+_make_mim_cache()  # before any mim process of this home folder can race to create it
 from .swap import swap_attention  # noqa: E402,F401  (torch only: kernels into timm / mmdet / mmpretrain models)
 
 try:

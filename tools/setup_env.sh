@@ -17,6 +17,14 @@
 #     and gcc >= 10 checked, an explicit TORCH_CUDA_ARCH_LIST (default: this node's GPUs), MAX_JOBS capped by CPUs
 #     and memory, no cached wheel reused, and a check that runs nms and roi_align on the GPU);
 #   - mmengine, mmdet, mmsegmentation, mmpretrain, timm and the rest (requirements/), then this package (-e).
+# What is installed is the lock by default (requirements/lock/: every package at the exact version CI tested, with
+# hashes; py3.X.txt where a Python's resolution differs, else all.txt; written by `make lock`, tools/lock.sh), in one
+# pip call (--require-hashes --no-deps), checked against the venv afterwards (tools/lockfile.py). Where a path brings
+# a package from elsewhere, only that is not from the lock: an existing torch or TORCH_INDEX_URL (torch, torchvision,
+# triton and CUDA's libraries), a compiled mmcv (mmcv-lite). SOFTFREE_LOCK=none installs the loose requirements
+# instead (the newest they allow: `make newest`), SOFTFREE_LOCK=FILE another lock. The lock is for Linux x86_64;
+# elsewhere the loose requirements are installed. Every call also makes ~/.cache/mim (mim's first process creates it
+# without exist_ok: mim processes started side by side in a new home folder would race).
 # An installed mmcv 2.1.0 with compiled ops whose nms / roi_align run is kept (a compiled _ext is always preferred
 # to the stand-in). Every pip call takes requirements/constraints.txt ($SOFTFREE_CONSTRAINTS: setuptools < 82).
 #   bash tools/setup_env.sh --print-mmcv-plan     prints what the mmcv step will install with these variables, exits
@@ -66,6 +74,20 @@ if [ -n "$PYTHON_ASKED" ] && [ -x "$VENV/bin/python" ]; then
   [ "$HAVE" = "$PY_ID" ] || die "$VENV is ${HAVE:-a broken environment}, PYTHON=$PYTHON is $PY_ID: remove it \
 (rm -rf $VENV) to set up again with $PY_ID, or set up beside it: make setup test VENV=.venv-$PY_MINOR PYTHON=$PYTHON"
 fi
+# the lock for this Python (requirements/lock/), 'none' for the loose requirements
+case "${SOFTFREE_LOCK-}" in
+  none) LOCK= ;;
+  '') LOCK=requirements/lock/py$PY_MINOR.txt
+      [ -f "$LOCK" ] || LOCK=requirements/lock/all.txt
+      [ -f "$LOCK" ] || die "no lock for Python $PY_MINOR in requirements/lock/: run make newest and make lock, or set \
+SOFTFREE_LOCK=none to install the loose requirements" ;;
+  *) LOCK=$SOFTFREE_LOCK
+     [ -f "$LOCK" ] || die "SOFTFREE_LOCK: no such file '$LOCK' (none installs the loose requirements)" ;;
+esac
+if [ -n "$LOCK" ] && [ "$(uname -sm)" != "Linux x86_64" ]; then
+  log "the lock is for Linux x86_64, this is $(uname -sm): installing the loose requirements (SOFTFREE_LOCK=none)"
+  LOCK=
+fi
 [ "$MMCV_CUDA" = 0 ] || [ "$MMCV_CUDA" = 1 ] || die "MMCV_CUDA must be 0 or 1, got '$MMCV_CUDA'"
 case "${MMCV_COMPILED-}" in
   '') MMCV_COMPILED=$MMCV_CUDA ;;  # CUDA ops are compiled ops
@@ -91,9 +113,11 @@ if [ "$MODE" = print-mmcv-plan ]; then
 fi
 [ -f "$CONSTRAINTS" ] || die "SOFTFREE_CONSTRAINTS: no such file '$CONSTRAINTS'"
 STAMP="$VENV/.softfree_mm_setup_done"
-HASH=$({ cat setup.py requirements/*.txt tools/setup_env.sh "$CONSTRAINTS"
-         echo "$PY_ID $TORCH_VERSION $TORCHVISION_VERSION $TORCH_INDEX_URL $MMCV_CUDA $MMCV_COMPILED"; } \
+HASH=$({ cat setup.py requirements/*.txt tools/setup_env.sh tools/lockfile.py "$CONSTRAINTS" ${LOCK:+"$LOCK"}
+         echo "$PY_ID $TORCH_VERSION $TORCHVISION_VERSION $TORCH_INDEX_URL $MMCV_CUDA $MMCV_COMPILED lock=$LOCK"; } \
        | sha256sum | cut -c1-16)
+# mim's cache folder, before any mim process can start in this home folder (mim's import makes it without exist_ok)
+mkdir -p ~/.cache/mim 2>/dev/null || true
 
 if [ "$MODE" = setup ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$HASH" ]; then
   exit 0
@@ -215,8 +239,13 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PY="$VENV/bin/python"
 PIP=(pip_in "$PY")
+# the groups of the lock (tools/lockfile.py GROUPS) this path installs from elsewhere
+NOT_FROM_LOCK=()
+if [ -n "$TORCH_INDEX_URL" ] || grep -qx 'include-system-site-packages = true' "$VENV/pyvenv.cfg" 2>/dev/null; then
+  NOT_FROM_LOCK+=(torch)
+fi
 
-"${PIP[@]}" -q -r requirements/build.txt
+[ -n "$LOCK" ] || "${PIP[@]}" -q -r requirements/build.txt
 if [ -n "$TORCH_INDEX_URL" ]; then
   # the index's build tag (cu126, cpu...) against the installed torch's
   want=$(basename "${TORCH_INDEX_URL%/}")
@@ -228,11 +257,11 @@ if [ -n "$TORCH_INDEX_URL" ]; then
     "${PIP[@]}" --no-cache-dir "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION" \
       --index-url "$TORCH_INDEX_URL" --extra-index-url https://pypi.org/simple
   fi
-elif ! "$PY" -c 'import torch, torchvision' >/dev/null 2>&1; then
+elif [ -z "$LOCK" ] && ! "$PY" -c 'import torch, torchvision' >/dev/null 2>&1; then
   log "installing torch==$TORCH_VERSION torchvision==$TORCHVISION_VERSION"
   "${PIP[@]}" "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
 fi
-"${PIP[@]}" -q "mmengine==0.10.7"
+[ -n "$LOCK" ] || "${PIP[@]}" -q "mmengine==0.10.7"
 
 # a check that really runs nms and roi_align (an ABI mismatch of a compiled mmcv shows here, not at import); on CUDA
 # with MMCV_CUDA=1. In a bare Python: the stand-in must be in place without importing softfree_mm.
@@ -255,18 +284,39 @@ if [ "$MMCV_CUDA" = 1 ]; then
 from mmcv.ops import get_compiling_cuda_version as v; assert v() not in ("not available", "")'
 fi
 
+MMCV_STEP=lite
 if "$PY" -c "$COMPILED_OK" >/dev/null 2>&1 && "$PY" -c "$OPS_RUN" cpu >/dev/null 2>&1; then
-  log "keeping the installed mmcv 2.1.0 with compiled ops"
+  MMCV_STEP=keep
 elif [ "$MMCV_COMPILED" = 1 ]; then
-  build_mmcv
-else
-  log "$MMCV_PLAN"
-  "$PY" -m pip uninstall -y -q mmcv >/dev/null 2>&1 || true  # a compiled mmcv whose ops do not run, or another one
-  "${PIP[@]}" -q -r requirements/mmcv.txt
+  MMCV_STEP=build
 fi
+[ "$MMCV_STEP" = lite ] || NOT_FROM_LOCK+=(mmcv)
+if [ "$MMCV_STEP" = lite ]; then
+  "$PY" -m pip uninstall -y -q mmcv >/dev/null 2>&1 || true  # a compiled mmcv whose ops do not run, or another one
+fi
+if [ -n "$LOCK" ]; then
+  log "installing $LOCK${NOT_FROM_LOCK[*]:+ (not from it: ${NOT_FROM_LOCK[*]})}"
+  selected=$(mktemp)
+  "$PY" tools/lockfile.py select "$LOCK" --not-from-lock "${NOT_FROM_LOCK[@]}" > "$selected"
+  "${PIP[@]}" -q --require-hashes --no-deps -r "$selected" || { rm -f "$selected"; die "installing $LOCK failed"; }
+  rm -f "$selected"
+fi
+case "$MMCV_STEP" in
+  keep) log "keeping the installed mmcv 2.1.0 with compiled ops" ;;
+  build) build_mmcv ;;
+  lite) log "$MMCV_PLAN"
+        [ -n "$LOCK" ] || "${PIP[@]}" -q -r requirements/mmcv.txt ;;
+esac
 
-"${PIP[@]}" -q -r requirements/runtime.txt -r requirements/tests.txt
+[ -n "$LOCK" ] || "${PIP[@]}" -q -r requirements/runtime.txt -r requirements/tests.txt
 "${PIP[@]}" -q --no-build-isolation --no-deps -e .  # also writes softfree_mm-mmcv-ext.pth into site-packages
+if [ -n "$LOCK" ]; then  # exactly the lock, but for the groups this path installs from elsewhere
+  diff=$("$PY" tools/lockfile.py check "$LOCK" --not-from-lock "${NOT_FROM_LOCK[@]}" 2>/dev/null || true)
+  extra=$(grep -E ' installed, not in the lock$' <<< "$diff" || true)
+  [ -z "$extra" ] || log "installed beside the lock (not the set-up's): $(paste -sd, <<< "$extra" | sed 's/,/, /g')"
+  diff=$(grep -vE ' installed, not in the lock$' <<< "$diff" || true)
+  [ -z "$diff" ] || die "$VENV differs from $LOCK: $(paste -sd, <<< "$diff" | sed 's/,/, /g')"
+fi
 if "$PY" -c 'import transformers' >/dev/null 2>&1; then
   log "warning: transformers is installed; it switches on mmpretrain's multimodal code, which fails to import"
 fi
@@ -275,5 +325,7 @@ if [ "$MMCV_CUDA" = 1 ]; then
   "$PY" -c "$OPS_RUN" cuda || die "MMCV_CUDA=1: mmcv's CUDA ops do not run on the GPU"
 fi
 "$PY" -c 'import mmdet.models, mmseg.models, mmpretrain.models, softfree_mm'
+"$PY" -c 'import json, sys; print(json.dumps(dict(lock=sys.argv[1] or None, not_from_lock=sys.argv[2:])))' \
+  "$LOCK" "${NOT_FROM_LOCK[@]}" > "$VENV/.softfree_mm_lock"  # what tests/tools/test_lock.py compares
 echo "$HASH" > "$STAMP"
 log "environment ready: $VENV"

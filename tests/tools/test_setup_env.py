@@ -6,6 +6,7 @@ The set-up runs for real, from a copy of the repository, into a scratch venv tha
 the test requirements, this package) is installed as on a fresh machine, with a fresh empty home folder and
 failing ``cc`` / ``gcc`` / ``c++`` / ``g++`` / ``clang`` / ``nvcc`` first on PATH, each logging its call.
 """
+import json
 import os
 import os.path as osp
 import subprocess
@@ -17,6 +18,8 @@ from tests.helpers import ROOT
 from tests.helpers.installs import copy_repo, venv_on_this_environment
 
 COMPILERS = ('cc', 'gcc', 'c++', 'g++', 'clang', 'clang++', 'nvcc')
+V = '%d.%d' % sys.version_info[:2]
+LOCK = f'py{V}.txt' if osp.isfile(osp.join(ROOT, 'requirements', 'lock', f'py{V}.txt')) else 'all.txt'
 
 
 def _failing_compilers(folder, log):
@@ -48,6 +51,13 @@ def test_default_setup_installs_mmcv_lite_and_never_calls_a_compiler(tmp_path):
     assert not log.exists(), f'the default set-up called a compiler:\n{log.read_text()[:2000]}'
     assert 'mmcv-lite 2.1.0, its ops served from torchvision' in proc.stderr
     assert (tmp_path / 'venv' / '.softfree_mm_setup_done').is_file()
+    assert (tmp_path / 'home' / '.cache' / 'mim').is_dir()  # before any mim process of this home can race for it
+    # exactly the lock: every package at its version, nothing beside it (torch is this environment's, at the lock's)
+    marker = json.loads((tmp_path / 'venv' / '.softfree_mm_lock').read_text())
+    assert marker == {'lock': f'requirements/lock/{LOCK}', 'not_from_lock': []}, marker
+    check = subprocess.run([python, osp.join(repo, 'tools', 'lockfile.py'), 'check', osp.join(repo, marker['lock'])],
+                           capture_output=True, text=True, env=env)
+    assert check.returncode == 0 and check.stdout == '', check.stdout[-3000:]
     # what it installed: mmcv-lite, not mmcv; in a bare Python the stand-in of this copy serves mmcv._ext
     show = subprocess.run([python, '-m', 'pip', 'list', '--format=freeze'], capture_output=True, text=True, env=env)
     names = {line.split('==')[0].lower() for line in show.stdout.split()}
