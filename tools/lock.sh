@@ -64,12 +64,15 @@ for v in "${SUPPORTED[@]}"; do
     -o "$tmp/py$v.txt" || die "Python $v: the requirements do not resolve to the recorded versions (above)"
   # the lock holds exactly what passed: every recorded package at its version, nothing else
   diff <(grep -v '^#' "$RECORDS/py$v.txt" | canonical) <(grep -E '^[A-Za-z0-9]' "$tmp/py$v.txt" | canonical) \
-    > "$tmp/diff" || die "Python $v: the lock would differ from what passed (< recorded, > resolved): $(cat "$tmp/diff")"
+    > "$tmp/diff" || die "Python $v: the lock would differ from what passed (< recorded, > resolved): \
+$(cat "$tmp/diff")"
 done
 header() {  # header PYTHONS...
-  echo "# The set-up's exact versions for Python $(echo "$*" | sed 's/ /, /g') on Linux x86_64, as \`make newest\` tested them on \
-$(date -u -r "$RECORDS/py$1.txt" +%F)."
-  echo "# Written by \`make lock\` (tools/lock.sh, uv $UV_VERSION); do not edit: the loose statement is requirements/*.txt."
+  local pythons
+  pythons=$(echo "$*" | sed 's/ /, /g')
+  echo "# The set-up's exact versions for Python $pythons on Linux x86_64, as \`make newest\`"
+  echo "# tested them on $(date -u -r "$RECORDS/py$1.txt" +%F). Written by \`make lock\` (tools/lock.sh, uv"
+  echo "# $UV_VERSION); do not edit: the loose statement of what is allowed is requirements/*.txt."
 }
 first=${SUPPORTED[0]}
 same=1

@@ -7,10 +7,10 @@
 # An interpreter is looked for as python3.X on PATH (one that runs: a pyenv shim of a version not selected does not)
 # and under pyenv's versions ($PYENV_ROOT, or the folder above a .../shims entry of PATH).
 # The slice is what differs between Python versions: the install and the import machinery (the .pth that serves
-# mmcv._ext in every process, wheel and editable installs, mim), the set-up's own checks and its lock, the import graph, the
-# kernels in their pure-torch forms, the backbones and their checkpoint conversion, the warm start's transfer,
-# training with kill-and-resume, distributed training on torchrun, and the demo's chain on real mmdet / mmpretrain
-# runners; about 5 minutes per interpreter here, beside the set-up's 3.
+# mmcv._ext in every process, wheel and editable installs, mim), the set-up's own checks and its lock, the import
+# graph, the kernels in their pure-torch forms, the backbones and their checkpoint conversion, the warm start's
+# transfer, training with kill-and-resume, distributed training on torchrun, and the demo's chain on real mmdet /
+# mmpretrain runners; about 5 minutes per interpreter here, beside the set-up's 3.
 # An environment this run made is removed after its slice (each holds a ~6.4 GB torch; three side by side filled CI's
 # disk): KEEP_VENVS=1 keeps them, and an environment that was there before is always kept.
 # NEWEST=1 (`make newest`): the newest versions the loose requirements allow, on purpose: every supported Python, the

@@ -658,10 +658,11 @@ def write_docs(path: str, section: str) -> None:
 
 
 def write_outputs(rows: List[dict], out: str, docs: Optional[str] = None, root: str = '',
-                  curves: Optional[Sequence[dict]] = None) -> List[dict]:
-    """runs.csv, summary.csv, table.md and task_study.png under ``out``; with ``curves`` (task_curves.merged's rows)
-    also curves.csv and seg_curves.png; the section of ``docs``. Errors name the child configs under the work root,
-    not this machine's path."""
+                  curves: Optional[Sequence[dict]] = None, kept_from: Sequence[str] = ()) -> List[dict]:
+    """runs.csv, summary.csv, table.md, versions.json (with the sets of the ``kept_from`` folders, whose rows it
+    keeps) and task_study.png under ``out``; with ``curves`` (task_curves.merged's rows) also curves.csv and
+    seg_curves.png; the section of ``docs``. Errors name the child configs under the work root, not this machine's
+    path."""
     import os
     os.makedirs(out, exist_ok=True)
     prefix = osp.join(root, '') if root else None
@@ -670,6 +671,8 @@ def write_outputs(rows: List[dict], out: str, docs: Optional[str] = None, root: 
     write_csv(osp.join(out, 'runs.csv'), [{k: r.get(k) for k in COLUMNS} for r in clean], COLUMNS)
     from .grid_identity import write_identities
     write_identities(out, [('runs.csv', clean, KEY)])
+    from ..engine.versions import write_versions
+    write_versions(out, kept_from)
     summary = summarise(clean)
     flat = [{k: v for k, v in e.items() if k != 'by_seed'} for e in summary]
     write_csv(osp.join(out, 'summary.csv'), flat, list(dict.fromkeys(k for e in flat for k in e)))

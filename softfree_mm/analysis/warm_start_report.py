@@ -3,7 +3,7 @@ import csv
 import json
 import os
 import os.path as osp
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from .findings import GRID_TITLES
 from .stats import mean_std, paired as paired_interval
@@ -388,8 +388,9 @@ def compute_line(result: dict) -> str:
                if len(dets) < len(result['detectors']) else ''))
 
 
-def write_outputs(result: dict, out: str, plan, docs: Optional[str] = None) -> None:
-    """The CSVs, table.md and the plots under ``out``; the section of ``docs`` between its markers."""
+def write_outputs(result: dict, out: str, plan, docs: Optional[str] = None, kept_from: Sequence[str] = ()) -> None:
+    """The CSVs, versions.json (with the sets of the ``kept_from`` folders, whose rows it reads), table.md and the
+    plots under ``out``; the section of ``docs`` between its markers."""
     os.makedirs(out, exist_ok=True)
     root = osp.join(plan.r.root, '')
 
@@ -410,6 +411,8 @@ def write_outputs(result: dict, out: str, plan, docs: Optional[str] = None) -> N
     from .warm_start_keep import CLASSIFIER_KEY, DETECTOR_KEY
     write_identities(out, [('classifiers.csv', result['rows'], CLASSIFIER_KEY),
                            ('detectors.csv', result['detectors'], DETECTOR_KEY)])
+    from ..engine.versions import write_versions
+    write_versions(out, kept_from)
     groups = dict(chosen=list(result['groups']), scores={'+'.join(g): v for g, v in result['scores'].items()},
                   budgets=plan.budgets, recipe=plan.recipe.name, recipes=[r.name for r in plan.recipes])
     if plan.recipes:

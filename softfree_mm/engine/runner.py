@@ -68,11 +68,14 @@ def enable_auto_scale_lr(cfg: Config) -> None:
 
 
 def build_runner(cfg: Config):
+    """The Runner of ``cfg``; its work dir gets versions.json (the libraries and softfree_mm's commit; rank 0)."""
     from mmengine.registry import RUNNERS
     from mmengine.runner import Runner
-    if 'runner_type' in cfg:
-        return RUNNERS.build(cfg)
-    return Runner.from_cfg(cfg)
+    runner = RUNNERS.build(cfg) if 'runner_type' in cfg else Runner.from_cfg(cfg)
+    if getattr(runner, 'rank', 0) == 0:
+        from .versions import write_versions
+        write_versions(runner.work_dir, carried_from=(runner.work_dir, ))  # its earlier runs' sets are kept
+    return runner
 
 
 class _RunStarted(Hook):

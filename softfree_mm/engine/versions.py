@@ -1,6 +1,8 @@
 """The libraries a run is made with, read from the installed packages' metadata (nothing imported), and
 softfree_mm's version and git commit: written beside each run's identity (engine/run_identity.py) and named when they
-differ on a resume or a refusal, never a reason to refuse."""
+differ on a resume or a refusal, never a reason to refuse; and in a small file of their own, versions.json
+(:func:`write_versions`), in every work dir of tools/train.py and tools/test.py (rank 0) and in every results folder
+of the studies (kernel study, task study, warm-start grid)."""
 import os.path as osp
 import re
 from typing import Dict, Mapping, Optional, Sequence
@@ -61,3 +63,41 @@ def version_changes(then: Optional[Mapping[str, str]], now: Optional[Mapping[str
     changed = [f'{k} {then[k][:12]} -> {now[k][:12]}' for k in now
                if k in then and then[k] != now[k] and k != 'softfree_mm_commit']
     return ', '.join(changed)
+
+
+FILE = 'versions.json'  # beside a run's checkpoints (tools/train.py, tools/test.py) and a study's CSVs
+
+
+def _library_set(entry: Mapping[str, str]) -> Dict[str, str]:
+    return {k: v for k, v in entry.items() if k not in ('softfree_mm_commit', 'earlier')}
+
+
+def write_versions(folder: str, carried_from: Sequence[str] = ()) -> str:
+    """``folder``/versions.json: :func:`versions` of this process (libraries, softfree_mm's version and commit) and,
+    under ``earlier``, each other set of libraries that the versions files of ``carried_from`` name (a work dir's own
+    earlier runs: a resume, a test of its checkpoint; a study's folders whose rows it keeps). A set that differs from
+    this one by softfree_mm's commit only is not kept. Written atomically; returns the path."""
+    import json
+    import os
+    import tempfile
+    now = versions()
+    earlier = []
+    for src in carried_from:
+        try:
+            with open(osp.join(src, FILE)) as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            continue  # none recorded there (made before versions files), or not readable: nothing to carry
+        for entry in [data, *data.get('earlier', [])] if isinstance(data, dict) else []:
+            entry = {k: v for k, v in entry.items() if k != 'earlier'}
+            if _library_set(entry) != _library_set(now) and entry not in earlier:
+                earlier.append(entry)
+    out = dict(now, **({'earlier': earlier} if earlier else {}))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix='.versions_', suffix='.json', dir=folder)
+    with os.fdopen(fd, 'w') as f:
+        json.dump(out, f, indent=1)
+        f.write('\n')
+    path = osp.join(folder, FILE)
+    os.replace(tmp, path)
+    return path

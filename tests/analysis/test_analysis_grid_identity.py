@@ -33,6 +33,10 @@ def _same_bytes(out, committed, names):
         with open(osp.join(committed, name), 'rb') as a, open(osp.join(out, name), 'rb') as b:
             assert a.read() == b.read(), f'{name}: the report does not reproduce the committed file'
     assert not osp.exists(osp.join(out, gi.SIDECAR))  # the committed rows were made before run identities
+    # the libraries beside the CSVs, not in them (the committed folders record none: no earlier sets)
+    from softfree_mm.engine.versions import FILE, versions
+    with open(osp.join(out, FILE)) as f:
+        assert json.load(f) == versions()
 
 
 def _no_plots(monkeypatch):

@@ -147,6 +147,8 @@ def main(argv=None):
     write_csv(osp.join(out, 'norm_curves.csv'), curves, st.CURVE_FIELDS)
     from softfree_mm.analysis.grid_identity import write_identities
     write_identities(out, [('runs.csv', rows, st.KEY)])  # the rows runs with an identity made (none: no file)
+    from softfree_mm.engine.versions import write_versions
+    write_versions(out, [args.keep_from] if args.keep_from else [])  # versions.json: this run's, the kept rows'
     write_csv(osp.join(out, 'summary.csv'), summary, ('config', 'kernel', 'what', 'n', 'failed', 'top1_final',
                                                        'top1_final_std', 'top1_best', 'top1_best_std', 'loss_final',
                                                        'loss_final_std', 'delta_paired', 'delta_paired_std',

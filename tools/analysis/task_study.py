@@ -98,8 +98,9 @@ def main(argv=None):
     rows = study.run()
     curves = tc.merged(rows, study.curves(rows), kept_curves)
     docs = args.docs and (args.docs if osp.isabs(args.docs) else osp.join(ROOT, args.docs))
+    kept_from = [osp.dirname(osp.abspath(f)) for f in (keep_from, det_from) if f]  # their versions.json
     summary = ts.write_outputs(rows, osp.abspath(args.out), docs or None, root=osp.abspath(args.work_dir),
-                               curves=curves)
+                               curves=curves, kept_from=kept_from)
     for line in ts.within_and_extremes(summary):
         print(line, flush=True)
     return 0

@@ -114,7 +114,8 @@ def main(argv=None):
                    echo=lambda m: print(m, flush=True))
     result = ws.run_grid(plan)
     docs = args.docs and (args.docs if osp.isabs(args.docs) else osp.join(ROOT, args.docs))
-    write_outputs(result, osp.abspath(args.out), plan, docs or None)
+    read_from = [keep_from] + [osp.dirname(f) for f in (det_from, scratch_from) if f]  # their versions.json
+    write_outputs(result, osp.abspath(args.out), plan, docs or None, kept_from=[f for f in read_from if f])
     return 0
 
 
