@@ -28,9 +28,9 @@ demo: setup
 test: setup
 	$(PY) -m pytest tests -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 --ignore=tests/cluster $(PYTEST_ARGS)
 
-# the cluster tests (tests/cluster/, about 6 minutes on 2 cores): the warm-start chain on a real one-node Slurm that
-# tools/slurm_local.sh starts here (it installs slurm-wlm and munge where missing: root and apt) and stops by PID, and
-# on two torchrun node ranks on localhost. They skip where Slurm cannot start; SOFTFREE_MM_REQUIRE_CLUSTER=1 (.ci/run)
+# the cluster tests (tests/cluster/, about 10 minutes on 2 cores): the warm-start chain on a real one-node Slurm that
+# tools/slurm_local.sh starts here (it installs slurm-wlm and munge where missing: root and apt) and stops by PID, as
+# srun jobs and submitted through submitit (signalled, requeued, preempted, resumed). They skip where Slurm cannot start; SOFTFREE_MM_REQUIRE_CLUSTER=1 (.ci/run)
 # makes that a failure
 test-cluster: setup
 	$(PY) -m pytest tests/cluster -q -p no:cacheprovider -rs --durations=0 $(PYTEST_ARGS)

@@ -23,7 +23,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # the repos
 
 
 def parse_args(argv=None):
-    from mmengine.config import DictAction
+    from softfree_mm.engine.cfg_options import CfgOptions
     p = argparse.ArgumentParser(description='Test (evaluate) a model (mmdet, mmseg or mmpretrain config)')
     p.add_argument('config', help='test config file path')
     p.add_argument('checkpoint', help="checkpoint file, or 'init': the model as its config's init_cfg makes it (a "
@@ -35,7 +35,7 @@ def parse_args(argv=None):
                    help='only write results in the submission format (detection, segmentation), no evaluation')
     p.add_argument('--device', choices=['auto', 'cuda', 'cpu'], default=None,
                    help='auto (default, or $SOFTFREE_MM_DEVICE): CUDA when it works; cpu: on purpose')
-    p.add_argument('--cfg-options', nargs='+', action=DictAction, help='override config settings')
+    p.add_argument('--cfg-options', nargs='+', action=CfgOptions, help='override config settings')
     p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
     p.add_argument('--local_rank', '--local-rank', type=int, default=0)
     args = p.parse_args(argv)

@@ -23,16 +23,18 @@ A work dir made before identities is judged by the config its checkpoint saved a
 Another is one line naming the first resolved keys that differ (old -> new), exit status 2, before any process
 starts (docs/warm_start.md, "What identifies a run").
 Each run is its own process, started the way a user starts one: tools/train.py (--launcher none, the default),
-tools/dist_train.sh with --gpus per node (--launcher pytorch; several nodes: run the command on each with NNODES,
-NODE_RANK, MASTER_ADDR set, as dist_train.sh reads them) or tools/slurm_train.sh on --partition with --gpus per node
+tools/dist_train.sh with --gpus processes on this node (--launcher pytorch) or tools/slurm_train.sh on --partition with --gpus per node
 x --nnodes (--launcher slurm; --cpus-per-task and --srun-args, e.g. "--account=A --qos=Q", go to each srun; a
 CPU run, --train-args "--device cpu", asks for no GPU GRES; each stage's output is WORK_ROOT/logs/<run>.<time>.log).
-The scripts run this tool's interpreter (PYTHON). --gpus ROLE=N (stage1, stage2, main) gives one stage its own count.
-On several nodes (pytorch) node rank 0 alone decides what runs and judges what each run left; the others follow its
-decision (WORK_ROOT/warm_start_<stage 1>.nodes.json, announced on MASTER_ADDR:CHAIN_PORT, default PORT + 1).
---submit (slurm) runs the whole chain as one sbatch job (--time, --requeue, USR1 --signal-before seconds before the
-limit: the running stage saves a checkpoint and stops, the job requeues itself and resumes there; --sbatch-args for
-the job's own options); its output is WORK_ROOT/logs/<job name>.<job id>.out. Each stage's images a step
+The scripts run this tool's interpreter (PYTHON).
+--gpus ROLE=N (stage1, stage2, main) gives one stage its own count. One controller runs a chain: this tool, on one
+node (--launcher pytorch runs on this node only: a chain over several nodes runs on Slurm).
+--submit (slurm) submits the chain through submitit: one job per stage that runs, each after the one before it
+(afterok) and every job of the chain a singleton (one chain at a time); each job holds its stage's --gpus per node x
+--nnodes, its tasks started by Slurm; Slurm warns it with USR2 --signal-before seconds before --time (default: the
+partition's default time): the stage saves a checkpoint at its iteration and stops, and the job requeues itself and
+resumes there, as long as it made progress (softfree_mm/engine/chain_job.py). --sbatch-args adds the jobs' own
+options; each task's output is WORK_ROOT/logs/submitit/<job id>_<task>_log.out. Each stage's images a step
 (processes x train_dataloader.batch_size) must be the recipe's scale's (1024 at ImageNet: --gpus 8), or
 --batch-scale linear (lr and iterations rescaled) or keep says what to do. --recipe NAME runs another recipe of softfree_mm/engine/warm_start.py (transfer, transfer-half,
 transfer-final, transfer-attn, transfer-blocks, transfer-newhead: docs/warm_start.md) at the stage configs' scale.
@@ -41,12 +43,13 @@ transfer-final, transfer-attn, transfer-blocks, transfer-newhead: docs/warm_star
 by this tool, into WORK_ROOT/releases/<hash of the URL>/ (a web page is refused; nodes without internet: --release
 FILE) and every run reads that file. --stage1-options, --stage2-options and
 --cfg-options (CONFIG's) go to one run each; --train-args to every tools/train.py call (e.g. "--amp --device cpu").
-A second invocation of the same chain stops with one line (--wait: waits for the first). --dry-run prints the
+A second invocation of the same chain stops with one line (--wait: waits for the first): the lock is held while any
+stage it started runs, even when this tool is killed. --dry-run prints the
 chain: each run's config, work dir, the checkpoint it reads and the one it writes, and which of them exist.
 --write-recipe-configs writes configs/_base_/transfer/recipe_<name>.py from softfree_mm/engine/warm_start.py.
-Bad input (a config with a release, one that is no det / seg / cls config, a work dir holding another run, a
-release of another architecture or not reachable, a launch of another batch, bad options): one line, exit status 2,
-before any iteration. The logic is softfree_mm/engine/chain_run.py.
+Bad input (a config with a release, one that is no det / seg / cls config or does not parse, options that do not fit
+it, a work dir holding another run, a release of another architecture or not reachable, a launch of another batch,
+bad options, a file system without locks): one line, exit status 2, before any iteration. The logic is softfree_mm/engine/chain_run.py.
 """
 import os
 import os.path as osp
@@ -62,7 +65,7 @@ sys.path.insert(0, ROOT)  # the repository, for `softfree_mm`
 def parse_args(argv=None):
     import argparse
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0], epilog=__doc__.partition('\n\n')[2],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument('config', nargs='?')
     p.add_argument('--work-root', default='work_dirs', help='each run works in WORK_ROOT/<its config name>')
     p.add_argument('--release', help="the release the chain starts from (default: the stage configs')")
@@ -81,18 +84,17 @@ def parse_args(argv=None):
     p.add_argument('--cpus-per-task', type=int, help="slurm: CPUs per task (default: tools/slurm_train.sh's, 10)")
     p.add_argument('--srun-args', default='', help='slurm: more srun options for each stage, as one string')
     p.add_argument('--submit', action='store_true',
-                   help='slurm: the whole chain as one sbatch job that requeues itself')
-    p.add_argument('--time', help='--submit: the job\'s time limit (sbatch --time; default: the partition\'s)')
+                   help='slurm: a job per stage through submitit, each requeued at its time limit until it is done')
+    p.add_argument('--time', help="--submit: each job's time limit (sbatch --time; default: the partition's)")
     p.add_argument('--signal-before', type=int, default=300, metavar='S',
                    help='--submit: seconds before the limit at which the stage saves and the job requeues')
-    p.add_argument('--sbatch-args', default='', help='--submit: more sbatch options for the job, as one string')
-    p.add_argument('--in-job', action='store_true', help=argparse.SUPPRESS)
+    p.add_argument('--sbatch-args', default='', help='--submit: more sbatch options for the jobs, as one string')
     p.add_argument('--batch-scale', choices=['linear', 'keep'],
                    help="a launch of another batch than the recipe's: scale the lr and iterations, or keep them")
     p.add_argument('--wait', action='store_true', help='another invocation runs this chain: wait for it to end')
     p.add_argument('--dry-run', action='store_true', help='print the chain, run nothing')
     p.add_argument('--write-recipe-configs', action='store_true', help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    args = p.parse_args(_joined(argv))
     if args.write_recipe_configs:
         return args
     if not args.config:
@@ -105,21 +107,42 @@ def parse_args(argv=None):
     args.gpus, args.stage_gpus = _gpus(p, args.gpus)
     if args.cpus_per_task is not None and args.cpus_per_task < 1:
         p.error(f'--cpus-per-task must be a positive number, got {args.cpus_per_task}')
-    if (args.submit or args.in_job) and args.launcher != 'slurm':
-        p.error('--submit is for --launcher slurm (the chain as one sbatch job)')
+    if args.submit and args.launcher != 'slurm':
+        p.error('--submit is for --launcher slurm (a job per stage)')
     if not 0 < args.signal_before < 65536:
         p.error(f'--signal-before must be 1 to 65535 seconds, got {args.signal_before}')
     for opt in ('time', 'sbatch_args'):
-        if getattr(args, opt) and not args.submit and not args.in_job:
+        if getattr(args, opt) and not args.submit:
             p.error(f'--{opt.replace("_", "-")} is for --submit')
     if args.nnodes < 1:
         p.error(f'--nnodes must be a positive number, got {args.nnodes}')
     if args.launcher == 'slurm' and not args.partition:
         p.error('--launcher slurm needs --partition')
     if args.launcher != 'slurm' and args.nnodes != 1:
-        p.error('--nnodes is for --launcher slurm (with pytorch, run the command on each node with NNODES, NODE_RANK '
-                'and MASTER_ADDR set)')
+        p.error('--nnodes is for --launcher slurm (a chain over several nodes runs on Slurm)')
+    nnodes = os.environ.get('NNODES', '1').strip() or '1'
+    if args.launcher == 'pytorch' and nnodes != '1' and not args.dry_run:
+        p.error(f'NNODES={nnodes}: --launcher pytorch runs a chain on this node only (one controller launches every '
+                'stage); a chain over several nodes runs on Slurm: --launcher slurm --nnodes N [--submit]. One run over '
+                'several nodes without Slurm: tools/dist_train.sh on each node (docs/clusters.md)')
     return args
+
+
+_VALUED = ('--train-args', '--srun-args', '--sbatch-args')
+
+
+def _joined(argv):
+    """'--train-args --amp' as '--train-args=--amp' (argparse takes a value that starts with '-' for an option)."""
+    out, i = [], 0
+    argv = list(argv or [])
+    while i < len(argv):
+        if argv[i] in _VALUED and i + 1 < len(argv):
+            out.append(f'{argv[i]}={argv[i + 1]}')
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
 
 
 ROLES = ('stage1', 'stage2', 'main')
@@ -149,54 +172,36 @@ def request_of(args):
                    args.stage_gpus, args.cpus_per_task, args.srun_args)
 
 
-_SUBMIT_ONLY = {'--submit': 0, '--time': 1, '--signal-before': 1, '--sbatch-args': 1}
-
-
-def _job_argv(argv):
-    """The command the job runs: this one without --submit and its options."""
-    out, skip = [], 0
-    for a in argv:
-        if skip:
-            skip -= 1
-            continue
-        name = a.split('=', 1)[0]
-        if name in _SUBMIT_ONLY:
-            skip = _SUBMIT_ONLY[name] if '=' not in a else 0
-            continue
-        out.append(a)
-    return out
-
-
-def submit(args, argv, say):
-    """--submit: the chain as one sbatch job; its id and where its output and the stages' logs go."""
-    import subprocess
-
-    from softfree_mm.engine.chain_cluster import submit_command
+def submit(args, plan, say):
+    """--submit: the release fetched here, a job per stage that runs (softfree_mm/engine/chain_job.py)."""
+    from softfree_mm.engine import chain_job
+    from softfree_mm.engine import chain_run as cr
     from softfree_mm.engine.errors import UsageError
-    cmd = submit_command(_job_argv(argv), request_of(args), args.work_root, sys.executable,
-                         osp.abspath(__file__), args.time, args.signal_before, args.sbatch_args)
-    os.makedirs(osp.join(args.work_root, 'logs'), exist_ok=True)
-    say(f'[warm-start] submitting: {" ".join(shlex.quote(x) for x in cmd)}')
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-    except FileNotFoundError:
-        raise UsageError('--submit: sbatch is not on PATH (run it where Slurm\'s commands are)') from None
-    if proc.returncode:
-        raise UsageError(f'sbatch refused the job: {" ".join(proc.stderr.split())}')
-    job = proc.stdout.strip().split(';')[0]
-    out = osp.join(osp.abspath(args.work_root), 'logs', f'{args.job_name}.{job}.out')
-    say(f'[warm-start] submitted job {job}: the chain runs in it, requeued at its time limit until it is done; its '
-        f'output {out}; each stage\'s log in {osp.join(osp.abspath(args.work_root), "logs")}')
-    with open(osp.join(args.work_root, 'logs', 'jobs.txt'), 'a') as f:
-        f.write(f'{job} {out}\n')
+    limit = args.time or chain_job.partition_time(args.partition)
+    time_s = chain_job.seconds(limit)
+    if time_s - args.signal_before < 1:
+        raise UsageError(f'--time {limit} with --signal-before {args.signal_before}: the warning would come before '
+                         'each job starts; give a longer --time or a smaller --signal-before')
+    chain_job.sbatch_options(args.sbatch_args)  # one line before anything is fetched
+    probe = cr.probe(plan)
+    release = cr.release_for(plan, probe, fetch_it=True)  # on this node: compute nodes may have no internet
+    if release:
+        from softfree_mm.engine import chain_identity
+        plan.records = chain_identity.records(plan.runs, plan.cfgs, plan.request)
+    if probe.first == len(plan.runs):
+        say(f'[warm-start] {args.config}: every run of the chain is done; nothing to submit')
+        return 0
+    jobs = chain_job.submit(plan, probe, release, time_s, args.signal_before, args.sbatch_args, say=say)
+    say(f'[warm-start] submitted {len(jobs)} job(s) ({", ".join(jobs)}) as {chain_job.chain_job_name(plan)}: each '
+        f'requeued at its time limit ({limit}) while it makes progress; the same command later finds what they did')
     return 0
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    args.argv = argv
     from softfree_mm.engine import chain_run as cr
+    from softfree_mm.engine.chain_release import chain_lock
     if args.write_recipe_configs:
         from softfree_mm.engine.warm_start import write_recipe_configs
         for path in write_recipe_configs(ROOT):
@@ -204,34 +209,6 @@ def main(argv=None):
         return 0
     say = lambda s, **kw: print(s, flush=True, **kw)  # noqa: E731
     plan = cr.plan(request_of(args), ROOT)
-    nodes = None
-    if args.launcher == 'pytorch' and not args.dry_run and int(os.environ.get('NNODES') or 1) > 1:
-        from softfree_mm.engine.chain_cluster import Nodes, probe_of
-        nodes = Nodes(args.work_root, plan.runs[0].name, say=say)
-        if not nodes.leader:  # node 0 looks at the work dirs and decides; this node follows, whatever it would see
-            try:
-                decision = nodes.receive()
-                first = decision['first']
-                say(f'[warm-start] node {nodes.rank} of {nodes.count}: follows node 0\'s decision ({nodes.path}): '
-                    f'runs from {plan.runs[first].name if first < len(plan.runs) else "nothing"}')
-                return cr.execute(plan, probe_of(decision), decision['release'], say=say, nodes=nodes)
-            finally:
-                nodes.leave()
-    try:
-        return _lead(args, plan, nodes, say)
-    except Exception as e:
-        if nodes is not None and not nodes.decided:
-            nodes.refuse(str(e))  # the others stop with this line instead of waiting at the barrier
-        raise
-    finally:
-        if nodes is not None:
-            nodes.finish()
-
-
-def _lead(args, plan, nodes, say):
-    """One node, or node 0 of several: probe, check, report, then run under the chain's lock."""
-    from softfree_mm.engine import chain_run as cr
-    from softfree_mm.engine.chain_release import chain_lock
     probe = cr.probe(plan)
     cr.check_launch(plan, probe)
     cr.release_for(plan, probe, fetch_it=False)  # a release of another architecture: one line before any run
@@ -239,18 +216,11 @@ def _lead(args, plan, nodes, say):
     if args.dry_run:
         return 0
     if args.submit:
-        return submit(args, args.argv, say)
-    with chain_lock(args.work_root, plan.runs[0].name, args.wait or args.in_job, say=say):
+        return submit(args, plan, say)
+    with chain_lock(args.work_root, plan.runs[0].name, args.wait, say=say) as lock:
         probe = cr.probe(plan)  # again, under the lock: a run that held it may have moved the chain on
         release = cr.release_for(plan, probe, fetch_it=True)
-        if nodes is not None:
-            nodes.decide(probe.first, [s.state if s else None for s in probe.states], release)
-        stop = None
-        if args.in_job:  # a job of --submit: warned before its time limit, the stage saves and the job requeues
-            from softfree_mm.engine.chain_cluster import Requeue
-            stop = Requeue('USR1')
-        return cr.execute(plan, probe, release, launch=stop.launch if stop else None, say=say, nodes=nodes,
-                          stop=stop)
+        return cr.execute(plan, probe, release, say=say, keep_fds=(lock, ))
 
 
 if __name__ == '__main__':

@@ -32,13 +32,13 @@ WORLD_SIZE = 1  # every grid run is one process
 # ------------------------------------------------------------------------------------------------ records
 def parse_options(options: Sequence[str]) -> Dict:
     """``--cfg-options`` items ('key=value') as tools/train.py's parser (mmengine's DictAction) reads them."""
-    from mmengine.config import DictAction
+    from softfree_mm.engine.cfg_options import parse_value
     out = {}
     for item in options:
         key, eq, value = str(item).partition('=')
         if not eq or not key:
             raise UsageError(f'--cfg-options {item!r}: expected KEY=VALUE')
-        out[key] = DictAction._parse_iterable(value)
+        out[key] = parse_value(value)
     return out
 
 

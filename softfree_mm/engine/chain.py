@@ -87,7 +87,11 @@ def load_config(config: str):
         raise UsageError(f'{config}: no such config file')
     key = (osp.abspath(config), os.stat(config).st_mtime_ns)
     if key not in _PARSED:
-        _PARSED[key] = Config.fromfile(config)
+        try:
+            _PARSED[key] = Config.fromfile(config)
+        except Exception as e:  # noqa: BLE001  (a syntax error, a missing base, a bad import: one line)
+            from .errors import short_error
+            raise UsageError(f'{config}: the config cannot be read ({short_error(e, 240)})') from None
     return copy.deepcopy(_PARSED[key])
 
 

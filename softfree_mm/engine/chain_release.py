@@ -8,9 +8,10 @@ beside it when it is downloaded (``<file>.sha256.json``: the URL, size and sha25
 file is unchanged. A download that is no torch file (a zip archive with a ``data.pkl`` member, or a pickle) is
 refused: a web page came back. Nothing is taken from torch hub's cache by its file name (nodes without internet:
 ``--release FILE``). :func:`start_of` is what a run records of a start (:mod:`softfree_mm.engine.run_identity`). The
-lock (``WORK_ROOT/warm_start_<stage 1>.lock``) keeps a second invocation of the same chain (a requeued job, a second
-terminal) from training beside the first.
+lock (``WORK_ROOT/warm_start_<stage 1>.lock``) keeps a second invocation of the same chain (a second terminal, a
+submitted job of it) from training beside the first, for as long as any stage it started runs.
 """
+import errno
 import hashlib
 import os
 import os.path as osp
@@ -124,26 +125,69 @@ def lock_path(work_root: str, stage1_name: str) -> str:
     return osp.join(work_root, f'warm_start_{stage1_name}.lock')
 
 
+# flock's answers that mean "another holds it"; any other error is the file system refusing locks
+HELD = (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES)
+
+
+def file_system_of(path: str) -> str:
+    """'<type> at <mount point>' of the file system that holds ``path`` (from /proc/mounts; '' where not known)."""
+    path = osp.realpath(path)
+    best = ('', '')
+    try:
+        with open('/proc/mounts') as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 3:
+                    mount = parts[1].replace('\\040', ' ')
+                    if (path == mount or path.startswith(mount.rstrip('/') + '/')) and len(mount) >= len(best[0]):
+                        best = (mount, parts[2])
+    except OSError:
+        return ''
+    return f'{best[1]} at {best[0]}' if best[0] else ''
+
+
+def _no_locks(path: str, e: OSError) -> UsageError:
+    fs = file_system_of(path)
+    return UsageError(f'the chain\'s lock {path} cannot be taken: its file system ({fs or "type unknown"}) gives no '
+                      f'file locks ({errno.errorcode.get(e.errno, e.errno)}: {e.strerror}); put --work-root on a '
+                      'file system with locks (a local disk, or NFS mounted with locking), or run the chain on Slurm '
+                      '(--submit: Slurm keeps one job of a chain running at a time)')
+
+
+def take_lock(f, path: str, wait: bool = False, say=print) -> None:
+    """An exclusive flock on the open file ``f``: held by another -> one UsageError naming the holder and --wait (or,
+    with ``wait``, a line and a wait); a file system without locks -> one UsageError naming it."""
+    import fcntl
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno not in HELD:
+            raise _no_locks(path, e) from None
+        f.seek(0)
+        holder = f.read().strip() or 'another process'
+        if not wait:
+            raise UsageError(f'this chain is running already ({holder}; lock {path}): wait for it to end, or '
+                             'add --wait to start when it has') from None
+        say(f'[warm-start] this chain is running already ({holder}); waiting for it to end (lock {path})')
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX)
+        except OSError as e2:
+            raise _no_locks(path, e2) from None
+    f.seek(0)
+    f.truncate()
+    f.write(f'pid {os.getpid()} on {socket.gethostname()} since {time.strftime("%Y-%m-%d %H:%M:%S")}\n')
+    f.flush()
+
+
 @contextmanager
 def chain_lock(work_root: str, stage1_name: str, wait: bool = False, say=print):
-    """Held while the chain runs (an flock, released when the process ends however it ends). Held by another: one
-    UsageError naming the holder and --wait, or with ``wait`` a line and a wait until it is free."""
-    import fcntl
+    """Held while the chain runs; yields the lock file's descriptor, which the tool passes to each stage's process:
+    an flock belongs to the open file, so the lock stays held while a stage runs even when the tool itself is killed,
+    and is released when the last holder ends however it ends. Held by another: one UsageError naming the holder and
+    --wait (with ``wait``: a line and a wait until it is free); a file system that gives no locks: one line naming
+    it."""
     path = lock_path(work_root, stage1_name)
     os.makedirs(work_root, exist_ok=True)
     with open(path, 'a+') as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            f.seek(0)
-            holder = f.read().strip() or 'another process'
-            if not wait:
-                raise UsageError(f'this chain is running already ({holder}; lock {path}): wait for it to end, or '
-                                 'add --wait to start when it has') from None
-            say(f'[warm-start] this chain is running already ({holder}); waiting for it to end (lock {path})')
-            fcntl.flock(f, fcntl.LOCK_EX)
-        f.seek(0)
-        f.truncate()
-        f.write(f'pid {os.getpid()} on {socket.gethostname()} since {time.strftime("%Y-%m-%d %H:%M:%S")}\n')
-        f.flush()
-        yield path
+        take_lock(f, path, wait, say)
+        yield f.fileno()

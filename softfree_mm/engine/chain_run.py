@@ -26,9 +26,6 @@ from . import warm_start as ws
 from .chain import ROLE_NAMES, Stage, chain
 from .errors import UsageError
 
-LAUNCHERS = ('none', 'pytorch', 'slurm')
-
-
 @dataclass
 class Request:
     """What the user asked for (tools/warm_start.py's options)."""
@@ -55,9 +52,9 @@ class Request:
         return self.stage_gpus.get(role) or self.gpus
 
     def world_size(self, role: Optional[str] = None) -> int:
-        """Processes of a run: one; --gpus per node (pytorch, on NNODES nodes); --gpus (8) x --nnodes (slurm)."""
+        """Processes of a run: one; --gpus (pytorch, this node); --gpus (8) x --nnodes (slurm)."""
         if self.launcher == 'pytorch':
-            return (self.gpus_of(role) or 1) * int(os.environ.get('NNODES') or 1)
+            return self.gpus_of(role) or 1
         if self.launcher == 'slurm':
             return (self.gpus_of(role) or 8) * self.nnodes
         return 1
@@ -103,14 +100,20 @@ def run_config(stage: Stage, reads: Optional[str] = None, extra=()):
     """The stage's config with its options, as its run reads them (``tools/train.py --cfg-options``)."""
     import argparse
 
-    from mmengine.config import DictAction
+    from .cfg_options import CfgOptions
 
     from .chain import load_config
     cfg = load_config(stage.config)
     opts = [f'{stage.read_key}={reads or stage.reads}', *stage.options, *extra]
     p = argparse.ArgumentParser()
-    p.add_argument('--o', nargs='+', action=DictAction)
-    cfg.merge_from_dict(p.parse_args(['--o', *opts]).o)
+    p.add_argument('--o', nargs='+', action=CfgOptions)
+    try:
+        cfg.merge_from_dict(p.parse_args(['--o', *opts]).o)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+        from .errors import short_error
+        given = ' '.join(stage.options + list(extra)) or '(none)'
+        raise UsageError(f'{stage.name}: its options do not fit {osp.basename(stage.config)} ({short_error(e, 200)}); '
+                         f'options given: {given}') from None
     return cfg
 
 
@@ -328,10 +331,10 @@ def report(p: Plan, pr: Probe) -> List[str]:
 
 
 # ------------------------------------------------------------------------------------------------- execute
-def command(p: Plan, i: int, resume: bool, release: Optional[str] = None):
-    """(argv, extra environment) of run ``i``: started as a user starts one (tools/train.py, dist_train.sh,
-    slurm_train.sh), its start and options as --cfg-options. A resumed run whose start is gone reads its own work
-    dir (the resumed checkpoint replaces those weights anyway)."""
+def train_args(p: Plan, i: int, resume: bool, release: Optional[str] = None) -> List[str]:
+    """tools/train.py's options of run ``i`` after its config and work dir: --train-args, --resume, its start and
+    options as --cfg-options. A resumed run whose start is gone reads its own work dir (the resumed checkpoint
+    replaces those weights anyway)."""
     from softfree_mm.models.converters import checkpoints_in
     r, req = p.runs[i], p.request
     reads = release if (r.role == 'stage1' and release) else r.reads
@@ -340,7 +343,14 @@ def command(p: Plan, i: int, resume: bool, release: Optional[str] = None):
     head = ([f'model.head.init_cfg.checkpoint={release or p.release}']
             if r.role == 'stage2' and head_reads_release(p.cfgs[i]) else [])
     opts = ['--cfg-options', f'{r.read_key}={reads}', *r.options, *head]
-    extra = [*shlex.split(req.train_args), *(['--resume'] if resume else []), *opts]
+    return [*shlex.split(req.train_args), *(['--resume'] if resume else []), *opts]
+
+
+def command(p: Plan, i: int, resume: bool, release: Optional[str] = None):
+    """(argv, extra environment) of run ``i``: started as a user starts one (tools/train.py, dist_train.sh,
+    slurm_train.sh) with :func:`train_args`."""
+    r, req = p.runs[i], p.request
+    extra = train_args(p, i, resume, release)
     tools = osp.join(p.root, 'tools')
     python = dict(PYTHON=sys.executable)  # the scripts run this tool's interpreter, not the first python on PATH
     if req.launcher == 'pytorch':
@@ -360,9 +370,10 @@ def command(p: Plan, i: int, resume: bool, release: Optional[str] = None):
     return [sys.executable, osp.join(tools, 'train.py'), r.config, '--work-dir', r.work_dir, *extra], {}
 
 
-def _launch(cmd, env):
+def _launch(cmd, env, keep_fds=()) -> int:
+    """A stage's process; ``keep_fds`` (the chain's lock) stay open in it, so the lock is held while it runs."""
     import subprocess
-    return subprocess.run(cmd, cwd=os.getcwd(), env=dict(os.environ, **env)).returncode
+    return subprocess.run(cmd, cwd=os.getcwd(), env=dict(os.environ, **env), pass_fds=tuple(keep_fds)).returncode
 
 
 def stage_log(p: Plan, i: int) -> Optional[str]:
@@ -375,30 +386,23 @@ def stage_log(p: Plan, i: int) -> Optional[str]:
 
 
 def execute(p: Plan, pr: Probe, release: Optional[str] = None, launch: Optional[Callable] = None, say=print,
-            nodes=None, stop=None) -> int:
+            keep_fds=()) -> int:
     """Run what the probe left, in order: each run's identity first (run_identity.json; an adopted run's too, and
     the records again once the release is here: its hash), then its process
-    (``launch(argv, env) -> exit status``; default: a subprocess). Returns the first non-zero exit status, else 0; a
-    run that ends without its last checkpoint stops the chain, whatever the launcher.
-
-    ``nodes`` (several nodes, one copy of the tool each; :mod:`softfree_mm.engine.chain_cluster`): node 0 writes the
-    identities, checks what each run left and publishes its verdict; the others run the same processes and follow
-    that verdict, never their own look at the disk. ``stop`` (a Slurm job warned before its time limit): the running
-    stage saves and stops, and the job is requeued instead of going on."""
-    launch = launch or _launch
-    leader = nodes is None or nodes.leader
-    if leader and release:  # fetched since the plan: its content hash is known now
+    (``launch(argv, env) -> exit status``; default: a subprocess that keeps ``keep_fds``, the chain's lock, open).
+    Returns the first non-zero exit status, else 0; a run that ends without its last checkpoint stops the chain,
+    whatever the launcher."""
+    launch = launch or (lambda cmd, env: _launch(cmd, env, keep_fds))
+    if release:  # fetched since the plan: its content hash is known now
         p.records = chain_identity.records(p.runs, p.cfgs, p.request)
     for st, r, rec in zip(pr.states, p.runs, p.records):
-        if leader and st is not None and st.adopted is not None:
+        if st is not None and st.adopted is not None:
             identity.write(r.work_dir, rec, adopted_from=st.adopted)
     n = len(p.runs)
     for i in range(pr.first, n):
         r = p.runs[i]
-        if stop is not None and stop.requested:
-            return stop.requeue(say, f'before {r.name}')
         resume = pr.states[i] is not None and pr.states[i].state == 'partial'
-        if leader and (not resume or identity.read(r.work_dir) is None):
+        if not resume or identity.read(r.work_dir) is None:
             identity.write(r.work_dir, p.records[i])
         cmd, env = command(p, i, resume, release)
         log = stage_log(p, i)
@@ -409,29 +413,14 @@ def execute(p: Plan, pr: Probe, release: Optional[str] = None, launch: Optional[
         if log:
             say(f'[warm-start] {i + 1}/{n} {r.name}: log {log}')
         status = launch(cmd, env)
-        if not leader:
-            verdict = nodes.follow(i)
-            if status or verdict:
-                say(f'[warm-start] {r.name}: {verdict or f"exit status {status}"}; the chain stops on this node too',
-                    file=sys.stderr)
-                return status or 2
-            continue
-        if stop is not None and stop.requested:
-            return stop.requeue(say, f'{r.name} saved where it was')
         if status:
-            if nodes is not None:
-                nodes.publish(i, f'node 0 saw {r.name} stop with exit status {status}')
             say(f'[warm-start] {r.name} stopped with exit status {status}; the same command resumes the chain',
                 file=sys.stderr)
             return status
         st = run_state(p, i)
         if st.state != 'done':
-            if nodes is not None:
-                nodes.publish(i, f'node 0 found {r.name} without its last checkpoint')
             raise UsageError(f'{r.name} ended without its last checkpoint in {r.work_dir} ({st.state}): the chain '
                              'stops')
-        if nodes is not None:
-            nodes.publish(i, '')
     say(f'[warm-start] {p.request.config}: every run of the chain is done')
     return 0
 

@@ -1,8 +1,9 @@
 """The cluster tests (.ci/run runs them after `make test`, which leaves this folder out): a real one-node Slurm
-(tools/slurm_local.sh: munged, slurmctld and slurmd on this machine) and two torchrun node ranks on localhost.
+(tools/slurm_local.sh: munged, slurmctld and slurmd on this machine): the chain as srun jobs and submitted through
+submitit.
 
 Where Slurm cannot be started here (no root, no apt-get) they skip, saying why; with ``SOFTFREE_MM_REQUIRE_CLUSTER=1``
-(set by .ci/run) they fail instead. Shared by both files: the demo chain's release (the demo's XCiT-T12 classifier
+(set by .ci/run) they fail instead. Shared by the files: the demo chain's release (the demo's XCiT-T12 classifier
 with softmax, a few iterations) and the chain's command at demo scale, two processes a run.
 """
 import os

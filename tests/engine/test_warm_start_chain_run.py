@@ -71,7 +71,7 @@ def _log(work_dir, world_size):
 
 def _fake_launch(p, ran):
     """A launch that records the command and leaves the run done, as tools/train.py would."""
-    def launch(cmd, env):
+    def launch(cmd, env, keep_fds=()):
         work_dir = cmd[cmd.index('--work-dir') + 1]
         i = next(i for i, r in enumerate(p.runs) if r.work_dir == work_dir)
         ran.append((p.runs[i].name, cmd))

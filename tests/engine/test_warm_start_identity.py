@@ -154,7 +154,7 @@ def _launch(ran, stop=None):
 
     from softfree_mm.engine.chain import load_config
 
-    def launch(cmd, env):
+    def launch(cmd, env, keep_fds=()):
         work_dir = cmd[cmd.index('--work-dir') + 1]
         config = next(a for a in cmd if a.endswith('.py') and osp.basename(osp.dirname(a)) != 'tools')
         parser = argparse.ArgumentParser()
