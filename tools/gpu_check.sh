@@ -4,13 +4,13 @@
 # rest to the set-up), one summary file:
 #   0. a CUDA GPU at all? (nvidia-smi lists one) - else one line and exit status 2, at once, before any set-up;
 #   1. set-up: the project's environment when it is ready; else, with GPU_CHECK_WHEELS=DIR (default
-#      work_dirs/gpu_wheels when it exists: a node without a package index), a venv on the machine's own torch
-#      (its packages seen after the venv's own) with mmcv-lite 2.1.0, the OpenMMLab packages and their requirements
-#      from DIR in one pip call (--no-index, nothing compiled: mmcv's ops are softfree_mm's stand-in for mmcv._ext on
-#      torchvision's kernels), then this package (-e, which puts the stand-in in place in every process of the venv),
-#      then a check in a bare Python that mmcv.ops and the mm packages import; without DIR, tools/setup_env.sh (a
-#      package index); a peer's wheel in DIR (fbi_la: fla-org's flash bidirectional linear attention) is installed
-#      too when it is there;
+#      work_dirs/gpu_wheels when it exists: a node without a package index), a venv on the machine's own torch (its
+#      packages seen after the venv's own) with the lock's packages but torch's (mmcv-lite 2.1.0, the OpenMMLab
+#      packages, numpy, timm...: exact versions) from DIR in one pip call (--no-index, nothing compiled: mmcv's ops
+#      are softfree_mm's stand-in for mmcv._ext on torchvision's kernels), then this package (-e, which puts the
+#      stand-in in place in every process of the venv), then a check in a bare Python that mmcv.ops and the mm
+#      packages import; without DIR, tools/setup_env.sh (a package index); a peer's wheel in DIR (fbi_la: fla-org's
+#      flash bidirectional linear attention) is installed too when it is there;
 #   2. cuda: torch sees CUDA (else the cause in one line: driver too old for the torch build, ...);
 #   3. fused: the fused Triton kernels compiled on the GPU against the explicit path (pointwise and linear tests; the
 #      pointwise blocks not tuned there: SOFTFREE_ATTN_TUNE=0);
@@ -50,19 +50,19 @@ declare -A CAP=([cuda]=15 [fused]=45 [bench-bf16]=60 [bench-anchor]=40 [bench-wi
 DEFAULT_BUDGET=420
 SETUP_SECONDS=25  # what the run leaves the set-up: a ready environment's check (the offline set-up takes longer)
 FIXED_TOKENS="4096 16384 65536"  # the anchors' sizes (bench-anchor)
-# what the offline set-up installs with --no-deps from the wheel folder: setuptools as torch requires it (>= 77.0.3)
-# with pkg_resources (< 82: mmengine imports it) and wheel, the build that the -e install runs without isolation
-# (pyproject.toml); mmengine's, mmdet's, mmseg's and mmpretrain's requirements (and theirs) that a CUDA image with
-# torch, numpy, scipy, matplotlib, opencv and timm usually lacks; then mmcv and the OpenMMLab packages themselves
-OFFLINE_BASE=('setuptools>=77.0.3,<82' wheel addict termcolor yapf platformdirs pycocotools shapely terminaltables
-    prettytable wcwidth ftfy mat4py modelindex model-index markdown ordered-set importlib-metadata lazy-importer zipp
-    'mmengine==0.10.7')
+# what the offline set-up installs with --no-deps from the wheel folder: the lock the set-up installs for the node's
+# Python (requirements/lock/: py3.X.txt, else all.txt) less torch, torchvision, triton and CUDA's libraries (the
+# machine's own), each at its exact version: mmcv-lite, the OpenMMLab packages, numpy, opencv, timm and the rest
+offline_reqs() {  # offline_reqs PYTHON_VERSION: NAME==VERSION a line
+    local lock=$ROOT/requirements/lock/py$1.txt
+    [ -f "$lock" ] || lock=$ROOT/requirements/lock/all.txt
+    "${GPU_CHECK_PYTHON:-python3}" "$ROOT/tools/lockfile.py" select "$lock" --not-from-lock torch \
+        | sed -n 's/^\([A-Za-z0-9][^ ;]*==[^ ;\\]*\).*/\1/p'
+}
 # requirements/mmcv.txt's pin: mmcv's Python without its compiled mmcv._ext; one universal wheel, named here for the
 # set-up's error when the folder lacks it
 OFFLINE_MMCV='mmcv-lite==2.1.0'
 MMCV_LITE_WHEEL=mmcv_lite-2.1.0-py2.py3-none-any.whl
-OFFLINE_MM=('mmdet==3.3.0' 'mmsegmentation==1.2.2' 'mmpretrain==1.2.0')
-OFFLINE_ALL=("${OFFLINE_BASE[@]}" "$OFFLINE_MMCV" "${OFFLINE_MM[@]}")
 # the offline set-up's check, in a bare Python (softfree_mm not imported): mmcv.ops must find mmcv._ext through the
 # .pth that the package's install wrote, as mmdet's own imports in every later step do
 MM_READY='import sys, torch, mmcv
@@ -182,10 +182,13 @@ fetch_wheels() {  # fetch_wheels DIR [PYTHON_VERSION]: the offline set-up's whee
     [[ $pyver =~ ^[0-9]+\.[0-9]+$ ]] || {
         echo "error: PYTHON_VERSION must be the GPU node's MAJOR.MINOR, e.g. 3.12; got '$pyver'" >&2; return 2; }
     mkdir -p "$dir" || return 2
+    local reqs
+    mapfile -t reqs < <(GPU_CHECK_PYTHON=$py offline_reqs "$pyver")
+    [ "${#reqs[@]}" -gt 0 ] || return 2
     "$py" -m pip download --disable-pip-version-check --no-deps --only-binary=:all: --dest "$dir" \
         --python-version "$pyver" --implementation cp --platform manylinux2014_x86_64 \
         --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --platform any \
-        "${OFFLINE_ALL[@]}" || return 2
+        "${reqs[@]}" || return 2
     echo "gpu-check: wheels for Python $pyver in $dir ($(du -sh "$dir" | cut -f1)); on the GPU node:" \
          "GPU_CHECK_WHEELS=$dir make gpu-check" >&2
 }
@@ -218,12 +221,15 @@ offline_venv() {  # offline_venv BASE_PYTHON VENV: a venv that sees BASE_PYTHON'
 }
 
 offline_setup() {  # offline_setup WHEELS VENV: a venv on this machine's torch, the wheels from WHEELS, no index
-    local wheels=$1 venv=$2 base=${GPU_CHECK_PYTHON:-python3} missing py
+    local wheels=$1 venv=$2 base=${GPU_CHECK_PYTHON:-python3} missing py reqs
     "$base" -c 'import torch, triton' 2>/dev/null || {
         echo "error: $base cannot import torch and triton: set GPU_CHECK_PYTHON to the Python that holds them"; return 2; }
     [ -d "$wheels" ] || { echo "error: GPU_CHECK_WHEELS=$wheels is not a folder"; return 2; }
-    # before anything is made: a folder from an older --fetch-wheels (mmcv's source, no mmcv-lite) is one line
-    missing=$(missing_wheels "$wheels" "${OFFLINE_ALL[@]}" | sed "s/^$OFFLINE_MMCV\$/$MMCV_LITE_WHEEL/" | paste -sd, \
+    mapfile -t reqs < <(offline_reqs "$("$base" -c 'import sys; print("%d.%d" % sys.version_info[:2])')")
+    [ "${#reqs[@]}" -gt 0 ] || { echo "error: no lock in $ROOT/requirements/lock/ to install"; return 2; }
+    # before anything is made: a folder from an older --fetch-wheels (mmcv's source, no mmcv-lite; other versions
+    # than the lock's) is one line
+    missing=$(missing_wheels "$wheels" "${reqs[@]}" | sed "s/^$OFFLINE_MMCV\$/$MMCV_LITE_WHEEL/" | paste -sd, \
               | sed 's/,/, /g')
     if [ -n "$missing" ]; then
         echo "error: no $missing in GPU_CHECK_WHEELS=$wheels: fetch them where there is a package index with" \
@@ -233,7 +239,7 @@ offline_setup() {  # offline_setup WHEELS VENV: a venv on this machine's torch, 
     offline_venv "$base" "$venv" || return 2
     py="$venv/bin/python"
     "$py" -m pip install -q --disable-pip-version-check --no-index --find-links "$wheels" --no-deps \
-        "${OFFLINE_ALL[@]}" || return 2
+        "${reqs[@]}" || return 2
     # also writes softfree_mm-mmcv-ext.pth into the venv's site-packages (mmcv._ext for every process there)
     "$py" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-build-isolation -e "$ROOT" || return 2
     # a peer kernel's wheel brought along in the folder (the benchmark's peer:fbi_la): installed, else skipped there

@@ -2,9 +2,9 @@
 
 Guards: without CUDA the check stops at once with one line and exit status 2, before any set-up; the budget: a step
 past its cap or the budget is stopped and reported, later steps are skipped, the summary still comes; the kernel
-benchmark runs as the check calls it (N = 1k..64k, forward + backward, the device ceilings), in the half dtypes;
-the offline set-up (a node without a package index): --fetch-wheels fetches wheels only (mmcv-lite at
-requirements/mmcv.txt's pin, no mmcv source), the set-up installs exactly those from the folder, then this package,
+benchmark runs as the check calls it (N = 1k..64k, forward + backward, the device ceilings), in the half dtypes; the
+offline set-up (a node without a package index): --fetch-wheels fetches wheels only, the lock's but torch's (mmcv-lite
+at requirements/mmcv.txt's pin, no mmcv source), the set-up installs exactly those from the folder, then this package,
 and checks mmcv.ops in a bare Python (the stand-in for mmcv._ext from the install's .pth); what the folder lacks and
 bad arguments are one error line, before anything is made; the transformers metadata shadow turns mmpretrain's
 multimodal switch off; the SOFT detection set-ups keep activation checkpointing, and the saved-bytes figure the
@@ -219,6 +219,13 @@ def _pip_calls(log):
     return calls
 
 
+def _lock_pins():
+    """The lock the offline set-up installs for this Python (requirements/lock/), name -> version in its order."""
+    from tests.helpers import load_tool
+    lock = osp.join(ROOT, 'requirements', 'lock', 'py%d.%d.txt' % sys.version_info[:2])
+    return load_tool('lockfile').pins(lock if osp.isfile(lock) else osp.join(ROOT, 'requirements', 'lock', 'all.txt'))
+
+
 def _needs_triton():
     if importlib.util.find_spec('triton') is None:
         pytest.skip('the offline set-up needs a Python with torch and triton; this one has no triton')
@@ -243,11 +250,13 @@ def test_offline_setup_installs_exactly_what_fetch_wheels_fetches_and_checks_mmc
         pin = [line.split('#')[0].strip() for line in f if line.split('#')[0].strip()]
     assert pin == ['mmcv-lite==2.1.0'] and pin[0] in fetched
     assert not [r for r in fetched if r.split('==')[0] == 'mmcv']
-    # the OpenMMLab packages, what they need that a CUDA image lacks, and what the -e install builds with
-    for need in ('mmengine==0.10.7', 'mmdet==3.3.0', 'mmsegmentation==1.2.2', 'mmpretrain==1.2.0', 'addict',
-                 'termcolor', 'yapf', 'pycocotools', 'shapely', 'terminaltables', 'prettytable', 'ftfy', 'mat4py',
-                 'modelindex', 'model-index', 'importlib-metadata', 'wheel'):
-        assert need in fetched, need
+    # the lock at its exact versions, less torch, torchvision, triton and CUDA's libraries (the machine's own)
+    pins = _lock_pins()
+    assert fetched == [f'{n}=={v}' for n, v in pins.items() if not re.match(r'(torch|torchvision|triton|nvidia-.*|'
+                                                                         r'cuda-.*)$', n)]
+    for need in ('mmengine==0.10.7', 'mmdet==3.3.0', 'mmsegmentation==1.2.2', 'mmpretrain==1.2.0', 'addict', 'numpy',
+                 'timm', 'opencv-python', 'pycocotools', 'shapely', 'ftfy', 'model-index', 'setuptools', 'wheel'):
+        assert need in fetched or f'{need}=={pins[need]}' in fetched, need
     assert 'mmcv_lite-2.1.0-py2.py3-none-any.whl' in os.listdir(wheels)
     assert all(name.endswith('.whl') for name in os.listdir(wheels))
 
@@ -296,14 +305,17 @@ def test_offline_setup_and_fetch_wheels_name_what_is_missing_or_wrong_in_one_lin
     assert proc.returncode == 2 and proc.stdout.strip() == (
         f'error: no mmcv_lite-2.1.0-py2.py3-none-any.whl in GPU_CHECK_WHEELS={wheels}: fetch them where there is a '
         f'package index with {fetch}'), proc.stdout + proc.stderr
+    pins = _lock_pins()
     os.remove(wheels / 'mmdet-3.3.0-py3-none-any.whl')
     os.rename(wheels / 'mmpretrain-1.2.0-py3-none-any.whl', wheels / 'mmpretrain-1.1.0-py3-none-any.whl')
-    os.rename(wheels / 'ordered_set-1.0-py3-none-any.whl', wheels / 'Ordered.Set-4.1.0-py3-none-any.whl')
-    os.remove(wheels / 'termcolor-1.0-py3-none-any.whl')
+    ordered = f'ordered_set-{pins["ordered-set"]}-py3-none-any.whl'
+    os.rename(wheels / ordered, wheels / ordered.replace('ordered_set', 'Ordered.Set'))
+    os.remove(wheels / f'termcolor-{pins["termcolor"]}-py3-none-any.whl')
     proc = _source(f'offline_setup {wheels} {venv}', tmp_path, env)
     assert proc.returncode == 2 and proc.stdout.strip() == (
-        f'error: no termcolor, mmcv_lite-2.1.0-py2.py3-none-any.whl, mmdet==3.3.0, mmpretrain==1.2.0 in '
-        f'GPU_CHECK_WHEELS={wheels}: fetch them where there is a package index with {fetch}'), proc.stdout
+        f'error: no mmcv_lite-2.1.0-py2.py3-none-any.whl, mmdet==3.3.0, mmpretrain==1.2.0, '
+        f'termcolor=={pins["termcolor"]} in GPU_CHECK_WHEELS={wheels}: fetch them where there is a package index '
+        f'with {fetch}'), proc.stdout
     assert not venv.exists() and not log.exists()  # no venv, no pip call
 
     script = osp.join(ROOT, 'tools', 'gpu_check.sh')
