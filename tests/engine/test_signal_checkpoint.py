@@ -124,6 +124,24 @@ def test_the_signal_saves_once_stops_within_the_iteration_and_the_resume_ends_as
     assert torch.equal(_weights(resumed), _weights(whole))
 
 
+def test_a_signal_in_an_epochs_last_batch_ends_the_epoch_and_saves_it_once(tmp_path):
+    whole = _Line()
+    _runner(tmp_path / 'whole', whole, [RNGStateHook(), CheckpointOnSignalHook(None)], True).train()
+    stopped = _Line()
+    run = _runner(tmp_path / 'stopped', stopped, [RNGStateHook(), CheckpointOnSignalHook('USR2'), _SignalAt(4)], True)
+    run.train()
+    files = sorted(f for f in os.listdir(tmp_path / 'stopped') if f.endswith('.pth'))
+    assert files == ['epoch_1.pth'] and len(stopped.seen) == 4, files
+    meta = torch.load(tmp_path / 'stopped' / 'epoch_1.pth', map_location='cpu', weights_only=False)['meta']
+    assert (meta['epoch'], meta['iter']) == (1, 4)
+    resumed = _Line()
+    again = _runner(tmp_path / 'resumed', resumed, [RNGStateHook(), CheckpointOnSignalHook('USR2')], True,
+                    resume_from=str(tmp_path / 'stopped' / 'epoch_1.pth'))
+    again.train()
+    assert resumed.seen == whole.seen[4:] and (again.train_loop.epoch, again.train_loop.iter) == (3, 12)
+    assert torch.equal(_weights(resumed), _weights(whole))
+
+
 def test_an_epoch_resumed_mid_epoch_without_a_signal_goes_on_at_the_next_batch_and_says_so(tmp_path):
     whole = _Line()
     _runner(tmp_path / 'whole', whole, [CheckpointOnSignalHook(None)], True).train()

@@ -308,3 +308,13 @@ def test_train_args_may_start_with_a_dash_and_bad_configs_and_indices_are_one_li
     status, out, err = tool(CONFIG, '--dry-run', '--stage1-options', 'param_scheduler.7.end=3')
     lines = [ln for ln in err.strip().splitlines() if ln.strip()]
     assert status == 2 and len(lines) == 1 and 'transfer_xcit_s12_poly3: its options do not fit' in lines[0], err
+
+
+def test_a_work_root_with_a_space_reaches_every_run_as_it_is(tmp_path):
+    from softfree_mm.engine.train_cli import parse_args
+    root = tmp_path / 'my runs'
+    p = chain_run.plan(chain_run.Request(CONFIG, str(root), launcher='none', batch_scale='keep'), ROOT)
+    assert p.cfgs[1].model.backbone.init_cfg.checkpoint == str(root / 'transfer_xcit_s12_poly3')
+    argv = [p.runs[1].config, '--work-dir', p.runs[1].work_dir, *chain_run.train_args(p, 1, False)]
+    assert parse_args(argv).cfg_options['model.backbone.init_cfg.checkpoint'] == str(root / 'transfer_xcit_s12_poly3')
+    assert parse_args(['c.py', '--cfg-options', 'a=[1, 2]', 'b=x,y']).cfg_options == dict(a=[1, 2], b=['x', 'y'])

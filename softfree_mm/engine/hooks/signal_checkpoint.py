@@ -5,7 +5,9 @@ checkpoint at the end of the iteration it is in and stop, so that ``--resume`` (
 - Every process takes the same decision at the same iteration (one all-reduce of a flag per iteration: the signal
   reaches the tasks of a job at slightly different moments); each process's random state goes into the checkpoint
   (:class:`RNGStateHook`'s gather, as for an interval checkpoint).
-- The checkpoint is ``iter_<N>.pth`` holding iteration N (mmengine counts N iterations done in its meta).
+- The checkpoint is ``iter_<N>.pth`` holding iteration N (mmengine counts N iterations done in its meta); a signal
+  in an epoch's last batch lets the epoch end as usual and saves ``epoch_<E>.pth`` at its end (or takes the
+  CheckpointHook's, when it saved that epoch).
 - **Iteration-based loops** stop at once (mmengine's loop checks ``stop_training`` after every iteration) and resume
   exactly there.
 - **Epoch-based loops** (the Mask R-CNN configs) check ``stop_training`` only between epochs in mmengine: this hook
@@ -25,6 +27,7 @@ the mid-epoch resume.
 import math
 import os.path as osp
 import signal as signals
+import time
 from itertools import islice
 from types import MethodType
 from typing import Dict, Optional
@@ -76,9 +79,10 @@ def _stoppable_run_epoch(loop) -> None:
         if skip and sampler is None:  # no batch sampler to skip by index: the batches are loaded and dropped
             for _ in range(skip):
                 next(batches)
+        per_epoch = len(loader)
         for idx, data_batch in enumerate(batches, start=skip):
             loop.run_iter(idx, data_batch)
-            if loop.stop_training:
+            if loop.stop_training and idx + 1 < per_epoch:  # at the epoch's last batch the epoch ends as usual
                 loop.val_begin = math.inf  # no validation after an epoch that did not end
                 return
     finally:
@@ -101,12 +105,15 @@ class CheckpointOnSignalHook(Hook):
             if self.signum is not None else None
         self._got = False
         self._previous = None
+        self._at_epoch_end = None  # the time a signal came at an epoch's last batch (saved at the epoch's end)
 
     def before_train(self, runner) -> None:
         self._got = False
         STOPPED.clear()
+        from mmengine.runner import EpochBasedTrainLoop
         loop = runner.train_loop
-        if hasattr(loop, 'run_epoch') and not hasattr(loop, 'dataloader_iterator'):  # epoch-based
+        # mmengine's epoch loop (a loop class with its own run_epoch keeps it: it may stop only between epochs)
+        if isinstance(loop, EpochBasedTrainLoop) and type(loop).run_epoch is EpochBasedTrainLoop.run_epoch:
             loop.run_epoch = MethodType(_stoppable_run_epoch, loop)
             per_epoch = len(loop.dataloader)
             skip = loop._iter - loop._epoch * per_epoch
@@ -135,28 +142,50 @@ class CheckpointOnSignalHook(Hook):
         return bool(flag.item() > 0)
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
-        if self.signum is None or runner.train_loop.stop_training or not self._agreed():
+        loop = runner.train_loop
+        if self.signum is None or loop.stop_training or not self._agreed():
             return
+        done = runner.iter + 1  # mmengine counts this iteration after the hooks; its meta says iter = done
+        note = ''
+        if not hasattr(loop, 'dataloader_iterator'):  # epoch-based
+            per_epoch = len(loop.dataloader)
+            batch = done - runner.epoch * per_epoch
+            if batch >= per_epoch:  # the epoch's last batch: it ends as usual, saved at its end
+                self._at_epoch_end = time.time()
+                loop.stop_training = True
+                return
+            note = f' (epoch {runner.epoch + 1}, batch {batch} of {per_epoch}: a resume goes on at the next batch)'
+        self._save(runner, f'iter_{done}.pth', False, done, note)
+
+    def after_train_epoch(self, runner) -> None:
+        if not self._at_epoch_end:
+            return
+        flagged, self._at_epoch_end = self._at_epoch_end, None
+        name = f'epoch_{runner.epoch + 1}.pth'
+        path = osp.join(runner.work_dir, name)
+        if osp.isfile(path) and osp.getmtime(path) >= flagged - 1:  # the CheckpointHook saved this epoch just now
+            self._stopped(runner, path, runner.iter, ' (the end of an epoch: its own checkpoint)')
+            return
+        self._save(runner, name, True, runner.iter, ' (the end of an epoch)')
+
+    def _save(self, runner, name: str, by_epoch: bool, done: int, note: str) -> None:
         from mmengine.dist import is_main_process
 
         from .rng_state import RNGStateHook
         for hook in runner.hooks:  # every process's random state, as for an interval checkpoint (a collective)
             if isinstance(hook, RNGStateHook):
                 hook.gather_for_checkpoint()
-        done = runner.iter + 1  # mmengine counts this iteration after the hooks; its meta says iter = done
-        name = f'iter_{done}.pth'
-        runner.save_checkpoint(runner.work_dir, name, save_optimizer=True, save_param_scheduler=True, by_epoch=False)
+        runner.save_checkpoint(runner.work_dir, name, save_optimizer=True, save_param_scheduler=True,
+                               by_epoch=by_epoch)
         path = osp.join(runner.work_dir, name)
         if is_main_process():
             with open(osp.join(runner.work_dir, 'last_checkpoint'), 'w') as f:
                 f.write(path)
-        epoch_note = ''
-        if not hasattr(runner.train_loop, 'dataloader_iterator'):
-            per_epoch = len(runner.train_loop.dataloader)
-            epoch_note = (f' (epoch {runner.epoch + 1}, batch {done - runner.epoch * per_epoch} of {per_epoch}: a '
-                          'resume goes on at the next batch)')
-        runner.logger.warning(f'SIG{self.name.removeprefix("SIG")} received: saved {path} at iteration {done}'
-                              f'{epoch_note}; the run stops here (--resume goes on from it)')
+        self._stopped(runner, path, done, note)
+
+    def _stopped(self, runner, path: str, done: int, note: str) -> None:
+        runner.logger.warning(f'SIG{self.name.removeprefix("SIG")} received: saved {path} at iteration {done}{note}; '
+                              'the run stops here (--resume goes on from it)')
         STOPPED.update(signal=self.signum, checkpoint=path, iter=done)
         self._got = False
         runner.train_loop.stop_training = True
