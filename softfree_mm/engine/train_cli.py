@@ -1,17 +1,6 @@
-"""tools/train.py's command line and run, importable: the tool is this module's :func:`main`, and the warm-start chain's
-submitted jobs (softfree_mm/engine/chain_job.py) run it in their tasks' own processes.
-
-Train a detector, segmentor or classifier from a softfree_mm (or any mmdet / mmseg / mmpretrain) config.
-
-    python tools/train.py configs/maskrcnn_xcit_s12_poly3.py [--work-dir DIR] [--amp [--amp-dtype D]]
-        [--resume [CKPT]] [--auto-scale-lr] [--device auto|cuda|cpu] [--skip-nonfinite-loss]
-        [--cfg-options KEY=VALUE ...] [--launcher none|pytorch|slurm|mpi] [--dry-run]
-
-Bad input (config, data, device, a file met while running, a NaN / inf loss) stops with one line on stderr and exit
-status 2; ``--resume`` continues from the newest readable checkpoint and reproduces the uninterrupted run;
-``--dry-run`` checks the config without its data set and trains nothing (docs/training.md, docs/reliability.md).
-Demo data roots (``data/demo/...``) are written on demand (softfree_mm/engine/demo_data.py, as
-tools/make_demo_data.py does).
+"""tools/train.py's command line and run, importable: the tool is this module's :func:`main` (its usage, bad input and
+``--resume`` / ``--dry-run`` are the tool's docstring), and the warm-start chain's submitted jobs
+(softfree_mm/engine/chain_job.py) run it in their tasks' own processes.
 """
 import argparse
 import os
