@@ -68,11 +68,12 @@ for v in "${SUPPORTED[@]}"; do
 $(cat "$tmp/diff")"
 done
 header() {  # header PYTHONS...
-  local pythons
+  local pythons day
   pythons=$(echo "$*" | sed 's/ /, /g')
-  echo "# The set-up's exact versions for Python $pythons on Linux x86_64, as \`make newest\`"
-  echo "# tested them on $(date -u -r "$RECORDS/py$1.txt" +%F). Written by \`make lock\` (tools/lock.sh, uv"
-  echo "# $UV_VERSION); do not edit: the loose statement of what is allowed is requirements/*.txt."
+  day=$(date -u -r "$RECORDS/py$1.txt" +%F)
+  echo "# The set-up's exact versions for Python $pythons on Linux x86_64, as \`make newest\` tested them on $day."
+  echo "# Written by \`make lock\` (tools/lock.sh, uv $UV_VERSION); do not edit: the loose statement is" \
+       "requirements/*.txt."
 }
 first=${SUPPORTED[0]}
 same=1

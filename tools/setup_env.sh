@@ -18,7 +18,7 @@
 #     and memory, no cached wheel reused, and a check that runs nms and roi_align on the GPU);
 #   - mmengine, mmdet, mmsegmentation, mmpretrain, timm and the rest (requirements/), then this package (-e).
 # What is installed is the lock by default (requirements/lock/: every package at the exact version CI tested, with
-# hashes; py3.X.txt where a Python's resolution differs, else all.txt; written by `make lock`, tools/lock.sh), in one
+# hashes; py3.X.txt for this Python where the Pythons' resolutions differ, else all.txt; written by `make lock`), in one
 # pip call (--require-hashes --no-deps), checked against the venv afterwards (tools/lockfile.py). Where a path brings
 # a package from elsewhere, only that is not from the lock: an existing torch or TORCH_INDEX_URL (torch, torchvision,
 # triton and CUDA's libraries), a compiled mmcv (mmcv-lite). SOFTFREE_LOCK=none installs the loose requirements

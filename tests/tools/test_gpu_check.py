@@ -296,9 +296,10 @@ def test_offline_setup_and_fetch_wheels_name_what_is_missing_or_wrong_in_one_lin
     wheels = tmp_path / 'wheels'
     proc = _source(f'offline_setup {wheels} {venv}', tmp_path, env)
     assert proc.returncode == 2 and proc.stdout.strip() == f'error: GPU_CHECK_WHEELS={wheels} is not a folder'
-    assert _source(f'fetch_wheels {wheels} 3.12', tmp_path, env).returncode == 0
+    here = '%d.%d' % sys.version_info[:2]  # the lock of this Python: other Pythons' locks pin other versions
+    assert _source(f'fetch_wheels {wheels} {here}', tmp_path, env).returncode == 0
     _pip_calls(log)
-    fetch = f'bash tools/gpu_check.sh --fetch-wheels DIR {sys.version_info[0]}.{sys.version_info[1]}'
+    fetch = f'bash tools/gpu_check.sh --fetch-wheels DIR {here}'
     os.remove(wheels / 'mmcv_lite-2.1.0-py2.py3-none-any.whl')
     (wheels / 'mmcv-2.1.0.tar.gz').write_text('')
     proc = _source(f'offline_setup {wheels} {venv}', tmp_path, env)
