@@ -60,7 +60,8 @@ def test_it_is_declared_to_the_tools_and_built_from_every_registry(example):
     # its warm start takes its layout's default recipe (token attention unless it declares mixes='channels')
     from softfree_mm.engine.warm_start import default_recipe
     from softfree_mm.models.family import Family
-    assert cls.family.mixes == 'tokens' and default_recipe('MyViT') == 'transfer'
+    from softfree_mm.engine.layout_defaults import LAYOUT_DEFAULTS
+    assert cls.family.mixes == 'tokens' and default_recipe('MyViT') == LAYOUT_DEFAULTS['tokens']
     # a family that declares no layout borrows token attention's verdict, and the warm start says so
     from softfree_mm.engine.layout_defaults import default_origin
     assert 'not on MyViT (its family declares no layout)' in default_origin(dict(type='MyViT'))

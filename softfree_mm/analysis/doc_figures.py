@@ -61,7 +61,7 @@ def recipe_rule(root: str) -> str:
     rows = read_csv(osp.join(root, RESULTS, 'warm_start', 'classifiers.csv'))
     rows = [{k: ('' if v is None else str(v)) for k, v in r.items()} for r in rows]
     backbones = list(dict.fromkeys(r['backbone'] for r in rows if r.get('backbone')))
-    return rr.section(rows, 75, {bb: 'transfer' for bb in backbones})
+    return rr.section(rows, {bb: 'transfer' for bb in backbones})
 
 
 def task_study(root: str) -> str:

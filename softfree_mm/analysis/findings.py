@@ -212,14 +212,15 @@ def detector_lines(detectors: List[dict]) -> List[str]:
 # ------------------------------------------------------------------ the stage-1 cost (docs/warm_start.md)
 def cost_lines(rows: List[dict]) -> List[str]:
     """The --cost rows, and both stages' cost per backbone and recipe as the engine projects it."""
-    from ..engine.layout_defaults import SCRATCH_EPOCHS, STAGE1_EPOCHS, STAGE2_EPOCHS
+    from ..engine.layout_defaults import SCRATCH_EPOCHS, SCRATCH_EPOCHS_DEFAULT, stage_epochs
     out = ['| config | recipe | stage-1 s / step | supervised s / step | ratio | trains (M) | student (M) | '
            'both stages, epochs of the supervised recipe | share of pretraining from scratch |',
            '|---|---|---|---|---|---|---|---|---|']
     for r in rows:
         family = _family_of(r['config'])
-        epochs = STAGE1_EPOCHS * float(r['ratio']) + STAGE2_EPOCHS
-        scratch = SCRATCH_EPOCHS.get(family, 300)
+        stage1, stage2 = stage_epochs(r.get('recipe') or 'transfer')
+        epochs = stage1 * float(r['ratio']) + stage2
+        scratch = SCRATCH_EPOCHS.get(family, SCRATCH_EPOCHS_DEFAULT)
         out.append(f"| {r['config']} | `{r.get('recipe') or 'transfer'}` | {float(r['transfer_s']):.2f} | "
                    f"{float(r['classifier_s']):.2f} | {float(r['ratio']):.2f} | {int(r['trained_params']) / 1e6:.1f} | "
                    f"{int(r['student_params']) / 1e6:.1f} | {epochs:.0f} | {100 * epochs / scratch:.0f} % of "
@@ -237,12 +238,18 @@ def _family_of(config: str) -> str:
 
 
 def measured_cost(rows: List[dict]) -> Dict[str, float]:
-    """Family -> the measured ratio of its layout default's recipe (what ``STAGE1_STEP_COST`` must hold)."""
+    """Family -> the measured ratio of a stage-1 step of its layout default's recipe (what ``STAGE1_STEP_COST`` must
+    hold): the row of that recipe, or of one whose stage 1 trains the same groups with the same loss (its step is the
+    same: ``transfer-half`` differs from ``transfer`` only in how many steps stage 1 gets)."""
     from ..engine.layout_defaults import default_recipe
+    from ..engine.warm_start import RECIPES
+
+    def step(name):
+        return RECIPES[name].groups, RECIPES[name].loss
     out = {}
     for r in rows:
         family = _family_of(r['config'])
-        if (r.get('recipe') or 'transfer') == default_recipe(family):
+        if step(r.get('recipe') or 'transfer') == step(default_recipe(family)):
             out[family] = round(float(r['ratio']), 2)
     return out
 

@@ -1,6 +1,8 @@
 """The warm-start recipe rule, version 2: which recipe a backbone layout takes, from the recipes grid's top-1.
 
-Stated before any grid run it judges (its commit precedes them), because version 1 (``choose_default`` in
+Written after version 1 had judged the grid's first rows (the ``transfer``, ``transfer-blocks`` and ``transfer-final``
+rows of PVTv2-b0 and XCiT-T12, commit e58bca4) and before every other row it judges (``transfer-half``,
+``transfer-attn``, ``transfer-newhead``, and every row of the windowed Swin), because version 1 (``choose_default`` in
 ``warm_start_report.py``) treated the (kernel, seed) pairs as independent although the kernels of a seed share that
 seed's softmax teacher, and took a recipe on the strength of any one kernel:
 
@@ -11,7 +13,9 @@ seed's softmax teacher, and took a recipe on the strength of any one kernel:
   verdict that one kernel or one seed carries is not taken);
 * otherwise the current default stays; of several candidates that replace it, the one with the largest mean.
 
-Variants are measured against the layout's current default (the one the grid's runs were made beside).
+Variants are measured against the layout's current default (the one the grid's runs were made beside). The rule is
+applied at every budget the grid ran (:func:`budgets`); the package ships the verdict at the budget whose fraction of
+the from-scratch schedule the shipped (ImageNet) warm start runs (:func:`shipped_budget`).
 """
 from typing import Dict, Iterable, List, Optional, Tuple
 
@@ -114,30 +118,79 @@ LAYOUTS = (('XCiT-S12: channel attention', 'channels', 'xcit'),
            ('CSWin-T: stripes', 'windows', None))
 
 
-def layout_table(result: Dict[str, dict]) -> List[str]:
+def budgets(rows: Iterable[dict]) -> List[int]:
+    """The warm starts' iterations the grid ran (its transfer rows), in order."""
+    return sorted({int(r['iters']) for r in rows if r.get('start') == 'transfer' and r.get('iters') not in (None, '')})
+
+
+def scratch_iters(rows: Iterable[dict]) -> int:
+    """The grid's from-scratch iterations (what its budgets are fractions of)."""
+    found = {int(r['iters']) for r in rows if r.get('start') == 'scratch' and r.get('iters') not in (None, '')}
+    if len(found) != 1:
+        raise ValueError(f'the grid holds from-scratch runs of {sorted(found)} iterations: expected one length')
+    return found.pop()
+
+
+def shipped_fraction() -> float:
+    """The fraction of the from-scratch schedule the shipped warm start runs: the ImageNet scale's iterations over
+    the 300-epoch from-scratch recipe's (an epoch is the scale's validation interval)."""
+    from ..engine.layout_defaults import SCRATCH_EPOCHS_DEFAULT
+    from ..engine.warm_start import SCALES
+    scale = SCALES['imagenet']
+    return scale.iters / (SCRATCH_EPOCHS_DEFAULT * scale.val_every)
+
+
+def shipped_budget(rows: List[dict]) -> int:
+    """The grid budget at the shipped fraction (10 % of 300 iterations: 30); an error when the grid did not run it."""
+    want = round(shipped_fraction() * scratch_iters(rows))
+    if want not in budgets(rows):
+        raise ValueError(f'the grid ran no warm start of {want} iterations (the shipped fraction, '
+                         f'{shipped_fraction():.0%}); it ran {budgets(rows)}')
+    return want
+
+
+def layout_verdicts(result: Dict[str, dict]) -> Dict[str, str]:
+    """Layout class (a key of ``LAYOUT_DEFAULTS``) -> the recipe the rule chose on the grid backbone measured in that
+    layout (classes whose backbone has no recipe rows left out)."""
+    return {kind: result[bb]['chosen'] for _, kind, bb in LAYOUTS
+            if bb and bb in result and result[bb]['verdicts']}
+
+
+def layout_table(results: Dict[int, Dict[str, dict]], shipped: int, scratch: int) -> List[str]:
     """Where each shipped layout default was measured: per det / seg layout, the default the package ships
     (``LAYOUT_DEFAULTS``), the grid layout it was measured on (or that it borrows the verdict of another), and
-    version 2's choice there (a layout whose grid backbone has no rows: not measured)."""
+    version 2's choice there at each budget (``results``: budget -> :func:`choose`'s result; a layout whose grid
+    backbone has no recipe rows: not measured)."""
     from ..engine.warm_start import LAYOUT_DEFAULTS
     measured = {kind: bb for _, kind, bb in LAYOUTS if bb}
-    out = ['| layout | shipped default | measured on | version 2 there |', '|---|---|---|---|']
+    heads = [f'version 2 at {b} ({100 * b / scratch:.0f} %{", ships" if b == shipped else ""})' for b in results]
+    out = ['| layout | shipped default | measured on | ' + ' | '.join(heads) + ' |',
+           '|---|---|---|' + '---|' * len(heads)]
     for label, kind, bb in LAYOUTS:
         src = bb or measured[kind]
-        if src not in result or not result[src]['verdicts']:
-            where, chosen = f'not measured yet ({NAMES[src]} has no recipe rows in this grid)', 'none'
+        if any(src not in res or not res[src]['verdicts'] for res in results.values()):
+            where, chosen = f'not measured yet ({NAMES[src]} has no recipe rows in this grid)', ['none'] * len(heads)
         else:
             where = f'{NAMES[src]}, digits scale only' if bb else f'not measured: borrows {NAMES[src]}'
-            chosen = f"`{result[src]['chosen']}`"
-        out.append(f"| {label} | `{LAYOUT_DEFAULTS[kind]}` | {where} | {chosen} |")
+            chosen = [f"`{res[src]['chosen']}`" for res in results.values()]
+        out.append(f"| {label} | `{LAYOUT_DEFAULTS[kind]}` | {where} | " + ' | '.join(chosen) + ' |')
     return out
 
 
-def section(rows: List[dict], budget: int, defaults: Dict[str, str]) -> str:
-    """The docs section: the verdict lines of version 2 on ``rows``, between the markers."""
-    result = choose(rows, budget, defaults)
-    return '\n'.join([BEGIN, '', *lines(result, NAMES), '', *layout_table(result), '', END])
+def section(rows: List[dict], defaults: Dict[str, str]) -> str:
+    """The docs section: the verdict lines of version 2 on ``rows`` at every budget the grid ran, and where each
+    shipped default was measured, between the markers."""
+    scratch, shipped = scratch_iters(rows), shipped_budget(rows)
+    results = {b: choose(rows, b, defaults) for b in budgets(rows)}
+    out = [BEGIN, '']
+    for b, result in results.items():
+        what = ('the fraction the shipped ImageNet warm start runs: its default is this verdict' if b == shipped
+                else 'not the fraction that ships')
+        out += [f'**At {b} iterations, {100 * b / scratch:.0f} % of the from-scratch {scratch}** ({what}):', '',
+                *lines(result, NAMES), '']
+    return '\n'.join([*out, *layout_table(results, shipped, scratch), '', END])
 
 
-def write_docs(path: str, rows: List[dict], budget: int, defaults: Dict[str, str]) -> None:
+def write_docs(path: str, rows: List[dict], defaults: Dict[str, str]) -> None:
     from .docs_section import write_section
-    write_section(path, section(rows, budget, defaults), BEGIN, END, 'The recipe rule, version 2')
+    write_section(path, section(rows, defaults), BEGIN, END, 'The recipe rule, version 2')

@@ -2,16 +2,21 @@
 
 The choice (:data:`LAYOUT_DEFAULTS`, by the layout's class: global or reduced token attention, windowed token
 attention, channel attention) is the recipe rule's, version 2 (``softfree_mm/analysis/recipe_rule.py``,
-docs/warm_start.md): the seed is the unit, and a variant replaces the default only where its interval over seeds
-excludes zero. Version 1 had taken ``transfer-final`` for token attention from (kernel, seed) pairs counted as
-independent; work dirs it made are refused by the chain's run identities.
+docs/warm_start.md), at the grid budget whose fraction of the from-scratch schedule the shipped warm start runs
+(the ImageNet scale: 30 of 300 epochs, 10 %; the grid's 30 of 300 iterations): the seed is the unit, and a variant
+replaces the default only where its interval over seeds lies above zero, with any one kernel and any one seed left
+out. At 10 % ``transfer-half`` replaces ``transfer`` in token attention and in windows; channel attention keeps
+``transfer`` (at the grid's 25 % all three keep ``transfer``; a test ties this table to the rule's output at the
+shipped budget). Version 1 had taken ``transfer-final`` for token attention from (kernel, seed) pairs counted as
+independent; work dirs made with another recipe than a stage config's are refused by the chain's run identities.
 
 Where it was measured (:data:`MEASURED_ON`): one grid backbone per class, at the digits scale. A backbone whose
 attention meets other tokens than the measured layout's (CSWin's stripes against the windows measured, PVT with
 spatially reduced keys against the global tokens measured, a family that declares no layout) borrows the verdict;
 :func:`default_origin` says so in one line, which the warm-start tools print.
 
-What stage 1 costs (:data:`STAGE1_STEP_COST`): a stage-1 step of the layout default's recipe in supervised steps of
+What stage 1 costs (:data:`STAGE1_STEP_COST`): a stage-1 step of the layout default's recipe (or of a recipe whose
+stage 1 trains the same groups with the same loss: ``transfer-half``'s step is ``transfer``'s) in supervised steps of
 the same classifier, per shipped backbone, from ``tools/analysis/warm_start_grid.py --cost`` (committed in
 docs/results/warm_start/cost_cpu.csv; a test holds this table to it); :func:`warm_start_cost` projects both stages.
 """
@@ -19,7 +24,7 @@ from typing import Dict, Optional, Union
 
 from .errors import UsageError
 
-LAYOUT_DEFAULTS: Dict[str, str] = {'tokens': 'transfer', 'windows': 'transfer', 'channels': 'transfer'}
+LAYOUT_DEFAULTS: Dict[str, str] = {'tokens': 'transfer-half', 'windows': 'transfer-half', 'channels': 'transfer'}
 # a family's declared layout (Family.LAYOUTS) -> the class whose default it takes; a family that declares none takes
 # what its attention mixes ('tokens' or 'channels')
 LAYOUT_CLASS: Dict[str, str] = {'global tokens': 'tokens', 'reduced keys': 'tokens', 'windows': 'windows',
@@ -28,12 +33,20 @@ LAYOUT_CLASS: Dict[str, str] = {'global tokens': 'tokens', 'reduced keys': 'toke
 MEASURED_ON: Dict[str, tuple] = {'tokens': ('global tokens', 'PVTv2-b0 without spatial reduction'),
                                  'windows': ('windows', "the study's tiny Swin with 4x4 shifted windows"),
                                  'channels': ('channels', 'XCiT-T12')}
-# a stage-1 step of the layout's default recipe / a supervised step of the same classifier (CPU, 8 images of 224,
-# docs/results/warm_start/cost_cpu.csv), per shipped backbone
+# a stage-1 step of the layout's default recipe (transfer-half's step is transfer's) / a supervised step of the same
+# classifier (CPU, 8 images of 224, docs/results/warm_start/cost_cpu.csv), per shipped backbone
 STAGE1_STEP_COST: Dict[str, float] = {'SoftFreeXCiT': 1.02, 'SoftFreeSwin': 1.01, 'SoftFreePVTv2': 0.89,
                                        'SoftFreeCSWin': 0.98}
-STAGE1_EPOCHS, STAGE2_EPOCHS = 10, 20  # the ImageNet scale's 30 epochs, split by the recipe's third
-SCRATCH_EPOCHS = {'SoftFreeXCiT': 400}  # the from-scratch recipe's epochs (300 where not named)
+WARM_EPOCHS = 30  # the ImageNet scale's warm start, both stages (split by the recipe's stage1_share)
+SCRATCH_EPOCHS_DEFAULT = 300  # the from-scratch recipe's epochs
+SCRATCH_EPOCHS = {'SoftFreeXCiT': 400}  # where it is not SCRATCH_EPOCHS_DEFAULT
+
+
+def stage_epochs(recipe: str) -> tuple:
+    """(stage 1, stage 2) epochs of the ImageNet scale's warm start under ``recipe``."""
+    from .warm_start import RECIPES
+    first = WARM_EPOCHS * RECIPES[recipe].stage1_share
+    return first, WARM_EPOCHS - first
 
 
 def _family(backbone_type: str):
@@ -77,13 +90,15 @@ def default_origin(backbone: dict) -> Optional[str]:
 
 def warm_start_cost(backbone_type: str) -> str:
     """Both stages' cost in epochs of the supervised recipe and as a share of pretraining from scratch, from the
-    measured stage-1 step (``STAGE1_STEP_COST``); unmeasured backbones get the range over the measured ones."""
+    measured stage-1 step (``STAGE1_STEP_COST``) and the family's default recipe's split; unmeasured backbones get the
+    range over the measured ones."""
     name, _ = _family(backbone_type)
+    stage1, stage2 = stage_epochs(default_recipe(backbone_type))
     ratios = [STAGE1_STEP_COST[name]] if name in STAGE1_STEP_COST else sorted(STAGE1_STEP_COST.values())
     if not ratios:
         return 'its cost is not measured'
-    scratch = SCRATCH_EPOCHS.get(name, 300)
-    lo, hi = (STAGE1_EPOCHS * r + STAGE2_EPOCHS for r in (ratios[0], ratios[-1]))
+    scratch = SCRATCH_EPOCHS.get(name, SCRATCH_EPOCHS_DEFAULT)
+    lo, hi = (stage1 * r + stage2 for r in (ratios[0], ratios[-1]))
     epochs = f'{lo:.0f}' if round(lo) == round(hi) else f'{lo:.0f} to {hi:.0f}'
     share = (f'{100 * lo / scratch:.0f}' if round(100 * lo / scratch) == round(100 * hi / scratch)
              else f'{100 * lo / scratch:.0f} to {100 * hi / scratch:.0f}')

@@ -111,7 +111,7 @@ def test_the_docs_verdict_is_what_the_committed_grid_makes_and_the_tool_says_it(
     path = osp.join(ROOT, 'docs', 'results', 'warm_start', 'classifiers.csv')
     with open(path, newline='') as f:
         rows = list(csv.DictReader(f))
-    want = rr.section(rows, 75, {bb: 'transfer' for bb in dict.fromkeys(r['backbone'] for r in rows)})
+    want = rr.section(rows, {bb: 'transfer' for bb in dict.fromkeys(r['backbone'] for r in rows)})
     page = open(osp.join(ROOT, 'docs', 'warm_start.md')).read()
     assert page[page.index(rr.BEGIN):page.index(rr.END) + len(rr.END)] == want
     tool = osp.join(ROOT, 'tools', 'analysis', 'recipe_rule.py')
@@ -135,7 +135,8 @@ def test_a_backbone_without_recipe_rows_is_said_to_be_unjudged_not_kept():
     assert text[-1] == ('- the tiny Swin, 4x4 windows, shifted (windowed token attention): no recipe against '
                         '`transfer` in this grid yet: nothing to judge.')
     assert any('`transfer-half` against `transfer`' in t for t in text)
-    table = rr.layout_table(res)
+    table = rr.layout_table({75: res}, 30, 300)
+    assert table[0].endswith('| version 2 at 75 (25 %) |'), table[0]
     swin = next(t for t in table if t.startswith('| Swin-T'))
     assert 'not measured yet' in swin and swin.endswith('| none |'), swin
     assert next(t for t in table if t.startswith('| PVTv2-b2 without')).endswith('| `transfer` |')
