@@ -43,7 +43,7 @@ test-pythons: setup
 
 # the newest versions the loose requirements (requirements/*.txt) allow, on purpose: on every supported Python a venv
 # from them (.venv-newest-3.X, SOFTFREE_LOCK=none) runs test-pythons' slice; what passed is recorded in
-# work_dirs/newest/ (about 9 minutes per Python here). Then `make lock` writes requirements/lock/ from those records
+# work_dirs/newest/ (about 10 minutes per Python here). Then `make lock` writes requirements/lock/ from those records
 # (tools/lock.sh: uv pip compile, exact versions with hashes), which `make setup` installs
 newest:
 	NEWEST=1 bash tools/test_pythons.sh
