@@ -85,7 +85,8 @@ def summarise(rows: List[dict]) -> List[dict]:
                         transfer_iters=rs[0].get('transfer_iters', 0),
                         source='+'.join(sorted({r.get('source', 'grid') for r in rs})),
                         failed=sum(r['status'] not in ('ok', 'not run') for r in rs),
-                        not_run=sum(r['status'] == 'not run' for r in rs)))
+                        not_run=sum(r['status'] == 'not run' for r in rs),
+                        _top1=[r['top1'] for r in rs if r['top1'] is not None]))  # not a CSV column
     order = {'scratch': 0, 'swap': 1, 'transfer': 2}
     return sorted(out, key=lambda r: (r['backbone'], r['kernel'], order[r['start']], r['iters'], r['groups'],
                                       r['recipe']))
@@ -154,6 +155,11 @@ def _cell(r: Optional[dict]) -> str:
     """'mean ± std' of a start, with its paired difference to scratch; n where a seed is missing."""
     if r is None or r['top1_mean'] is None:
         return 'failed' if r and r['failed'] else 'not run yet' if r and r.get('not_run') else ''
+    from .findings import CHANCE_TOP1, median
+    low = sum(v <= CHANCE_TOP1 for v in r.get('_top1', []))
+    if 0 < low < len(r['_top1']):  # some seeds at chance, some not: a mean and a spread describe neither
+        return f"median {median(r['_top1']):.1f}, {low} of {len(r['_top1'])} at chance" + (
+            f' n = {r["n"]}' if r['failed'] or r.get('not_run') else '')
     cell = _pm(r['top1_mean'], r['top1_std'])
     if r['vs_scratch_mean'] is not None:
         spread = '' if r['vs_scratch_std'] is None else f' ± {r["vs_scratch_std"]:.1f}'
@@ -164,7 +170,8 @@ def _cell(r: Optional[dict]) -> str:
 def markdown(summary: List[dict], detectors: List[dict], groups: dict) -> str:
     """One table per backbone: a row per kernel, a column per start and budget, top-1 % mean ± std over the seeds
     and, in brackets, the paired difference to the same kernel from scratch; then the groups and the detectors."""
-    lines = ['Top-1 % on the digits validation set, mean ± sample std over the seeds; in brackets the paired '
+    lines = ['Top-1 % on the digits validation set, mean ± sample std over the seeds (where some seeds are at chance '
+             'and some not, the median and how many at chance instead); in brackets the paired '
              'difference to the same kernel from scratch, seed by seed. A column is a start and its iterations '
              f'against the {SCRATCH_ITERS} from scratch (in brackets: of them stage 1). *: the from-scratch runs are '
              'the kernel study\'s (all seeds); **: some seeds\' are (the others the grid\'s).', '']
@@ -420,9 +427,9 @@ def write_outputs(result: dict, out: str, plan, docs: Optional[str] = None, kept
     with open(osp.join(out, 'groups.json'), 'w') as f:
         json.dump(groups, f, indent=1)
     summary = summarise(result['rows'])
-    fields = list(summary[0]) if summary else ['backbone']
+    fields = [k for k in summary[0] if not k.startswith('_')] if summary else ['backbone']
     with open(osp.join(out, 'summary.csv'), 'w', newline='') as f:
-        w = csv.DictWriter(f, fieldnames=fields)
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction='ignore')
         w.writeheader()
         for r in summary:
             w.writerow({k: ('' if r.get(k) is None else r[k]) for k in fields})

@@ -70,21 +70,52 @@ def test_a_changed_csv_row_makes_its_sections_stale(tmp_path, csv_path, match, c
     assert df.stale(root) == []
 
 
+WORDS = r'(?:one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|twenty|thirty|fifty|hundred|thousand)'
+COUNT = rf'(?:\d+|{WORDS})'
+FIGURE = re.compile(
+    r'±|(?<![\w.])[+-]\d+\.\d|\b\d+\.\d+\s?(%|points?\b|mIoU|mAP)'  # a spread, a signed decimal, a decimal score
+    r'|\b10\^\d|\b10[⁰¹²³⁴⁵⁶⁷⁸⁹]|(?<![\w.])\d+(?:\.\d+)?e\+?\d+\b'  # a power of ten: 10^5, 10⁵, 1e5, 7.9e5
+    # a count of outcomes, k of n (not a schedule's 30 of 300 epochs, nor a batch's place in an epoch)
+    rf'|(?<!batch )\b{COUNT} of {COUNT}\b(?!\s+(?:epochs|iterations|iters|blocks|layers|steps|images)\b)'
+    rf'|\b{WORDS}\s+(?:points?|percent|times|-?fold)\b',  # a figure in words: two points, a hundred times
+    re.I)
+
+
+def prose_figures(text: str, page: str) -> list:
+    """The lines of ``page``'s text, outside its generated sections, code blocks and inline code, that quote a
+    figure."""
+    for s in df._sections():
+        if s.page == page and s.begin in text:
+            text = text[:text.index(s.begin)] + text[text.index(s.end) + len(s.end):]
+    text = re.sub(r'```.*?```', '', text, flags=re.S)
+    return [ln for ln in text.splitlines()
+            if FIGURE.search(re.sub(r'`[^`]*`', '', ln)) and not ln.startswith('- **`make demo`**')]
+
+
 def test_prose_outside_the_markers_quotes_no_grid_figure():
-    """Outside the generated sections and code blocks, no measured figure: no '±', no signed decimal, no decimal
-    followed by %, points, mIoU or mAP (the demo's own line in the README is the demo's, not a grid's)."""
-    figure = re.compile(r'±|(?<![\w.])[+-]\d+\.\d|\b\d+\.\d+\s?(%|points?\b|mIoU|mAP)')
+    """Outside the generated sections, code blocks and inline code, no measured figure: no '±', no signed decimal,
+    no decimal followed by %, points, mIoU or mAP, no power of ten, no k-of-n count, no figure in words (the demo's
+    own line in the README is the demo's, not a grid's)."""
     found = []
     for page in PAGES:
         with open(osp.join(ROOT, page)) as f:
-            text = f.read()
-        for s in df._sections():
-            if s.page == page:
-                text = text[:text.index(s.begin)] + text[text.index(s.end) + len(s.end):]
-        text = re.sub(r'```.*?```', '', text, flags=re.S)
-        found += [f'{page}: {ln}' for ln in text.splitlines()
-                  if figure.search(ln) and not ln.startswith('- **`make demo`**')]
+            found += [f'{page}: {ln}' for ln in prose_figures(f.read(), page)]
     assert found == []
+
+
+@pytest.mark.parametrize('line', [
+    'the gain grows about 10^4-fold', 'a gain of 7.9e5 at the end', 'x^3 collapses in 4 of 5 seeds',
+    'unstable from scratch (two of five seeds far below)', 'about a hundred times below', 'gains two points',
+    '+0.97 [-0.01, +1.94]', '57.1 ± 27.0', 'reaches 64.6 %'])
+def test_the_prose_check_catches_each_kind_of_figure(line):
+    assert prose_figures(line, 'nowhere.md') == [line]
+
+
+@pytest.mark.parametrize('line', [
+    'ships 30 of 300 epochs', 'goes on at batch 1201 of 7330', 'a learning rate of `1e-3`', '2 of Swin-T\'s 12 blocks',
+    'five seeds, the recipe users run'])
+def test_the_prose_check_leaves_set_ups_alone(line):
+    assert prose_figures(line, 'nowhere.md') == []
 
 
 def test_the_engine_quotes_the_measured_stage1_cost():
@@ -128,3 +159,31 @@ def test_the_readme_warm_start_line_names_each_grid_backbone_with_rows_and_the_r
                                           'swin': dict(chosen='transfer-final', default='transfer')})[-1]
     assert 'tiny Swin: transfer + fine-tune minus scratch, per kernel -3.0 to +1.0; the recipe rule (version 2) ' \
            'takes `transfer-final`' in line, line
+
+
+def test_the_warm_start_target_is_decided_by_the_interval_never_the_mean():
+    """+13.1 [-21.0, +47.2] has a mean far above the target but an interval that reaches below -1: undecided, not
+    'yes' (issue 64); [+0.3, +4.2] shows it, [-69.4, -8.0] misses it, a single seed gives no verdict."""
+    from softfree_mm.analysis.stats import Interval
+    assert fd.target(Interval(13.1, 34.1, 5, 'seeds')) == 'undecided'
+    assert fd.target(Interval(2.25, 1.95, 5, 'seeds')) == 'shown'
+    assert fd.target(Interval(-0.95, 0.05, 5, 'seeds')) == 'shown'  # lower bound -1.0: within 1 point
+    assert fd.target(Interval(-38.7, 30.7, 5, 'seeds')) == 'missed'
+    assert fd.target(Interval(3.0, None, 1, 'seeds')) == 'no interval (n = 1)'
+
+
+def test_a_start_with_seeds_at_chance_and_seeds_that_train_shows_the_median_and_the_count():
+    """Scratch 65.5, 63.7, 11.8, 37.4, 68.0 (one seed at chance): the median 63.7 and '1 of 5 at chance', not
+    49.3 ± 24.4; a start where no seed or every seed is at chance keeps its mean ± std."""
+    from softfree_mm.analysis.warm_start_report import markdown, summarise
+    def row(s, start, top1):
+        return dict(backbone='pvt', kernel='poly', seed=s, start=start, iters=300 if start == 'scratch' else 0,
+                    transfer_iters=0, groups='', top1=top1, status='ok', source='grid')
+    rows = [row(s, 'scratch', t) for s, t in enumerate((65.5, 63.7, 11.8, 37.4, 68.0))]
+    rows += [row(s, 'swap', t) for s, t in enumerate((10.0, 11.0, 12.0, 10.0, 12.0))]
+    table = markdown(summarise(rows), [], dict(chosen=['kernel', 'qkv']))
+    assert '| poly | median 63.7, 1 of 5 at chance | 11.0 ± 1.0 (' in table, table
+    lines = fd.unbounded_lines([dict(r, kernel='poly:degree=3', iters=str(r['iters'])) for r in rows],
+                               backbones=('pvt', ), budgets=(0, ))
+    assert any(ln.endswith('| 63.7 | 1 of 5 |') and 'scratch (300)' in ln for ln in lines), lines
+    assert any(ln.endswith('| 11.0 | 5 of 5 |') and 'swap + fine-tune, 0' in ln for ln in lines), lines
