@@ -1,7 +1,8 @@
 """The lock (requirements/lock/, tools/lock.sh) and what the set-up made of it: this environment holds exactly the lock
 it was set up from (read from the packages' metadata, no pip), the lock covers every loose requirement at the set-up's
-torch, a path that brings torch or mmcv from elsewhere leaves out only those, and mim's cache folder is there before
-any mim process of a new home folder can start."""
+torch, a path that brings torch or mmcv from elsewhere leaves out only those, `make lock` locks only what `make newest`
+passed with today's requirements, and mim's cache folder is there before any mim process of a new home folder can
+start."""
 import glob
 import json
 import os
@@ -117,3 +118,18 @@ def test_setup_makes_mims_cache_folder_before_it_installs_anything(tmp_path):
                           timeout=60)
     assert proc.returncode == 2 and 'SOFTFREE_NEED_MIB must be a whole number' in proc.stderr, proc.stderr
     assert (tmp_path / 'home' / '.cache' / 'mim').is_dir() and not (tmp_path / 'venv').exists()
+
+
+def test_make_lock_refuses_without_a_passing_record_of_todays_requirements_for_every_python(tmp_path):
+    """tools/lock.sh locks only what `make newest` tested: a Python without a record, or with a record of other
+    requirements than today's, is refused in one line before anything is resolved or installed."""
+    hash_now = subprocess.run(['bash', osp.join(ROOT, 'tools', 'lock.sh'), '--inputs-hash'], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    (tmp_path / 'py3.11.txt').write_text(f'# inputs {hash_now}\nnumpy==2.4.6\n')
+    (tmp_path / 'py3.12.txt').write_text('# inputs 0000000000000000\nnumpy==2.4.6\n')
+    proc = subprocess.run(['bash', osp.join(ROOT, 'tools', 'lock.sh')], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, NEWEST_DIR=str(tmp_path)))
+    assert proc.returncode == 2 and proc.stdout == ''
+    assert proc.stderr.strip() == (
+        f'[lock] error: Python 3.12: {tmp_path}/py3.12.txt is of other requirements; Python 3.13: no record (make '
+        'newest tests the loose requirements on every supported Python and records what passed)')
