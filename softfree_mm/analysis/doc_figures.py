@@ -153,18 +153,24 @@ def warm_cost(root: str) -> str:
 
 
 def readme_studies(root: str) -> str:
+    """The README's answer at a glance (analysis/glance.py) and its line on the warm start."""
+    import textwrap
+
     from . import findings as fd
+    from . import glance
     from . import recipe_rule as rr
-    from . import task_study as ts
     grid = read_csv(osp.join(root, RESULTS, 'warm_start', 'classifiers.csv'))
     text = [{k: ('' if v is None else str(v)) for k, v in r.items()} for r in grid]
-    rule = rr.choose(text, 75, {bb: 'transfer' for bb in dict.fromkeys(r['backbone'] for r in grid)})
-    task = ts.summarise(ts.read_rows(osp.join(root, RESULTS, 'task_study', 'runs.csv')))
-    lines = fd.readme_lines(read_csv(osp.join(root, RESULTS, 'study', 'runs.csv')), grid, task, rule)
-    import textwrap
+    defaults = {bb: 'transfer' for bb in dict.fromkeys(r['backbone'] for r in grid)}
+    rules = {b: rr.choose(text, b, defaults) for b in rr.budgets(text)}
+    study, task = glance.inputs(root)
+    head = ('- **Is softmax needed?** From scratch minus softmax, by seed: mean [95 % interval] (n), bold if it '
+            'excludes 0; all: [forest plot](docs/results/glance/forest.png), [docs/study.md](docs/study.md).')
+    warm = fd.readme_warm_start_line(grid, rules, rr.shipped_budget(text))
     lines = [textwrap.fill(ln, 116, subsequent_indent='  ', break_long_words=False, break_on_hyphens=False)
-             for ln in lines]  # as the README's other bullets
-    return '\n'.join([README_STUDIES[0], *lines, README_STUDIES[1]])
+             for ln in (head, warm)]  # as the README's other bullets
+    return '\n'.join([README_STUDIES[0], lines[0], '', *glance.table_lines(study, task), '', lines[1],
+                      README_STUDIES[1]])
 
 
 def _sections() -> List[Section]:
@@ -199,14 +205,21 @@ def current(root: str, s: Section) -> Optional[str]:
 
 
 def stale(root: str) -> List[str]:
-    """'page: first marker' of each section whose page differs from what the CSVs make."""
-    return [f'{s.page}: {s.begin}' for s in _sections() if current(root, s) != s.make(root)]
+    """'page: first marker' of each section whose page differs from what the CSVs make, and the forest plot's data
+    (analysis/glance.py) where it differs."""
+    from . import glance
+    out = [f'{s.page}: {s.begin}' for s in _sections() if current(root, s) != s.make(root)]
+    return out + (['/'.join(glance.FOREST) + ': plot data'] if glance.forest_stale(root) else [])
 
 
 def write(root: str) -> List[str]:
-    """Write every section into its page; returns the pages changed."""
+    """Write every section into its page, and the forest plot with its data; returns the pages changed."""
+    from . import glance
     from .docs_section import write_section
     changed = []
+    if glance.forest_stale(root):
+        glance.write_forest(root)
+        changed.append('/'.join(glance.FOREST))
     for s in _sections():
         made = s.make(root)
         if current(root, s) != made:

@@ -12,6 +12,7 @@ from softfree_mm.analysis import findings as fd
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 PAGES = ('README.md', 'docs/warm_start.md', 'docs/study.md')
+FOREST = 'docs/results/glance/forest.csv: plot data'  # the forest plot's data (analysis/glance.py)
 
 
 def test_every_generated_section_is_what_the_committed_csvs_make():
@@ -42,15 +43,15 @@ def _edit(path, match, column, value):
 
 
 @pytest.mark.parametrize('csv_path, match, column, value, sections', [
-    ('study/runs.csv', dict(config='study_xcit_t12_digits', kernel='poly:degree=3,scale=1.0', seed='1'), 'top1_final',
+    ('study/runs.csv', dict(config='study_xcit_t12_digits', kernel='poly:degree=3', seed='1'), 'top1_final',
      '79.0',
-     {'README.md: <!-- studies headline', 'docs/study.md: <!-- kernel study findings'}),
+     {'README.md: <!-- studies headline', 'docs/study.md: <!-- kernel study findings', FOREST}),
     ('warm_start/classifiers.csv', dict(backbone='pvt', kernel='linear', seed='3', start='transfer', iters='75',
                                         recipe='transfer-final'), 'top1', '90.0',
      {'docs/warm_start.md: <!-- recipe rule v2', 'docs/warm_start.md: <!-- warm-start findings',
       'docs/warm_start.md: <!-- warm_start_grid'}),
     ('task_study/runs.csv', dict(layout='pvt', task='seg', kernel='linear', start='scratch', seed='2'), 'mIoU', '1.0',
-     {'docs/study.md: <!-- task_study'}),
+     {'docs/study.md: <!-- task_study', 'README.md: <!-- studies headline', FOREST}),
     # a segmentor at the background-only floor: the README and the tables count the collapses
     ('task_study/runs.csv', dict(layout='pvt', task='seg', kernel='linear', start='scratch', seed='2'), 'mAcc', '5.0',
      {'README.md: <!-- studies headline', 'docs/study.md: <!-- task_study'}),
@@ -139,8 +140,7 @@ def test_seed_paired_intervals_by_hand():
 
 def test_the_readme_warm_start_line_names_each_grid_backbone_with_rows_and_the_rules_verb():
     """By hand on a small grid: a backbone's part appears only with its rows (the windowed Swin's once it has them);
-    per kernel, the mean over seeds of transfer-75 minus scratch-300; 'keeps' where the rule keeps the default,
-    'takes' where it takes another."""
+    'keeps' where the rule keeps the default, 'takes' where it takes another, at each budget, the shipped one named."""
     def row(bb, kernel, seed, start, iters, top1, recipe=''):
         return dict(backbone=bb, kernel=kernel, seed=str(seed), start=start, iters=str(iters), top1=str(top1),
                     status='ok', recipe=recipe, groups='kernel+qkv' if start == 'transfer' else '')
@@ -148,17 +148,17 @@ def test_the_readme_warm_start_line_names_each_grid_backbone_with_rows_and_the_r
     for s in range(3):
         grid += [row('pvt', 'linear', s, 'scratch', 300, 60 + s), row('pvt', 'linear', s, 'transfer', 75, 62 + s,
                                                                         'transfer')]
-    line = fd.readme_lines([], grid, [], {'pvt': dict(chosen='transfer', default='transfer')})[-1]
-    assert 'PVTv2-b0 without spatial reduction: transfer + fine-tune minus scratch, per kernel +2.0 to +2.0; the ' \
-           'recipe rule (version 2) keeps `transfer`' in line and 'Swin' not in line
+    line = fd.readme_warm_start_line(grid, {75: {'pvt': dict(chosen='transfer', default='transfer')}}, 75)
+    assert 'PVTv2-b0 without spatial reduction keeps `transfer` at 75 iterations (ships).' in line and 'Swin' not in line
     for s in range(3):  # two kernels on the windowed backbone: +1 and -3 on average
         grid += [row('swin', 'relu', s, 'scratch', 300, 50), row('swin', 'relu', s, 'transfer', 75, 50 + s, 'transfer'),
                  row('swin', 'linear', s, 'scratch', 300, 40 + s), row('swin', 'linear', s, 'transfer', 75, 37 + s,
                                                                        'transfer')]
-    line = fd.readme_lines([], grid, [], {'pvt': dict(chosen='transfer', default='transfer'),
-                                          'swin': dict(chosen='transfer-final', default='transfer')})[-1]
-    assert 'tiny Swin: transfer + fine-tune minus scratch, per kernel -3.0 to +1.0; the recipe rule (version 2) ' \
-           'takes `transfer-final`' in line, line
+    rules = {30: {'pvt': dict(chosen='transfer', default='transfer'),
+                  'swin': dict(chosen='transfer-final', default='transfer')},
+             75: {'pvt': dict(chosen='transfer', default='transfer'), 'swin': dict(chosen='transfer', default='transfer')}}
+    line = fd.readme_warm_start_line(grid, rules, 30)
+    assert 'tiny Swin takes `transfer-final` at 30 iterations (ships), keeps `transfer` at 75 iterations.' in line, line
 
 
 def test_the_warm_start_target_is_decided_by_the_interval_never_the_mean():
@@ -187,3 +187,26 @@ def test_a_start_with_seeds_at_chance_and_seeds_that_train_shows_the_median_and_
                                backbones=('pvt', ), budgets=(0, ))
     assert any(ln.endswith('| 63.7 | 1 of 5 |') and 'scratch (300)' in ln for ln in lines), lines
     assert any(ln.endswith('| 11.0 | 5 of 5 |') and 'swap + fine-tune, 0' in ln for ln in lines), lines
+
+
+def test_the_glance_table_bolds_only_intervals_that_exclude_zero_and_counts_collapses():
+    """By hand: top-1 differences +1, +2, +3 over three seeds: +2.0 [-0.5, +4.5] (3), not bold; a kernel 5 points
+    below softmax in every seed but one at chance: bold where its interval excludes zero, its classifiers at chance
+    counted as k of n; no det / seg rows: empty cells."""
+    from softfree_mm.analysis import glance
+    runs = [dict(config='study_pvt_v2_b0_digits', kernel=k, seed=s, top1_final=t, status='ok')
+            for k, ts in (('softmax', (60.0, 62.0, 64.0)), ('linear', (61.0, 64.0, 67.0)),
+                          ('relu', (55.0, 57.0, 58.0)), ('poly:degree=3', (61.0, 10.0, 66.0)),
+                          ('poly:degree=3,scale=1.0', (50.0, 51.0, 52.0)))
+            for s, t in enumerate(ts)]
+    seg = [dict(layout='pvt', task='seg', kernel=k, start='scratch', d_mIoU=1.0, d_mIoU_ci=(-1.0, 3.0), d_mIoU_n=3,
+                by_seed={s: dict(mAcc=50.0) for s in range(3)}) for k in ('linear', 'relu', 'poly:degree=3')]
+    table = glance.table_lines(runs, seg)
+    assert len(table) == 5 and all('| x^3 unscaled' not in t for t in table)  # a kernel without task rows: not here
+    assert '| PVTv2-b0 (tokens) | linear | +2.0 [-0.5, +4.5] (3) |  |  | +1.0 [-1.0, +3.0] (3) | none |' in table, table
+    relu = next(t for t in table if '| ReLU / N |' in t)
+    assert relu.split(' | ')[2].startswith('**-5.3 [') and relu.endswith('| none |'), relu
+    poly = next(t for t in table if '| x^3 / sqrt(N) |' in t)
+    assert poly.endswith('| classifiers at chance 1 of 3 |') and '**' not in poly, poly
+    assert 'layout,kernel,start,metric,mean,low,high,n,excludes_zero\npvt,linear,scratch,top1,2.00,-0.48,4.48,3,False' \
+        in glance.forest_csv(glance.forest_rows(runs, []))
