@@ -88,13 +88,17 @@ BACKBONES = {  # the kernel study's two backbones, their kernels (a layout's own
     'pvt': ('configs/demo/study_pvt_v2_b0_digits.py', ['poly:degree=3', 'poly:degree=1', 'relu', 'linear', 'inline']),
     # the windowed layout (not a kernel study backbone: its from-scratch rows are the grid's own)
     'swin': ('configs/demo/study_swin_digits.py', ['poly:degree=3', 'poly:degree=1', 'relu', 'linear', 'inline']),
+    # the token layout on a schedule twice as long (the carry-over test, docs/warm_start.md): x^3 and a bounded kernel
+    'pvt600': ('configs/demo/study_pvt_v2_b0_digits_600.py', ['poly:degree=3', 'linear']),
 }
+SCRATCH_OF = {'pvt600': 600}  # a backbone's from-scratch iterations where they are not SCRATCH_ITERS
 DEFAULT_BACKBONES = ('xcit', 'pvt')  # what the grid runs unless told (--backbones)
 GROUP_CHOICES = (('kernel', ), ('kernel', 'qkv'), ('kernel', 'qkv', 'proj'), ('blocks', ))
 # the kernels the recipes grid runs every recipe on: token attention's five, channel attention's two
 RECIPE_KERNELS = {'pvt': ['poly:degree=3', 'poly:degree=1', 'linear', 'relu', 'inline'],
                   'xcit': ['poly:degree=3', 'linear'],
-                  'swin': ['poly:degree=3', 'poly:degree=1', 'linear', 'relu', 'inline']}
+                  'swin': ['poly:degree=3', 'poly:degree=1', 'linear', 'relu', 'inline'],
+                  'pvt600': ['poly:degree=3', 'linear']}
 DETECTOR = 'configs/demo/maskrcnn_xcit_t12_poly3_demo.py'
 
 
@@ -172,7 +176,8 @@ class Plan:
     # ---------------------------------------------------------------- the phases
     def scratch(self, bb: str, kernel: str, seed: int) -> dict:
         # a kept row first (softmax's included: teacher() trains it again where a new run needs its weights)
-        got = self.kept.run(row_key(bb, kernel, seed, 'scratch', SCRATCH_ITERS)) if self.kept is not None else None
+        got = (self.kept.run(row_key(bb, kernel, seed, 'scratch', SCRATCH_OF.get(bb, SCRATCH_ITERS)))
+               if self.kept is not None else None)
         if got is not None:
             return got
         got = self.from_study(bb, kernel, seed)
@@ -330,8 +335,8 @@ def run_grid(plan: Plan) -> dict:
 
     rows = []
     for (bb, k, s), run in scratch.items():
-        rows.append(_row(run, backbone=bb, kernel=k, seed=s, start='scratch', iters=SCRATCH_ITERS, transfer_iters=0,
-                         groups=''))
+        rows.append(_row(run, backbone=bb, kernel=k, seed=s, start='scratch', iters=SCRATCH_OF.get(bb, SCRATCH_ITERS),
+                         transfer_iters=0, groups=''))
     for (bb, k, s), run in swaps.items():
         rows.append(_row(run, backbone=bb, kernel=k, seed=s, start='swap', iters=0, transfer_iters=0, groups=''))
     for (bb, k, s, b), run in swap_ft.items():

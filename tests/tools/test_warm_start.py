@@ -230,7 +230,8 @@ def test_scratch_rows_are_the_studys_runs_unless_the_grid_needs_their_weights(tm
     (['--seeds', '0', '1', '--ablation-seeds', '2'], '--ablation-seeds [2]: a subset of --seeds [0, 1]'),
     (['--scratch-from', 'no/such/runs.csv'], "--scratch-from no/such/runs.csv: no such file"),
     (['--scratch-from', 'OTHER'], 'no column cpu_s, top1_final, wall_s'),
-    (['--backbones', 'swin', 'swon'], '--backbones swin swon: distinct names of xcit, pvt, swin'),
+    (['--backbones', 'swin', 'swon'], '--backbones swin swon: distinct names of xcit, pvt, swin, pvt600'),
+    (['--backbones', 'pvt600', '--kernels', 'relu'], '--kernels relu: kernels of the backbones pvt600'),
 ])
 def test_grid_options_out_of_range_are_one_line_and_exit_2(args, message, tmp_path):
     other = tmp_path / 'other.csv'

@@ -8,7 +8,8 @@ each start.
         [--seeds 0 1 2] [--budgets 30 75] [--scratch-from docs/results/study/runs.csv] [--ablation-seeds 0 1 2]
         [--recipes transfer transfer-half transfer-final transfer-attn transfer-newhead] [--det-from CSV]
         [--keep-from docs/results/warm_start]
-        [--backbones xcit pvt] [--docs docs/warm_start.md] [--jobs 2] [--threads 1] [--report-only]
+        [--backbones xcit pvt] [--kernels K ...] [--docs docs/warm_start.md] [--jobs 2] [--threads 1]
+        [--report-only]
     python tools/analysis/warm_start_grid.py --cost CONFIG [CONFIG ...] [--device cpu|cuda] [--batch 8] [--steps 3]
         [--csv PATH]
 
@@ -63,6 +64,8 @@ def main(argv=None):
                    help="the page whose generated section is rewritten ('': none)")
     p.add_argument('--backbones', nargs='+', default=None,
                    help="the grid's backbones (default: xcit pvt; swin: the windowed layout)")
+    p.add_argument('--kernels', nargs='+', default=None,
+                   help="only these of each backbone's kernels (default: all; softmax, the teacher, always)")
     p.add_argument('--jobs', type=int, default=2, help='processes at a time')
     p.add_argument('--threads', type=int, default=1, help='torch threads per process')
     p.add_argument('--report-only', action='store_true', help='run nothing; report the finished runs')
@@ -106,11 +109,16 @@ def main(argv=None):
     backbones = args.backbones or list(ws.DEFAULT_BACKBONES)
     if not backbones or len(set(backbones)) != len(backbones) or any(b not in ws.BACKBONES for b in backbones):
         fail(f'--backbones {" ".join(backbones)}: distinct names of {", ".join(ws.BACKBONES)}')
+    unknown = sorted(set(args.kernels or ()) - {k for b in backbones for k in ws.BACKBONES[b][1]})
+    if unknown or args.kernels == []:
+        fail(f'--kernels {" ".join(args.kernels)}: kernels of the backbones {" ".join(backbones)}')
+    chosen = {b: (ws.BACKBONES[b][0], [k for k in ws.BACKBONES[b][1] if not args.kernels or k in args.kernels])
+              for b in backbones}
     runner = ws.Runner(osp.abspath(args.work_dir), osp.join(ROOT, 'tools'), args.jobs, args.threads,
                        echo=lambda m: print(m, flush=True), report_only=args.report_only)
     plan = ws.Plan(runner, ROOT, args.seeds, args.budgets, recipe=args.recipes[0], recipes=args.recipes[1:],
                    scratch_from=scratch_from or None, ablation_seeds=ablation, det_from=det_from or None,
-                   keep_from=keep_from or None, backbones={b: ws.BACKBONES[b] for b in backbones},
+                   keep_from=keep_from or None, backbones=chosen,
                    echo=lambda m: print(m, flush=True))
     result = ws.run_grid(plan)
     docs = args.docs and (args.docs if osp.isabs(args.docs) else osp.join(ROOT, args.docs))
