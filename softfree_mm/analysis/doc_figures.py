@@ -110,6 +110,7 @@ STUDY_FINDINGS = _markers('kernel study findings', 'docs/results/study/runs.csv'
 STUDY_NORMS = _markers('kernel study norms', 'docs/results/study/norm_curves.csv')
 WARM_FINDINGS = _markers('warm-start findings', 'docs/results/warm_start/')
 WARM_COST = _markers('stage-1 cost', 'docs/results/warm_start/cost_cpu.csv')
+CARRY_OVER = _markers('carry-over test', 'docs/results/carry_over/ and docs/results/warm_start/')
 README_STUDIES = _markers('studies headline', 'docs/results/')
 PATCH_ORACLE = _markers('patch oracle', 'docs/results/task_study/patch_oracle.csv')
 TASK_LAYER_STATS = _markers('task study layer stats', 'docs/results/task_study/layer_stats.csv')
@@ -145,6 +146,11 @@ def warm_findings(root: str) -> str:
     lines = fd.warm_start_lines(rows) + fd.unbounded_lines(rows) + fd.recipe_lines(rows)
     lines += fd.detector_lines(read_csv(osp.join(out, 'detectors.csv')))
     return _wrap(WARM_FINDINGS, lines)
+
+
+def carry_over(root: str) -> str:
+    from . import carry_over as co
+    return _wrap(CARRY_OVER, co.lines(root))
 
 
 def warm_cost(root: str) -> str:
@@ -189,6 +195,7 @@ def _sections() -> List[Section]:
         Section('README.md', *README_STUDIES, readme_studies, 'Headline figures'),
         Section('docs/warm_start.md', *WARM_FINDINGS, warm_findings, 'What holds'),
         Section('docs/warm_start.md', *WARM_COST, warm_cost, 'What stage 1 costs'),
+        Section('docs/warm_start.md', *CARRY_OVER, carry_over, 'What carries from digits to ImageNet'),
         Section('docs/study.md', *STUDY_TABLES, study_tables, 'Accuracy'),
         Section('docs/study.md', *STUDY_NORMS, study_norms, 'The norms during training'),
         Section('docs/study.md', *STUDY_FINDINGS, study_findings, 'What holds at this scale'),
