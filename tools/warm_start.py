@@ -145,7 +145,7 @@ def _joined(argv):
     return out
 
 
-ROLES = ('stage1', 'stage2', 'main')
+from softfree_mm.engine.chain import ROLES  # noqa: E402  (stage1, stage2, main)
 
 
 def _gpus(p, values):
@@ -167,9 +167,11 @@ def _gpus(p, values):
 def request_of(args):
     from softfree_mm.engine.chain_run import Request
     options = dict(stage1=list(args.stage1_options), stage2=list(args.stage2_options), main=list(args.cfg_options))
-    return Request(args.config, args.work_root, args.release, args.iters, args.recipe, options, args.launcher,
-                   args.gpus, args.nnodes, args.partition, args.job_name, args.train_args, args.batch_scale,
-                   args.stage_gpus, args.cpus_per_task, args.srun_args)
+    return Request(config=args.config, work_root=args.work_root, release=args.release, iters=args.iters,
+                   recipe=args.recipe, options=options, launcher=args.launcher, gpus=args.gpus, nnodes=args.nnodes,
+                   partition=args.partition, job_name=args.job_name, train_args=args.train_args,
+                   batch_scale=args.batch_scale, stage_gpus=args.stage_gpus, cpus_per_task=args.cpus_per_task,
+                   srun_args=args.srun_args)
 
 
 def submit(args, plan, say):

@@ -103,7 +103,7 @@ def parameters(plan, i: int, time_s: int, signal_before: int, sbatch_args: str,
     return dict(partition=req.partition, nodes=req.nnodes, ntasks_per_node=per_node,
                 cpus_per_task=req.cpus_per_task or int(os.environ.get('CPUS_PER_TASK') or 10),
                 time=max(1, -(-time_s // 60)), signal_delay_s=signal_before, job_name=chain_job_name(plan),
-                stderr_to_stdout=True, srun_args=shlex.split(req.slurm_args), setup=setup,
+                stderr_to_stdout=True, srun_args=shlex.split(req.srun_args), setup=setup,
                 additional_parameters=extra)
 
 

@@ -45,7 +45,7 @@ class Request:
     batch_scale: Optional[str] = None
     stage_gpus: Dict[str, int] = field(default_factory=dict)  # --gpus ROLE=N: a stage's own count per node
     cpus_per_task: Optional[int] = None  # slurm: CPUS_PER_TASK (default: tools/slurm_train.sh's)
-    slurm_args: str = ''  # slurm: more srun options (SRUN_ARGS), e.g. --account, --qos
+    srun_args: str = ''  # slurm: more srun options (SRUN_ARGS), e.g. --account, --qos
 
     def gpus_of(self, role: Optional[str] = None) -> Optional[int]:
         """--gpus of a stage ('stage1', 'stage2', 'main'): its own count, else the common one (None: the default)."""
@@ -363,8 +363,8 @@ def command(p: Plan, i: int, resume: bool, release: Optional[str] = None):
                    GPUS_PER_NODE='0' if req.wants_cpu() else str(per_node))
         if req.cpus_per_task:
             env['CPUS_PER_TASK'] = str(req.cpus_per_task)
-        if req.slurm_args:
-            env['SRUN_ARGS'] = req.slurm_args
+        if req.srun_args:
+            env['SRUN_ARGS'] = req.srun_args
         return ['bash', osp.join(tools, 'slurm_train.sh'), req.partition, f'{req.job_name}_{r.name}', r.config,
                 r.work_dir, *extra], env
     return [sys.executable, osp.join(tools, 'train.py'), r.config, '--work-dir', r.work_dir, *extra], {}

@@ -50,7 +50,7 @@ def _plan(tmp_path, **kw):
 
 def test_each_stage_is_given_the_tools_interpreter_its_gpus_and_no_gres_on_cpu(tmp_path):
     p = _plan(tmp_path, launcher='slurm', partition='cpu', gpus=4, nnodes=2, stage_gpus={'stage2': 2},
-              train_args='--device cpu', cpus_per_task=3, slurm_args='--account=a --qos=q', batch_scale='keep')
+              train_args='--device cpu', cpus_per_task=3, srun_args='--account=a --qos=q', batch_scale='keep')
     cmd, env = chain_run.command(p, 0, False)
     assert cmd[1].endswith('tools/slurm_train.sh') and cmd[2] == 'cpu'
     assert env == dict(PYTHON=sys.executable, GPUS='8', TASKS_PER_NODE='4', GPUS_PER_NODE='0', CPUS_PER_TASK='3',
