@@ -134,8 +134,9 @@ class Plan:
                  ablation_kernel: str = 'poly:degree=3', det_kernels: Sequence[str] = ('poly:degree=3', 'linear'),
                  backbones: Optional[Dict[str, tuple]] = None, scratch_from: Optional[str] = None,
                  ablation_seeds: Optional[Sequence[int]] = None, det_from: Optional[str] = None,
-                 keep_from: Optional[str] = None, echo=print):
+                 keep_from: Optional[str] = None, echo=print, teachers_only: bool = False):
         self.r, self.root, self.seeds = runner, root, list(seeds)
+        self.teachers_only = teachers_only  # the kernels' from-scratch runs left 'not run' (--teachers-only)
         self.study = study_rows(scratch_from) if scratch_from else {}
         self.ablation_seeds = list(ablation_seeds) if ablation_seeds is not None else self.seeds
         self.budgets = list(budgets)
@@ -184,6 +185,8 @@ class Plan:
         if got is not None:
             return got
         key = f'scratch/{bb}/{safe_name(kernel)}/seed{seed}'
+        if self.teachers_only and not self.needs_checkpoint(bb, kernel):
+            return dict(status='not run', error='--teachers-only', key=key)
         return self.r.train(key, kernel_config(self.base(bb), kernel_cfg(kernel)), [f'randomness.seed={seed}'])
 
     def teacher(self, bb: str, seed: int) -> dict:

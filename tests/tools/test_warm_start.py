@@ -543,3 +543,19 @@ def test_keep_from_runs_only_what_is_missing_and_refuses_another_teacher(tmp_pat
         (tmp_path / 'f').mkdir()
         (tmp_path / 'f' / 'classifiers.csv').write_text('backbone,kernel,seed,start,iters,recipe,groups,status\n')
         ws.Plan(ws.Runner(str(tmp_path / 'x'), osp.join(ROOT, 'tools')), ROOT, [0], keep_from=str(tmp_path / 'f'))
+
+
+def test_teachers_only_trains_softmax_from_scratch_and_leaves_the_kernels_rows_not_run(tmp_path):
+    """--teachers-only (the carry-over test's longer schedule): softmax, which the warm starts start from, is trained;
+    the kernels' from-scratch runs are not asked for and their rows say 'not run'; the 600-iteration backbone's scratch
+    rows are labelled 600."""
+    asked = []
+    runner = ws.Runner(str(tmp_path / 'w'), osp.join(ROOT, 'tools'))
+    runner.train = runner.test = lambda key, *a, **k: asked.append(key) or dict(status='not run', key=key)
+    plan = ws.Plan(runner, ROOT, [0], budgets=(60, ), backbones={'pvt600': ws.BACKBONES['pvt600']},
+                   ablation_seeds=[], teachers_only=True)
+    rows = ws.run_grid(plan)['rows']
+    assert [k for k in asked if k.startswith('scratch/')] == ['scratch/pvt600/softmax/seed0']
+    scratch = {r['kernel']: r for r in rows if r['start'] == 'scratch'}
+    assert set(scratch) == {'softmax', 'poly:degree=3', 'linear'} and {r['iters'] for r in scratch.values()} == {600}
+    assert scratch['linear']['status'] == 'not run' and scratch['linear']['error'] == '--teachers-only'

@@ -8,8 +8,8 @@ each start.
         [--seeds 0 1 2] [--budgets 30 75] [--scratch-from docs/results/study/runs.csv] [--ablation-seeds 0 1 2]
         [--recipes transfer transfer-half transfer-final transfer-attn transfer-newhead] [--det-from CSV]
         [--keep-from docs/results/warm_start]
-        [--backbones xcit pvt] [--kernels K ...] [--docs docs/warm_start.md] [--jobs 2] [--threads 1]
-        [--report-only]
+        [--backbones xcit pvt] [--kernels K ...] [--teachers-only] [--docs docs/warm_start.md] [--jobs 2]
+        [--threads 1] [--report-only]
     python tools/analysis/warm_start_grid.py --cost CONFIG [CONFIG ...] [--device cpu|cuda] [--batch 8] [--steps 3]
         [--csv PATH]
 
@@ -66,6 +66,8 @@ def main(argv=None):
                    help="the grid's backbones (default: xcit pvt; swin: the windowed layout)")
     p.add_argument('--kernels', nargs='+', default=None,
                    help="only these of each backbone's kernels (default: all; softmax, the teacher, always)")
+    p.add_argument('--teachers-only', action='store_true',
+                   help="train from scratch only what the warm starts start from (the kernels' rows: 'not run')")
     p.add_argument('--jobs', type=int, default=2, help='processes at a time')
     p.add_argument('--threads', type=int, default=1, help='torch threads per process')
     p.add_argument('--report-only', action='store_true', help='run nothing; report the finished runs')
@@ -119,7 +121,7 @@ def main(argv=None):
     plan = ws.Plan(runner, ROOT, args.seeds, args.budgets, recipe=args.recipes[0], recipes=args.recipes[1:],
                    scratch_from=scratch_from or None, ablation_seeds=ablation, det_from=det_from or None,
                    keep_from=keep_from or None, backbones=chosen,
-                   echo=lambda m: print(m, flush=True))
+                   echo=lambda m: print(m, flush=True), teachers_only=args.teachers_only)
     result = ws.run_grid(plan)
     docs = args.docs and (args.docs if osp.isabs(args.docs) else osp.join(ROOT, args.docs))
     read_from = [keep_from] + [osp.dirname(f) for f in (det_from, scratch_from) if f]  # their versions.json
