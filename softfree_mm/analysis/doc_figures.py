@@ -60,8 +60,9 @@ def recipe_rule(root: str) -> str:
     from . import recipe_rule as rr
     rows = read_csv(osp.join(root, RESULTS, 'warm_start', 'classifiers.csv'))
     rows = [{k: ('' if v is None else str(v)) for k, v in r.items()} for r in rows]
+    from . import carry_over as co
     backbones = list(dict.fromkeys(r['backbone'] for r in rows if r.get('backbone')))
-    return rr.section(rows, {bb: 'transfer' for bb in backbones})
+    return rr.section(rows, {bb: 'transfer' for bb in backbones}, co.decision(root))
 
 
 def task_study(root: str) -> str:

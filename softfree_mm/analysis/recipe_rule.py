@@ -149,6 +149,13 @@ def shipped_budget(rows: List[dict]) -> int:
     return want
 
 
+def default_budget(rows: List[dict], carries: Optional[str] = None) -> int:
+    """The grid budget whose verdict the package ships: the shipped fraction's (:func:`shipped_budget`), unless the
+    carry-over test (analysis/carry_over.py) found that the stage-1 step count, not the fraction, decides
+    (``carries='steps'``): then the grid's largest budget, where stage 1 had the most steps."""
+    return budgets(rows)[-1] if carries == 'steps' else shipped_budget(rows)
+
+
 def layout_verdicts(result: Dict[str, dict]) -> Dict[str, str]:
     """Layout class (a key of ``LAYOUT_DEFAULTS``) -> the recipe the rule chose on the grid backbone measured in that
     layout (classes whose backbone has no recipe rows left out)."""
@@ -156,14 +163,17 @@ def layout_verdicts(result: Dict[str, dict]) -> Dict[str, str]:
             if bb and bb in result and result[bb]['verdicts']}
 
 
-def layout_table(results: Dict[int, Dict[str, dict]], shipped: int, scratch: int) -> List[str]:
+def layout_table(results: Dict[int, Dict[str, dict]], shipped: int, scratch: int,
+                 follows: Optional[int] = None) -> List[str]:
     """Where each shipped layout default was measured: per det / seg layout, the default the package ships
     (``LAYOUT_DEFAULTS``), the grid layout it was measured on (or that it borrows the verdict of another), and
     version 2's choice there at each budget (``results``: budget -> :func:`choose`'s result; a layout whose grid
     backbone has no recipe rows: not measured)."""
     from ..engine.warm_start import LAYOUT_DEFAULTS
     measured = {kind: bb for _, kind, bb in LAYOUTS if bb}
-    heads = [f'version 2 at {b} ({100 * b / scratch:.0f} %{", ships" if b == shipped else ""})' for b in results]
+    follows = shipped if follows is None else follows
+    heads = [f'version 2 at {b} ({100 * b / scratch:.0f} %' + (', the shipped fraction' if b == shipped else '')
+             + (', the defaults follow it' if b == follows else '') + ')' for b in results]
     out = ['| layout | shipped default | measured on | ' + ' | '.join(heads) + ' |',
            '|---|---|---|' + '---|' * len(heads)]
     for label, kind, bb in LAYOUTS:
@@ -177,20 +187,20 @@ def layout_table(results: Dict[int, Dict[str, dict]], shipped: int, scratch: int
     return out
 
 
-def section(rows: List[dict], defaults: Dict[str, str]) -> str:
+def section(rows: List[dict], defaults: Dict[str, str], carries: Optional[str] = None) -> str:
     """The docs section: the verdict lines of version 2 on ``rows`` at every budget the grid ran, and where each
-    shipped default was measured, between the markers."""
-    scratch, shipped = scratch_iters(rows), shipped_budget(rows)
+    shipped default was measured, between the markers (``carries``: the carry-over test's decision)."""
+    scratch, shipped, follows = scratch_iters(rows), shipped_budget(rows), default_budget(rows, carries)
     results = {b: choose(rows, b, defaults) for b in budgets(rows)}
     out = [BEGIN, '']
     for b, result in results.items():
-        what = ('the fraction the shipped ImageNet warm start runs: its default is this verdict' if b == shipped
-                else 'not the fraction that ships')
+        what = ('the fraction the shipped ImageNet warm start runs' if b == shipped else 'not the fraction that ships')
+        what += '; the shipped defaults follow this verdict' if b == follows else ''
         out += [f'**At {b} iterations, {100 * b / scratch:.0f} % of the from-scratch {scratch}** ({what}):', '',
                 *lines(result, NAMES), '']
-    return '\n'.join([*out, *layout_table(results, shipped, scratch), '', END])
+    return '\n'.join([*out, *layout_table(results, shipped, scratch, follows), '', END])
 
 
-def write_docs(path: str, rows: List[dict], defaults: Dict[str, str]) -> None:
+def write_docs(path: str, rows: List[dict], defaults: Dict[str, str], carries: Optional[str] = None) -> None:
     from .docs_section import write_section
-    write_section(path, section(rows, defaults), BEGIN, END, 'The recipe rule, version 2')
+    write_section(path, section(rows, defaults, carries), BEGIN, END, 'The recipe rule, version 2')

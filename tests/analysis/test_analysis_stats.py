@@ -111,7 +111,8 @@ def test_the_docs_verdict_is_what_the_committed_grid_makes_and_the_tool_says_it(
     path = osp.join(ROOT, 'docs', 'results', 'warm_start', 'classifiers.csv')
     with open(path, newline='') as f:
         rows = list(csv.DictReader(f))
-    want = rr.section(rows, {bb: 'transfer' for bb in dict.fromkeys(r['backbone'] for r in rows)})
+    from softfree_mm.analysis import carry_over as co
+    want = rr.section(rows, {bb: 'transfer' for bb in dict.fromkeys(r['backbone'] for r in rows)}, co.decision(ROOT))
     page = open(osp.join(ROOT, 'docs', 'warm_start.md')).read()
     assert page[page.index(rr.BEGIN):page.index(rr.END) + len(rr.END)] == want
     tool = osp.join(ROOT, 'tools', 'analysis', 'recipe_rule.py')

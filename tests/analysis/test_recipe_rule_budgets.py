@@ -21,11 +21,15 @@ def _committed():
 
 def test_layout_defaults_are_the_rules_verdict_at_the_budget_that_ships():
     """For every layout class the grid measured, LAYOUT_DEFAULTS is what version 2 chooses on the committed CSV at
-    the grid budget of the ImageNet scale's fraction (30 of 300 epochs: 10 %, the grid's 30 of 300 iterations),
-    against the recipe the grid's runs were made beside."""
+    the grid budget of the ImageNet scale's fraction (30 of 300 epochs: 10 %, the grid's 30 of 300 iterations), or,
+    where the committed carry-over test found the stage-1 step count deciding, at the grid's largest budget; against
+    the recipe the grid's runs were made beside."""
+    from softfree_mm.analysis import carry_over as co
     rows = _committed()
     assert rr.shipped_fraction() == pytest.approx(0.1) and rr.shipped_budget(rows) == 30
-    result = rr.choose(rows, rr.shipped_budget(rows), {bb: 'transfer' for bb in {r['backbone'] for r in rows}})
+    budget = rr.default_budget(rows, co.decision(ROOT))
+    assert budget == (75 if co.decision(ROOT) == 'steps' else 30)
+    result = rr.choose(rows, budget, {bb: 'transfer' for bb in {r['backbone'] for r in rows}})
     verdicts = rr.layout_verdicts(result)
     assert set(verdicts) == set(ld.LAYOUT_DEFAULTS) == set(ld.MEASURED_ON)
     assert verdicts == ld.LAYOUT_DEFAULTS
