@@ -1,9 +1,9 @@
 # finetune / cswin_t / poly1 (8 GPUs x 128 images): stage 2 of the warm start
-# (configs/_base_/transfer/recipe_transfer-half.py, the layout's default): the classifier of
+# (configs/_base_/transfer/recipe_transfer.py, the layout's default): the classifier of
 # configs/cls_cswin_t_poly1.py, its backbone from stage 1 (python tools/train.py configs/transfer_cswin_t_poly1.py),
 # its head the release's classifier, fine-tuned on ImageNet (the recipe's stage 2). Its checkpoint is the backbone
 # start of the kernel's detection and segmentation configs.
-_base_ = ['./cls_cswin_t_poly1.py', './_base_/transfer/recipe_transfer-half.py',
+_base_ = ['./cls_cswin_t_poly1.py', './_base_/transfer/recipe_transfer.py',
           './_base_/transfer/cswin_t_release.py']
 model = dict(
     backbone=dict(

@@ -1,9 +1,9 @@
 # finetune / pvt_v2_b2 / linear (8 GPUs x 128 images): stage 2 of the warm start
-# (configs/_base_/transfer/recipe_transfer-half.py, the layout's default): the classifier of
+# (configs/_base_/transfer/recipe_transfer.py, the layout's default): the classifier of
 # configs/cls_pvt_v2_b2_linear.py, its backbone from stage 1 (python tools/train.py
 # configs/transfer_pvt_v2_b2_linear.py), its head the release's classifier, fine-tuned on ImageNet (the recipe's stage
 # 2). Its last checkpoint is the backbone start of the kernel's detection and segmentation configs.
-_base_ = ['./cls_pvt_v2_b2_linear.py', './_base_/transfer/recipe_transfer-half.py',
+_base_ = ['./cls_pvt_v2_b2_linear.py', './_base_/transfer/recipe_transfer.py',
           './_base_/transfer/pvt_v2_b2_release.py']
 model = dict(
     backbone=dict(

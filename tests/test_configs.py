@@ -365,7 +365,7 @@ def test_missing_warm_start_checkpoint_is_one_line_naming_both_stages_the_releas
     # CSWin's stripes take the windows' default, and the line says where it was measured
     with pytest.raises(UsageError) as e:
         check_pretrained(Config.fromfile(osp.join(ROOT, 'configs', 'maskrcnn_cswin_t_poly3.py')))
-    assert "note: the warm start's default recipe here, `transfer-half`, was measured on the study's tiny Swin with " \
+    assert "note: the warm start's default recipe here, `transfer`, was measured on the study's tiny Swin with " \
            "4x4 shifted windows (windows) at the digits scale, not on SoftFreeCSWin's stripes" in str(e.value), e.value
     release = Config.fromfile(osp.join(ROOT, 'configs', 'maskrcnn_swin_t_softmax.py'))
     assert ('--cfg-options model.backbone.init_cfg.checkpoint=' + release.model.backbone.init_cfg.checkpoint) in msg
@@ -414,6 +414,6 @@ def test_the_warm_start_stages_of_each_det_and_seg_config_build_its_kernel_from_
     # stage 2's head: the release's classifier, the release stage 1's teacher reads
     assert stage2.model.head.init_cfg.to_dict() == dict(type='ReleaseHead',
                                                         checkpoint=stage1.model.teacher.init_cfg.checkpoint)
-    # each layout's default recipe (channels: transfer; token attention and windows: transfer-half)
+    # each layout's default recipe (every class: transfer)
     recipe = default_recipe(cfg.model.backbone.to_dict())
     assert stage1.warm_start == stage2.warm_start == dict(recipe=recipe, scale='imagenet')

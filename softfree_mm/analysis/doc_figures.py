@@ -173,7 +173,8 @@ def readme_studies(root: str) -> str:
     study, task = glance.inputs(root)
     head = ('- **Is softmax needed?** From scratch minus softmax, by seed: mean [95 % interval] (n), bold if it '
             'excludes 0; all: [forest plot](docs/results/glance/forest.png), [docs/study.md](docs/study.md).')
-    warm = fd.readme_warm_start_line(grid, rules, rr.shipped_budget(text))
+    from . import carry_over as co
+    warm = fd.readme_warm_start_line(grid, rules, rr.default_budget(text, co.decision(root)))
     lines = [textwrap.fill(ln, 116, subsequent_indent='  ', break_long_words=False, break_on_hyphens=False)
              for ln in (head, warm)]  # as the README's other bullets
     return '\n'.join([README_STUDIES[0], lines[0], '', *glance.table_lines(study, task), '', lines[1],

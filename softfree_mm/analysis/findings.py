@@ -286,9 +286,9 @@ def measured_cost(rows: List[dict]) -> Dict[str, float]:
 
 
 # ------------------------------------------------------------------ the README's line on the warm start
-def readme_warm_start_line(grid: List[dict], rule_results: Dict[int, Dict[str, dict]], shipped: int) -> str:
-    """The README's bullet on the warm start: per grid backbone, the rule's verdict at each budget (the shipped one
-    named)."""
+def readme_warm_start_line(grid: List[dict], rule_results: Dict[int, Dict[str, dict]], follows: int) -> str:
+    """The README's bullet on the warm start: per grid backbone, the rule's verdict at each budget (the one the shipped
+    defaults follow named)."""
     parts = []
     for bb, title in _grid_titles(grid):
         kernels = [k for k in dict.fromkeys(r['kernel'] for r in grid if r['backbone'] == bb) if k != 'softmax']
@@ -296,9 +296,9 @@ def readme_warm_start_line(grid: List[dict], rule_results: Dict[int, Dict[str, d
         for b, result in rule_results.items():
             res = result.get(bb, {})
             verb = 'keeps' if res.get('chosen') == res.get('default') else 'takes'
-            verdicts.append(f"{verb} `{res.get('chosen')}` at {b} iterations{' (ships)' if b == shipped else ''}")
+            verdicts.append(f"{verb} `{res.get('chosen')}` at {b} iterations{' (shipped)' if b == follows else ''}")
         if not any(r['backbone'] == bb and r['start'] == 'transfer' for r in grid) or not kernels:
             continue
         parts.append(f"{title.split(' (')[0]} " + ', '.join(verdicts))
-    return ("- **The warm start's default** (recipe rule version 2, seeds as the unit; it ships the verdict at the "
-            "ImageNet recipe's fraction): " + '; '.join(parts) + '. [docs/warm_start.md](docs/warm_start.md)')
+    return ("- **The warm start's default** (recipe rule version 2, seeds as the unit; the carry-over test decides "
+            "which budget's verdict ships): " + '; '.join(parts) + '. [docs/warm_start.md](docs/warm_start.md)')

@@ -149,7 +149,7 @@ def test_the_readme_warm_start_line_names_each_grid_backbone_with_rows_and_the_r
         grid += [row('pvt', 'linear', s, 'scratch', 300, 60 + s), row('pvt', 'linear', s, 'transfer', 75, 62 + s,
                                                                         'transfer')]
     line = fd.readme_warm_start_line(grid, {75: {'pvt': dict(chosen='transfer', default='transfer')}}, 75)
-    assert 'PVTv2-b0 without spatial reduction keeps `transfer` at 75 iterations (ships).' in line and 'Swin' not in line
+    assert 'PVTv2-b0 without spatial reduction keeps `transfer` at 75 iterations (shipped).' in line and 'Swin' not in line
     for s in range(3):  # two kernels on the windowed backbone: +1 and -3 on average
         grid += [row('swin', 'relu', s, 'scratch', 300, 50), row('swin', 'relu', s, 'transfer', 75, 50 + s, 'transfer'),
                  row('swin', 'linear', s, 'scratch', 300, 40 + s), row('swin', 'linear', s, 'transfer', 75, 37 + s,
@@ -158,7 +158,7 @@ def test_the_readme_warm_start_line_names_each_grid_backbone_with_rows_and_the_r
                   'swin': dict(chosen='transfer-final', default='transfer')},
              75: {'pvt': dict(chosen='transfer', default='transfer'), 'swin': dict(chosen='transfer', default='transfer')}}
     line = fd.readme_warm_start_line(grid, rules, 30)
-    assert 'tiny Swin takes `transfer-final` at 30 iterations (ships), keeps `transfer` at 75 iterations.' in line, line
+    assert 'tiny Swin takes `transfer-final` at 30 iterations (shipped), keeps `transfer` at 75 iterations.' in line, line
 
 
 def test_the_warm_start_target_is_decided_by_the_interval_never_the_mean():

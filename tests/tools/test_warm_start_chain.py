@@ -62,8 +62,8 @@ def test_the_committed_recipe_configs_are_the_definitions():
 
 def test_every_shipped_stage_config_takes_its_layouts_default_recipe():
     """Every shipped stage config declares its layout class's default (the recipe rule version 2's verdict at the
-    budget that ships, which tests/analysis/test_recipe_rule_budgets.py ties LAYOUT_DEFAULTS to: token attention and
-    windows `transfer-half`, channels `transfer`), and stage 1's loss and groups are that recipe's."""
+    budget the carry-over test says carries, which tests/analysis/test_recipe_rule_budgets.py ties LAYOUT_DEFAULTS to:
+    `transfer` in every layout class), and stage 1's loss and groups are that recipe's."""
     import glob
 
     from mmengine.config import Config
@@ -78,8 +78,8 @@ def test_every_shipped_stage_config_takes_its_layouts_default_recipe():
             recipe = ws.RECIPES[want]
             assert (cfg.model.loss, tuple(cfg.model.train)) == (recipe.loss, recipe.groups), path
         seen.setdefault(family, set()).add(want)
-    assert seen == {'SoftFreeXCiT': {'transfer'}, 'SoftFreePVTv2': {'transfer-half'},
-                    'SoftFreeSwin': {'transfer-half'}, 'SoftFreeCSWin': {'transfer-half'}}, seen
+    assert seen == {'SoftFreeXCiT': {'transfer'}, 'SoftFreePVTv2': {'transfer'},
+                    'SoftFreeSwin': {'transfer'}, 'SoftFreeCSWin': {'transfer'}}, seen
     with pytest.raises(UsageError, match=r"^no backbone family 'ResNet'; known: SoftFreeXCiT, "):
         ws.default_recipe('ResNet')
 
@@ -87,7 +87,7 @@ def test_every_shipped_stage_config_takes_its_layouts_default_recipe():
 @pytest.mark.parametrize('stage', ['stage1', 'stage2'])
 @pytest.mark.parametrize('study,pair', [(STUDY, 'xcit_s12_poly3'), (STUDY_PVT, 'pvt_v2_b2_poly3')])
 def test_a_grid_config_and_the_shipped_config_of_a_pair_differ_exactly_in_the_named_list(stage, study, pair, tmp_path):
-    """The grid's runs of the layout's default recipe (channel attention: transfer; token attention: transfer-half)
+    """The grid's runs of the layout's default recipe (transfer in every layout class)
     are the shipped configs' recipe."""
     from mmengine.config import Config
 
@@ -144,8 +144,8 @@ def tool(capsys, monkeypatch):
 
 @pytest.mark.parametrize('config,pair,recipe', [
     ('configs/maskrcnn_xcit_s12_poly3.py', 'xcit_s12_poly3', 'transfer'),
-    ('configs/upernet_swin_t_linear.py', 'swin_t_linear', 'transfer-half'),
-    ('configs/semfpn_pvt_v2_b2_inline.py', 'pvt_v2_b2_inline', 'transfer-half'),
+    ('configs/upernet_swin_t_linear.py', 'swin_t_linear', 'transfer'),
+    ('configs/semfpn_pvt_v2_b2_inline.py', 'pvt_v2_b2_inline', 'transfer'),
 ])
 def test_dry_run_lists_the_chain_with_its_work_dirs_reads_and_writes(config, pair, recipe, tmp_path, tool):
     """Each stage's length is its layout's default recipe's split (a third or half of the 37,530 iterations)."""
@@ -241,7 +241,7 @@ def test_train_py_alone_names_the_warm_start_command_first(tmp_path):
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.splitlines()[1].startswith(
-        "[warm-start] note: the warm start's default recipe here, `transfer-half`, was measured on the study's tiny "
+        "[warm-start] note: the warm start's default recipe here, `transfer`, was measured on the study's tiny "
         "Swin with 4x4 shifted windows (windows) at the digits scale, not on SoftFreeCSWin's stripes"), proc.stdout
 
 

@@ -1,9 +1,9 @@
 # Stage 1 of the warm start for CSWin-T (attention transfer): the teacher is CSWin-T with softmax and the official
 # release cswin_tiny_224.pth (82.7 top-1), frozen; the student is the backbone of configs/cls_cswin_t_softmax.py (a
 # configs/transfer_cswin_t_*.py sets its kernel as the matching cls_cswin_t_*.py does) starting from the teacher's
-# weights. Recipe: configs/_base_/transfer/recipe_transfer-half.py (the layout's default). Images only: no
+# weights. Recipe: configs/_base_/transfer/recipe_transfer.py (the layout's default). Images only: no
 # validation.
-_base_ = ['../../cls_cswin_t_softmax.py', './recipe_transfer-half.py', './cswin_t_release.py']
+_base_ = ['../../cls_cswin_t_softmax.py', './recipe_transfer.py', './cswin_t_release.py']
 teacher = dict(
     type='SoftFreeCSWin',
     arch='tiny',

@@ -1,9 +1,9 @@
 # Stage 1 of the warm start for PVTv2-b2 (attention transfer): the teacher is PVTv2-b2 with softmax and the official
 # release pvt_v2_b2.pth (82.0 top-1), frozen; the student is the backbone of configs/cls_pvt_v2_b2_softmax.py (a
 # configs/transfer_pvt_v2_b2_*.py sets its kernel as the matching cls_pvt_v2_b2_*.py does) starting from the teacher's
-# weights. Recipe: configs/_base_/transfer/recipe_transfer-half.py (the layout's default). Images only: no
+# weights. Recipe: configs/_base_/transfer/recipe_transfer.py (the layout's default). Images only: no
 # validation.
-_base_ = ['../../cls_pvt_v2_b2_softmax.py', './recipe_transfer-half.py', './pvt_v2_b2_release.py']
+_base_ = ['../../cls_pvt_v2_b2_softmax.py', './recipe_transfer.py', './pvt_v2_b2_release.py']
 teacher = dict(
     type='SoftFreePVTv2',
     arch='b2',

@@ -1,9 +1,9 @@
 # Stage 1 of the warm start for Swin-T (attention transfer): the teacher is Swin-T with softmax and the official
 # release swin_tiny_patch4_window7_224.pth (81.2 top-1), frozen; the student is the backbone of
 # configs/cls_swin_t_softmax.py (a configs/transfer_swin_t_*.py sets its kernel as the matching cls_swin_t_*.py does)
-# starting from the teacher's weights. Recipe: configs/_base_/transfer/recipe_transfer-half.py (the layout's
+# starting from the teacher's weights. Recipe: configs/_base_/transfer/recipe_transfer.py (the layout's
 # default). Images only: no validation.
-_base_ = ['../../cls_swin_t_softmax.py', './recipe_transfer-half.py', './swin_t_release.py']
+_base_ = ['../../cls_swin_t_softmax.py', './recipe_transfer.py', './swin_t_release.py']
 teacher = dict(
     type='SoftFreeSwin',
     arch='tiny',
