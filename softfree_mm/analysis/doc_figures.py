@@ -5,12 +5,11 @@ function that makes each from the CSVs under ``docs/results/``. ``tools/analysis
 a grid's CSVs change); ``--check`` and the tests regenerate them and diff them against the pages. Prose outside the
 markers says what the figures mean and quotes none.
 """
-import csv
 import json
 import os.path as osp
 from typing import Callable, Dict, List, NamedTuple, Optional
 
-RESULTS = osp.join('docs', 'results')
+from .committed_csv import RESULTS, read_csv  # noqa: F401  (the committed CSVs, read as numbers)
 
 
 class Section(NamedTuple):
@@ -19,22 +18,6 @@ class Section(NamedTuple):
     end: str
     make: Callable[[str], str]  # root -> the section, markers included
     heading: str  # where a page without the markers gets it appended
-
-
-def _typed(v: str):
-    if v in (None, ''):
-        return None
-    try:
-        f = float(v)
-    except ValueError:
-        return v
-    return int(f) if f.is_integer() and '.' not in v and 'e' not in v.lower() else f
-
-
-def read_csv(path: str) -> List[dict]:
-    """A committed CSV's rows, numbers as numbers and blanks as None."""
-    with open(path, newline='') as f:
-        return [{k: _typed(v) for k, v in r.items()} for r in csv.DictReader(f)]
 
 
 # ------------------------------------------------------------------ the sections the grid tools already write

@@ -143,7 +143,7 @@ def plot(rows: List[dict], path: str) -> None:
 
 def inputs(root: str):
     from . import task_study as ts
-    from .doc_figures import RESULTS, read_csv
+    from .committed_csv import RESULTS, read_csv
     study = read_csv(osp.join(root, RESULTS, 'study', 'runs.csv'))
     return study, ts.summarise(ts.read_rows(osp.join(root, RESULTS, 'task_study', 'runs.csv')))
 

@@ -45,7 +45,7 @@ SCRATCH_EPOCHS = {'SoftFreeXCiT': 400}  # where it is not SCRATCH_EPOCHS_DEFAULT
 
 def stage_epochs(recipe: str) -> tuple:
     """(stage 1, stage 2) epochs of the ImageNet scale's warm start under ``recipe``."""
-    from .warm_start import RECIPES
+    from .recipes import RECIPES
     first = WARM_EPOCHS * RECIPES[recipe].stage1_share
     return first, WARM_EPOCHS - first
 
