@@ -21,10 +21,11 @@ from .sweep import newest_scalars, safe_name, train_one
 RESULT = 'result.json'
 
 
-def kernel_config(base: str, kernel: dict) -> str:
+def kernel_config(base: str, kernel) -> str:
     """``base`` with ``kernel`` in its backbone in place of its own (a classifier from scratch, a detector from a
-    start)."""
-    return f"_base_ = {base!r}\nmodel = dict(backbone=dict(attn_cfg={dict(_delete_=True, **kernel)!r}))\n"
+    start): one kernel config dict, or a list of them (one per stage; a list replaces the base's whole)."""
+    attn = [dict(k) for k in kernel] if isinstance(kernel, (list, tuple)) else dict(_delete_=True, **kernel)
+    return f"_base_ = {base!r}\nmodel = dict(backbone=dict(attn_cfg={attn!r}))\n"
 
 
 def kernel_cfg(label: str) -> dict:

@@ -36,12 +36,24 @@ class Layout:
 
     def __init__(self, title: str, classifier: str, det: Optional[str], seg: str, kernels: Sequence[str],
                  starts: Sequence[str] = ('scratch', 'transfer'), warm: Sequence[str] = ('poly:degree=3', 'linear'),
-                 recipe: Optional[str] = None, classifiers: Optional[str] = None):
+                 recipe: Optional[str] = None, classifiers: Optional[str] = None,
+                 fixed_n: Optional[Sequence[int]] = None):
         self.title, self.classifier, self.det, self.seg = title, classifier, det, seg
         self.kernels, self.starts, self.warm = list(kernels), list(starts), list(warm)
         self.recipe = recipe
         # the layout whose classifier runs (same config) this one's detectors / segmentors start from
         self.classifiers = classifiers
+        # the detectors' / segmentors' poly kernels with c = 1/sqrt(N) take c fixed at these token counts, one per
+        # stage, instead of the keys each forward has (the classifier's N where the layout names it)
+        self.fixed_n = tuple(fixed_n) if fixed_n else None
+
+    def task_attn(self, kernel: str):
+        """The detector's / segmentor's attn_cfg for a kernel label: its config, or with ``fixed_n`` a poly kernel
+        whose c is 1/sqrt(N) as one config per stage with c = fixed_n[i] ** -0.5 (other kernels unchanged)."""
+        cfg = kernel_cfg(kernel)
+        if not self.fixed_n or cfg['type'] != 'poly' or cfg.get('scale', 'sqrt_n') != 'sqrt_n':
+            return cfg
+        return [dict(cfg, scale=n ** -0.5) for n in self.fixed_n]
 
     @property
     def tasks(self) -> Tuple[str, ...]:
@@ -78,6 +90,21 @@ LAYOUTS = OrderedDict(
     pvt_n64=Layout('PVTv2-b0 without spatial reduction, the segmentor at the classifier\'s token count (crops of 64)',
                    'configs/demo/study_pvt_v2_b0_digits.py', None, 'configs/demo/semfpn_pvt_v2_b0_digits_n64.py',
                    ['softmax', 'poly:degree=3'], warm=('poly:degree=3', ), recipe='transfer-final', classifiers='pvt'),
+    # the collapse's arms with controls that train (docs/study.md): pvt's segmentor from pvt's classifiers with (1) the
+    # backbone at a tenth of the lr and gradients clipped at 5, (2) x^3's 1/sqrt(N) fixed at the classifier's token
+    # counts (64 px: N = 256, 64, 16, 4 per stage), (3) the schedule twice as long
+    pvt_lowlr=Layout('PVTv2-b0 without spatial reduction, the segmentor\'s backbone at a tenth of the lr, gradients '
+                     'clipped at 5', 'configs/demo/study_pvt_v2_b0_digits.py', None,
+                     'configs/demo/semfpn_pvt_v2_b0_digits_lowlr.py', ['softmax', 'poly:degree=3'],
+                     warm=('poly:degree=3', ), recipe='transfer-final', classifiers='pvt'),
+    pvt_fixn=Layout('PVTv2-b0 without spatial reduction, the segmentor\'s x^3 normaliser fixed at the classifier\'s '
+                    'token counts', 'configs/demo/study_pvt_v2_b0_digits.py', None,
+                    'configs/demo/semfpn_pvt_v2_b0_digits.py', ['softmax', 'poly:degree=3'], warm=('poly:degree=3', ),
+                    recipe='transfer-final', classifiers='pvt', fixed_n=(256, 64, 16, 4)),
+    pvt_long=Layout('PVTv2-b0 without spatial reduction, the segmentor\'s schedule twice as long (6000 iterations)',
+                    'configs/demo/study_pvt_v2_b0_digits.py', None, 'configs/demo/semfpn_pvt_v2_b0_digits_long.py',
+                    ['softmax', 'poly:degree=3'], warm=('poly:degree=3', ), recipe='transfer-final',
+                    classifiers='pvt'),
     xcit=Layout('XCiT-T12 (channel attention)', 'configs/demo/study_xcit_t12_digits.py',
                 'configs/demo/maskrcnn_xcit_t12_poly3_demo.py', 'configs/demo/semfpn_xcit_t12_poly3_demo.py',
                 ['softmax', 'poly:degree=3', 'linear'], starts=('scratch', 'swap', 'transfer')),
@@ -234,7 +261,8 @@ class Study:
             if classifier.get('status') == 'not run':
                 return dict(status='not run', error='', key=key)
             return dict(status='failed', error=f'no classifier: {classifier.get("error")}', key=key)
-        cfg = kernel_config(osp.join(self.root, self.layouts[layout].config(task)), kernel_cfg(kernel))
+        lay = self.layouts[layout]
+        cfg = kernel_config(osp.join(self.root, lay.config(task)), lay.task_attn(kernel))
         opts = [f'randomness.seed={seed}', f'model.backbone.init_cfg.checkpoint={classifier["checkpoint"]}']
         trained = self.r.train(key, cfg, opts)
         if trained.get('status') != 'ok':

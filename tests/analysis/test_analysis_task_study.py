@@ -221,7 +221,7 @@ def test_a_kernel_the_layout_refuses_is_a_row_with_its_fit_error():
 
 
 @pytest.mark.parametrize('args,message', [
-    (['--layouts', 'pvt', 'swin'], "unknown backbone layout 'swin'; known: pvt, pvt_n64, xcit"),
+    (['--layouts', 'pvt', 'swin'], "unknown backbone layout 'swin'; known: pvt, pvt_n64, pvt_lowlr, pvt_fixn, pvt_long, xcit"),
     (['--tasks', 'cls'], "unknown task 'cls'; known: det, seg"),
     (['--layouts', 'xcit', '--kernels', 'inline'], "unknown kernel 'inline' for xcit; known: softmax, poly:degree=3, "
                                                    'linear'),
