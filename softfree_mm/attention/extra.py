@@ -9,7 +9,7 @@ from torch import nn
 
 from . import ATTENTION, dispatch
 from .base import AttentionKernel, default_scale, no_autocast, resolve_hw, upcast
-from .inline import local_conv, neighbour_onehot
+from .neighbourhood import local_conv, neighbour_onehot
 from .score_map import row_normalised_map
 
 
