@@ -13,14 +13,14 @@ its scale. Blocks that compute what the teacher's do (the teacher's kernel in th
 last stage of the SOFT and InLine set-ups) are left out of the loss and of what trains. Images only: labels are not
 read.
 
-The block contract it relies on is checked when it is built, on a small image through the teacher: every block runs
-in the teacher's forward, is called with its tokens as the first positional argument and returns one tensor shaped as
-them; a block that breaks it is one error naming the block and the family. The checkpoint holds the student as ``backbone.*`` (the teacher is the release file, not saved), which the
-detection and segmentation configs load with ``prefix='backbone.'`` and the fine-tuning classifier with the same.
+The block contract it relies on is checked when it is built (``block_contract.py``), on a small image through the
+teacher: every block runs in the teacher's forward, is called with its tokens as the first positional argument and
+returns one tensor shaped as them; a block that breaks it is one error naming the block and the family. The checkpoint
+holds the student as ``backbone.*`` (the teacher is the release file, not saved), which the detection and segmentation
+configs load with ``prefix='backbone.'`` and the fine-tuning classifier with the same.
 """
-import copy
 import re
-from typing import Dict, List, Optional, Sequence, Set
+from typing import Dict, List, Optional, Sequence
 
 import torch
 from mmengine.logging import MessageHub, print_log
@@ -30,6 +30,7 @@ from torch import nn
 from ..attention import AttentionKernel
 from .attention import KernelAttention
 from .backbones.base import AttentionBlock
+from .block_contract import check_blocks
 
 GROUPS = ('kernel', 'qkv', 'proj', 'blocks')
 # stage 1's losses: every one matches blocks; '+final' adds the student's own end-to-end output against the teacher's
@@ -127,7 +128,7 @@ class AttentionTransfer(BaseModel):
         self._check_twins()
         self.teacher.requires_grad_(False)
         self.teacher.eval()
-        self.same = self._check_blocks(probe_size)
+        self.same = check_blocks(self.teacher, blocks_of(self.teacher), blocks_of(self.backbone), probe_size)
         if loss == 'blocks+attn':
             self._check_score_maps()
         for m in self.backbone.modules():  # the student stays in eval mode (train()): with_cp still holds
@@ -156,67 +157,6 @@ class AttentionTransfer(BaseModel):
         if rows:
             raise ValueError(f'AttentionTransfer: the student {type(s).__name__} has another architecture than the '
                              f'teacher (student against teacher): ' + '; '.join(rows))
-
-    def _check_blocks(self, size: int) -> Set[int]:
-        """The block contract, on a ``size`` x ``size`` image through the teacher (one error naming the block and the
-        family): every block runs, takes its tokens as its first positional argument, returns one tensor shaped as
-        them. Returns the indices of the student blocks that compute what the teacher's twin does (the same state
-        dict, and with the twin's weights the same output, bit for bit, on the twin's input)."""
-        family = type(self.teacher).__name__
-        teacher, student = blocks_of(self.teacher), blocks_of(self.backbone)
-        calls = {}
-
-        def record(i):
-            def hook(module, args, kwargs, output):
-                calls.setdefault(i, (args, kwargs, output))
-            return hook
-
-        handles = [b.register_forward_hook(record(i), with_kwargs=True) for i, (_, b) in enumerate(teacher)]
-        image = torch.randn(1, getattr(self.teacher, 'in_channels', 3), size, size,
-                            generator=torch.Generator().manual_seed(0))  # the global random streams stay as they are
-        failure = None
-        try:
-            with torch.no_grad():
-                self.teacher(image)
-        except Exception as e:  # noqa: BLE001  (a block breaking the contract breaks the blocks after it)
-            failure = e
-        finally:
-            for h in handles:
-                h.remove()
-        same = set()
-        for i, (path, block) in enumerate(teacher):
-            if i not in calls and failure is not None:
-                raise ValueError(f'AttentionTransfer: the teacher {family} does not run on a {size}x{size} image '
-                                 f'(probe_size): {type(failure).__name__}: {failure}') from failure
-            if i not in calls:
-                raise ValueError(f"AttentionTransfer: block {path} of {family} never runs in the teacher's forward: "
-                                 "transfer matches every block on the teacher's own output; build teacher and student "
-                                 'so that every block runs (the classification layout: out_indices / out_type up to '
-                                 'the last block)')
-            args, kwargs, out = calls[i]
-            if not args or not torch.is_tensor(args[0]):
-                raise ValueError(f'AttentionTransfer: block {path} of {family} is not called with its tokens as its '
-                                 f'first positional argument ({len(args)} positional, keywords {sorted(kwargs)}): '
-                                 "transfer hands each student block its twin's input there")
-            if not torch.is_tensor(out) or out.shape != args[0].shape:
-                got = (f'a tensor of shape {tuple(out.shape)}' if torch.is_tensor(out) else
-                       f'a {type(out).__name__}' + (f' of {len(out)}' if isinstance(out, (tuple, list)) else ''))
-                raise ValueError(f'AttentionTransfer: block {path} of {family} returns {got}, not one tensor shaped as '
-                                 f'its input {tuple(args[0].shape)}: transfer compares each block\'s output with its '
-                                 "twin's")
-            twin = dict(student)[path]
-            mine, theirs = twin.state_dict(), block.state_dict()
-            if {k: v.shape for k, v in mine.items()} != {k: v.shape for k, v in theirs.items()}:
-                continue
-            probe = copy.deepcopy(twin).eval()
-            probe.load_state_dict(theirs)
-            try:
-                with torch.no_grad():
-                    if torch.equal(probe(*args, **kwargs), out):
-                        same.add(i)
-            except Exception:  # noqa: BLE001  (a layout that cannot take the twin's call computes something else)
-                pass
-        return same
 
     def _check_score_maps(self):
         """Attention-weight matching needs both kernels' weights as a function of per-pair scores: a student kernel
