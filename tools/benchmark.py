@@ -62,9 +62,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, also w
 import tool_warnings  # noqa: E402,F401  (tools/tool_warnings.py: before the OpenMMLab stack is imported)
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+from benchmark_options import (at_least, backbone_name, clock_name, dtype_name, kernel_or_layout_kernel,  # noqa: E402
+                               kernel_spec, parse_size, positive, refusing)
 
 MODES = ('kernels', 'backbone', 'compare', 'flops', 'detector')
-DTYPE_NAMES = ('fp32', 'bf16', 'fp16')
 DEFAULT_KERNELS = ('softmax', 'poly', 'relu', 'sigmoid', 'linear', 'taylor', 'inline')
 DEFAULT_BACKBONES = ('swin_t', 'pvt_v2_b2', 'xcit_s12')
 
@@ -79,109 +80,29 @@ class Parser(argparse.ArgumentParser):
         raise BadArgs(re.sub(r'^argument ([^:]+): ', r'\1 ', message))
 
 
-# ---------------------------------------------------------------------------------------------- option values
-def _refusing(fn):
-    """An argparse type from ``fn``: its ValueError / KeyError / TypeError message becomes the error line."""
-    def convert(text):
-        try:
-            return fn(text)
-        except (KeyError, TypeError, ValueError) as e:
-            raise argparse.ArgumentTypeError(e.args[0] if e.args else str(e)) from None
-    convert.__name__ = fn.__name__
-    return convert
-
-
-def parse_size(text):
-    parts = text.lower().split('x')
-    try:
-        h, w = (int(parts[0]), int(parts[0])) if len(parts) == 1 else (int(parts[0]), int(parts[1]))
-    except ValueError:
-        raise ValueError(f'image size must be HxW or one number, got {text!r}') from None
-    if len(parts) > 2 or min(h, w) < 32:
-        raise ValueError(f'image size must be HxW (each >= 32), got {text!r}')
-    return h, w
-
-
-def _kernel(text, plain_products=False):
-    if plain_products and text.startswith('peer:'):  # another project's kernel (benchmark.kernels.PEERS)
-        from softfree_mm.analysis.benchmark.kernels import PEERS
-        if text[len('peer:'):] not in PEERS:
-            raise ValueError(f"unknown peer {text!r}; known: {', '.join('peer:' + p for p in PEERS)}")
-        return text
-    from softfree_mm.attention import normalize_cfg, parse_kernel
-    cfg = parse_kernel(text)
-    if not (plain_products and cfg == 'matmul'):  # kernels mode also times the plain products
-        normalize_cfg(cfg)
-    return cfg
-
-
-def _kernel_or_layout_kernel(text):
-    """A kernel spec, or one of the cost sweep's kernel names (the configs' attention names: poly3, ...)."""
-    from softfree_mm.analysis.benchmark.cost import KERNEL_NAMES
-    return text if text in KERNEL_NAMES else _kernel(text)
-
-
-def _backbone(name):
-    from softfree_mm.analysis.benchmark.backbones import backbone_presets
-    if name not in backbone_presets():
-        raise ValueError(f"unknown backbone {name!r}; valid: {', '.join(sorted(backbone_presets()))}")
-    return name
-
-
-def _at_least(low):
-    def check(text):
-        value = int(text)
-        if value < low:
-            raise ValueError(f'must be >= {low}, got {value}')
-        return value
-    return check
-
-
-def _dtype(text):
-    if text not in DTYPE_NAMES:
-        raise ValueError(f'must be fp32, bf16 or fp16, got {text!r}')
-    return text
-
-
-def _positive(text):
-    try:
-        value = float(text)
-    except ValueError:
-        value = None
-    if value is None or not value > 0 or value != value or value == float('inf'):
-        raise ValueError(f'must be a positive number, got {text!r}')
-    return value
-
-
-def _clock(text):
-    if text not in ('wall', 'cpu'):
-        raise ValueError(f'must be wall or cpu, got {text!r}')
-    return text
-
-
 # ---------------------------------------------------------------------------------------------- parser
 def build_parser(default_device):
     common = argparse.ArgumentParser(add_help=False)  # what every mode takes
-    common.add_argument('--batch', type=_refusing(_at_least(1)), default=None,
+    common.add_argument('--batch', type=refusing(at_least(1)), default=None,
                         help='images / sequences (default 1; detector: 2)')
-    common.add_argument('--dtype', type=_refusing(_dtype), default='fp32',
+    common.add_argument('--dtype', type=refusing(dtype_name), default='fp32',
                         help='fp32, bf16 or fp16 (backbones: autocast)')
-    common.add_argument('--repeats', type=_refusing(_at_least(1)), default=3)
+    common.add_argument('--repeats', type=refusing(at_least(1)), default=3)
     common.add_argument('--device', default=default_device)
-    common.add_argument('--clock', type=_refusing(_clock), default='wall',
+    common.add_argument('--clock', type=refusing(clock_name), default='wall',
                         help="wall (default) or cpu: this process's CPU time, for a shared machine with "
                              'OMP_NUM_THREADS=1 (CPU device only)')
     common.add_argument('--csv', default=None, help='write every measured row to this CSV file')
-    kernel = _refusing(_kernel)
-    backbone = _refusing(_backbone)
-    size = _refusing(parse_size)
+    kernel = refusing(kernel_spec)
+    backbone = refusing(backbone_name)
+    size = refusing(parse_size)
 
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     modes = p.add_subparsers(dest='mode', metavar='MODE', parser_class=Parser)
     k = modes.add_parser('kernels', parents=[common], help='one attention call per kernel and token count')
-    k.add_argument('--kernels', nargs='+', type=_refusing(lambda t: _kernel(t, plain_products=True)), default=None)
-    k.add_argument('--tokens', nargs='+', type=_refusing(_at_least(1)), default=None, help='token counts N')
-    k.add_argument('--sides', nargs='+', type=_refusing(_at_least(1)), default=None,
+    k.add_argument('--kernels', nargs='+', type=refusing(lambda t: kernel_spec(t, plain_products=True)), default=None)
+    k.add_argument('--tokens', nargs='+', type=refusing(at_least(1)), default=None, help='token counts N')
+    k.add_argument('--sides', nargs='+', type=refusing(at_least(1)), default=None,
                    help='token grid sides (N = side^2)')
     k.add_argument('--heads', type=int, default=1)
     k.add_argument('--head-dim', type=int, default=64)
@@ -195,19 +116,19 @@ def build_parser(default_device):
                                 ('flops', run_flops, 'GFLOPs and parameters of backbone x kernel x size')):
         b = modes.add_parser(name, parents=[common], help=what)
         b.add_argument('--backbones', nargs='+', type=backbone, default=None)
-        b.add_argument('--kernels', nargs='+', type=_refusing(_kernel_or_layout_kernel) if name == 'backbone'
+        b.add_argument('--kernels', nargs='+', type=refusing(kernel_or_layout_kernel) if name == 'backbone'
                        else kernel, default=None)
         b.add_argument('--sizes', nargs='+', type=size, default=None, help='image sizes HxW')
         if name == 'backbone':
             b.add_argument('--no-flops', action='store_true', help='skip the FLOP count')
             b.add_argument('--layouts', nargs='+', default=None, help='the cost sweep: det/seg layouts')
-            b.add_argument('--short-sides', nargs='+', type=_refusing(_at_least(32)), default=None)
-            b.add_argument('--large-side', type=_refusing(_at_least(0)), default=None,
+            b.add_argument('--short-sides', nargs='+', type=refusing(at_least(32)), default=None)
+            b.add_argument('--large-side', type=refusing(at_least(0)), default=None,
                            help='measured where the largest short side ran within the limits (0: none)')
-            b.add_argument('--seg-size', type=_refusing(lambda t: None if t == '0' else parse_size(t)),
+            b.add_argument('--seg-size', type=refusing(lambda t: None if t == '0' else parse_size(t)),
                            default=(512, 2048), help='the segmentation size (0: none; default 512x2048)')
-            b.add_argument('--time-limit', type=_refusing(_positive), default=600.0, help='seconds a case')
-            b.add_argument('--mem-limit', type=_refusing(_positive), default=16.0, help='GiB resident a case')
+            b.add_argument('--time-limit', type=refusing(positive), default=600.0, help='seconds a case')
+            b.add_argument('--mem-limit', type=refusing(positive), default=16.0, help='GiB resident a case')
             b.add_argument('--no-models', action='store_true', help='no whole-model points')
             b.add_argument('--plot', default=None, help='the cost plot (PNG)')
             b.add_argument('--docs', default=None, help='write the table and plot into this page\'s section')
