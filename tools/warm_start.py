@@ -6,6 +6,7 @@
         [--launcher none|pytorch|slurm] [--gpus N [ROLE=N ...]] [--nnodes N] [--partition P] [--job-name NAME]
         [--cpus-per-task N] [--srun-args "ARGS"] [--submit [--time T] [--signal-before S] [--sbatch-args "ARGS"]]
         [--batch-scale linear|keep] [--wait] [--dry-run] [--train-args "ARGS"]
+    python tools/warm_start.py CONFIG --from-task CHECKPOINT [the options above but --release and --cfg-options]
     python tools/warm_start.py --write-recipe-configs
 
 CONFIG is a detection, segmentation or classification config of a kernel without a release (docs/warm_start.md):
@@ -46,6 +47,12 @@ FILE) and every run reads that file. --stage1-options, --stage2-options and
 A second invocation of the same chain stops with one line (--wait: waits for the first): the lock is held while any
 stage it started runs, even when this tool is killed. --dry-run prints the
 chain: each run's config, work dir, the checkpoint it reads and the one it writes, and which of them exist.
+--from-task CHECKPOINT takes the task route instead (docs/warm_start.md, "The task route"): CONFIG is a detection
+or segmentation config of the kernel and CHECKPOINT the same model trained with softmax (ours, or mmdet's / mmseg's
+Swin); stage 1 transfers the backbone's blocks on CONFIG's own training images (teacher: CHECKPOINT's backbone),
+stage 2 fine-tunes CONFIG's whole model (backbone from stage 1, neck and heads from CHECKPOINT), the recipe's split of
+a quarter of CONFIG's schedule (--iters N: N iterations); the stage configs are written into WORK_ROOT/task_route/
+(softfree_mm/engine/task_route.py). The first lines say which route runs and what each run costs in images.
 --write-recipe-configs writes configs/_base_/transfer/recipe_<name>.py from softfree_mm/engine/warm_start.py.
 Bad input (a config with a release, one that is no det / seg / cls config or does not parse, options that do not fit
 it, a work dir holding another run, a release of another architecture or not reachable, a launch of another batch,
@@ -69,6 +76,8 @@ def parse_args(argv=None):
     p.add_argument('config', nargs='?')
     p.add_argument('--work-root', default='work_dirs', help='each run works in WORK_ROOT/<its config name>')
     p.add_argument('--release', help="the release the chain starts from (default: the stage configs')")
+    p.add_argument('--from-task', metavar='CHECKPOINT',
+                   help='the task route: CONFIG (det / seg) made softmax-free from this trained softmax model of it')
     p.add_argument('--iters', type=int, help="both stages' iterations in all (default: the recipe's at its scale)")
     p.add_argument('--recipe', help="the warm-start recipe (default: the stage configs')")
     p.add_argument('--stage1-options', nargs='+', default=[], metavar='KEY=VALUE')
@@ -210,10 +219,16 @@ def main(argv=None):
             print(f'[warm-start] wrote {osp.relpath(path, ROOT)}')
         return 0
     say = lambda s, **kw: print(s, flush=True, **kw)  # noqa: E731
-    plan = cr.plan(request_of(args), ROOT)
+    if args.from_task:  # the task route: its stage configs written into the work root (engine/task_route.py)
+        from softfree_mm.engine.task_route import plan as task_plan
+        plan = task_plan(request_of(args), ROOT, args.from_task)
+    else:
+        plan = cr.plan(request_of(args), ROOT)
     probe = cr.probe(plan)
     cr.check_launch(plan, probe)
     cr.release_for(plan, probe, fetch_it=False)  # a release of another architecture: one line before any run
+    from softfree_mm.engine.route_report import route_lines
+    print('\n'.join(route_lines(plan)), flush=True)
     print('\n'.join(cr.report(plan, probe)), flush=True)
     if args.dry_run:
         return 0
