@@ -188,13 +188,14 @@ def run_cost(args, out):
     import os.path as osp
 
     from softfree_mm.analysis.benchmark import cost
-    bad = [x for x in args.layouts if x not in cost.COST_LAYOUTS]
+    from softfree_mm.analysis.benchmark.cost_layouts import COST_KERNELS, COST_LAYOUTS, KERNEL_NAMES
+    bad = [x for x in args.layouts if x not in COST_LAYOUTS]
     if bad:
-        raise BadArgs(f'--layouts: unknown layout(s) {bad}; valid: {", ".join(cost.COST_LAYOUTS)}')
-    kernels = list(args.kernels or cost.COST_KERNELS)
-    bad = [k for k in kernels if not isinstance(k, str) or k not in cost.KERNEL_NAMES]
+        raise BadArgs(f'--layouts: unknown layout(s) {bad}; valid: {", ".join(COST_LAYOUTS)}')
+    kernels = list(args.kernels or COST_KERNELS)
+    bad = [k for k in kernels if not isinstance(k, str) or k not in KERNEL_NAMES]
     if bad:
-        raise BadArgs(f'--kernels with --layouts: unknown kernel(s) {bad}; valid: {", ".join(cost.KERNEL_NAMES)}')
+        raise BadArgs(f'--kernels with --layouts: unknown kernel(s) {bad}; valid: {", ".join(KERNEL_NAMES)}')
     if args.sizes:
         raise BadArgs('--sizes is for the plain backbone mode; with --layouts give --short-sides')
     if not args.csv:

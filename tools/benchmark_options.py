@@ -42,7 +42,7 @@ def kernel_spec(text, plain_products=False):
 
 def kernel_or_layout_kernel(text):
     """A kernel spec, or one of the cost sweep's kernel names (the configs' attention names: poly3, ...)."""
-    from softfree_mm.analysis.benchmark.cost import KERNEL_NAMES
+    from softfree_mm.analysis.benchmark.cost_layouts import KERNEL_NAMES
     return text if text in KERNEL_NAMES else kernel_spec(text)
 
 

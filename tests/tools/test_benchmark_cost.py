@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from softfree_mm.analysis.benchmark import cost, cost_report
+from softfree_mm.analysis.benchmark import cost, cost_layouts, cost_report
 
 from tests.helpers import ROOT
 
@@ -66,7 +66,7 @@ def test_a_case_within_the_limits_is_measured(tmp_path):
 def test_a_whole_model_point_is_measured(task):
     """The detector's and the segmentor's inference at a small size, in a process of its own (the spec crosses as
     JSON: the model config must come back as mmengine's ConfigDict, whose heads read test_cfg.rpn / test_cfg.mode)."""
-    _, model = cost.model_config(task, 'swin_t', 'softmax')
+    _, model = cost_layouts.model_config(task, 'swin_t', 'softmax')
     row = cost.run_case(dict(what=task, task=task, layout='swin_t', kernel='softmax', size=(64, 96), cfg=model,
                              repeats=1, device='cpu', dtype='fp32', **{'pass': 'fwd'}), 300, 8)
     assert row['status'] == 'ok', row

@@ -19,7 +19,8 @@ import math
 import os.path as osp
 from typing import Dict, List, Optional
 
-from .cost import COST_KERNELS, COST_LAYOUTS, SEG_SIZE
+from .cost import SEG_SIZE
+from .cost_layouts import COST_KERNELS, COST_LAYOUTS
 
 TIE = 1.1
 GROWTH_MARGIN = 0.1
