@@ -10,6 +10,7 @@ route and each stage's cost in images, stage 1 runs on the demo scenes, and its 
 padded size; bad input is one line naming the value, before any run.
 """
 import os.path as osp
+import pickle
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from softfree_mm.engine import task_route as tr
 from softfree_mm.engine import warm_start as ws
 
 from tests.helpers import ROOT, load_tool, main_as_command
+from tests.helpers.stages import stages_as_run
 
 WIDTH = """model = dict(
     backbone=dict(embed_dims=16, depths=[2, 2, 2, 2], num_heads=[1, 2, 2, 4], init_cfg=None),
@@ -80,28 +82,19 @@ def tool(capsys, user, monkeypatch):
 
 @pytest.mark.parametrize('name', ['transfer', 'transfer-newhead'])
 def test_each_stage_of_the_task_route_receives_the_config_its_recipe_defines(name, user):
-    """Through the commands the chain starts, parsed by tools/train.py and merged as its run merges them."""
+    """Through the commands the chain starts, parsed by tools/train.py and merged as its run merges them; the plan
+    pickles as the cluster path hands it to each job."""
     from mmengine.config import Config
-    train = load_tool('train')
     p = _plan(user, recipe=name)
+    assert pickle.loads(pickle.dumps(p)).records == p.records
     recipe, checkpoint = ws.RECIPES[name], user[2]
     own = Config.fromfile(user[1])
     # the config's lr at its batch (mmdet's 16), the warm start's 6 iterations at that batch, run at 1 x 2 images
     scale = ws.Scale('task', scratch_lr=own.optim_wrapper.optimizer.lr, iters=6, batch=16, checkpoint_every=0,
                      log_every=50, val_every=0)
-    want = ws.stage_settings(recipe, ws.at_batch(scale, 2, 'linear'))
-    seen = []
-    for i, stage in enumerate(('stage1', 'stage2')):
-        cmd, _ = chain_run.command(p, i, False, checkpoint)
-        args = train.parse_args(cmd[2:])
-        cfg = Config.fromfile(args.config)
-        cfg.merge_from_dict(args.cfg_options)
-        assert cfg.optim_wrapper.optimizer.lr == pytest.approx(want[stage]['optim_wrapper']['optimizer']['lr'])
-        assert cfg.param_scheduler[1].eta_min == pytest.approx(want[stage]['param_scheduler'][1]['eta_min'])
-        assert cfg.train_cfg.max_iters == want[stage]['train_cfg']['max_iters']
-        assert cfg.train_dataloader.dataset.to_dict() == own.train_dataloader.dataset.to_dict()  # the task's images
-        seen.append(cfg)
-    s1, s2 = seen
+    s1, s2 = stages_as_run(p, checkpoint, ws.stage_settings(recipe, ws.at_batch(scale, 2, 'linear')))
+    for cfg in (s1, s2):  # the task's images
+        assert cfg.train_dataloader.dataset.to_dict() == own.train_dataloader.dataset.to_dict()
     assert (s1.model.type, s1.model.loss, list(s1.model.train)) == ('AttentionTransfer', recipe.loss,
                                                                     list(recipe.groups))
     assert (s1.model.teacher.init_cfg.checkpoint, s1.model.teacher.init_cfg.prefix) == (checkpoint, 'backbone.')

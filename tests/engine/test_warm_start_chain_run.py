@@ -29,6 +29,7 @@ from softfree_mm.engine import warm_start as ws
 from softfree_mm.engine.errors import UsageError
 
 from tests.helpers import ROOT, load_tool, main_as_command
+from tests.helpers.stages import stages_as_run
 
 CONFIG = osp.join(ROOT, 'configs', 'maskrcnn_xcit_s12_poly3.py')
 URL = 'https://dl.fbaipublicfiles.com/xcit/xcit_small_12_p16_224.pth'
@@ -369,23 +370,10 @@ def test_a_second_invocation_of_the_chain_stops_with_one_line_or_waits(tmp_path,
 @pytest.mark.parametrize('name', ['transfer-final', 'transfer-newhead'])
 def test_each_recipe_gives_each_stage_the_config_it_defines_as_the_run_reads_it(name, tmp_path):
     """Through the commands the chain starts, parsed by tools/train.py and merged as its run merges them."""
-    from mmengine.config import Config
-    train = load_tool('train')
     release = str(tmp_path / 'release.pth')
     p = chain_run.plan(_request(tmp_path, launcher='none', recipe=name, release=release), ROOT)
     recipe = ws.RECIPES[name]
-    want = ws.stage_settings(recipe, ws.SCALES['imagenet'])
-    seen = []
-    for i, stage in enumerate(('stage1', 'stage2')):
-        cmd, _ = chain_run.command(p, i, False, release)
-        args = train.parse_args(cmd[2:])
-        cfg = Config.fromfile(args.config)
-        cfg.merge_from_dict(args.cfg_options)
-        assert cfg.optim_wrapper.optimizer.lr == pytest.approx(want[stage]['optim_wrapper']['optimizer']['lr'])
-        assert cfg.param_scheduler[1].eta_min == pytest.approx(want[stage]['param_scheduler'][1]['eta_min'])
-        assert cfg.train_cfg.max_iters == want[stage]['train_cfg']['max_iters']
-        seen.append(cfg)
-    s1, s2 = seen
+    s1, s2 = stages_as_run(p, release, ws.stage_settings(recipe, ws.SCALES['imagenet']))
     assert (s1.model.loss, list(s1.model.train)) == (recipe.loss, list(recipe.groups))
     assert s1.model.teacher.init_cfg.checkpoint == release
     if recipe.head == 'new':
