@@ -197,13 +197,20 @@ def _write(path: str, config: str, values: Dict) -> str:
     return path
 
 
+def _init(part: dict, checkpoint: str, prefix: str) -> dict:
+    """``part``'s init_cfg replaced by a Pretrained of ``prefix`` (``_delete_`` only where the config sets one, a
+    dict or None: mmengine keeps the marker where the key is absent)."""
+    init = dict(type='Pretrained', checkpoint=checkpoint, prefix=prefix)
+    return dict(init, _delete_=True) if 'init_cfg' in part else init
+
+
 def _from_checkpoint(name: str, part, checkpoint: str):
     """A model part loaded from CHECKPOINT's ``name.*``; a list of parts (it replaces the config's whole list) each
     from ``name.<i>.*``."""
-    init = lambda prefix: dict(type='Pretrained', checkpoint=checkpoint, prefix=prefix)  # noqa: E731
     if isinstance(part, list):
-        return [dict(p, init_cfg=init(f'{name}.{i}.')) for i, p in enumerate(part)]
-    return dict(init_cfg=dict(_delete_=True, **init(f'{name}.')))
+        return [dict(p, init_cfg=dict(type='Pretrained', checkpoint=checkpoint, prefix=f'{name}.{i}.'))
+                for i, p in enumerate(part)]
+    return dict(init_cfg=_init(part, checkpoint, f'{name}.'))
 
 
 def stage_configs(config: str, cfg, checkpoint: str, teacher: dict, recipe: ws.Recipe, s: Dict[str, dict],
@@ -218,7 +225,7 @@ def stage_configs(config: str, cfg, checkpoint: str, teacher: dict, recipe: ws.R
                                        data_preprocessor=model.get('data_preprocessor')),
                   **keys('stage1'), val_dataloader=None, val_evaluator=None, val_cfg=None, test_dataloader=None,
                   test_evaluator=None, test_cfg=None)
-    start = dict(_delete_=True, type='Pretrained', checkpoint=stage1_dir, prefix='backbone.')
+    start = _init(model['backbone'], stage1_dir, 'backbone.')
     heads = {} if recipe.head == 'new' else {p: _from_checkpoint(p, model[p], checkpoint) for p in parts(model)}
     stage2 = dict(declared, model=dict(backbone=dict(init_cfg=start), **heads), **keys('stage2'))
     return (_write(osp.join(folder, names[0] + '.py'), config, stage1),

@@ -136,10 +136,14 @@ def test_an_mmdet_swin_mask_rcnn_goes_through_the_dry_run_and_stage_1_whose_teac
     assert chain_run.run_state(p, 0).state == 'done' and len(ran) == 2
 
     with DefaultScope.overwrite_default_scope('mmdet'):
-        stage1 = MODELS.build(chain_run.run_config(p.runs[0]).model)
+        stage1, stage2 = (MODELS.build(chain_run.run_config(r).model) for r in p.runs)
         stage1.init_weights()
+        stage2.init_weights()
         theirs = MODELS.build(Config.fromfile(str(home / 'user_maskrcnn_swin_t.py')).model.backbone)
     sd = torch.load(checkpoint, weights_only=True)['state_dict']
+    transferred = torch.load(chain_run.run_state(p, 0).checkpoint, weights_only=False)['state_dict']
+    for k, v in stage2.state_dict().items():  # stage 2 starts: the backbone stage 1's, the rest the checkpoint's
+        assert torch.equal(v, (transferred if k.startswith('backbone.') else sd)[k]), k
     theirs.load_state_dict({k[len('backbone.'):]: v for k, v in sd.items() if k.startswith('backbone.')})
     x = torch.randn(1, 3, 150, 206, dtype=torch.float64)  # a patch grid of 38 x 52: windows of 7 pad it
     teacher = stage1.teacher.double()
