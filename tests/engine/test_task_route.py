@@ -6,8 +6,9 @@ config is the user's with ``type='SoftFreeSwin'`` (the drop-in), x^3 and mmdet's
 Guards: each stage receives the config the recipe defines, read as tools/train.py reads its command line (stage 1:
 attention transfer on the task's training set, teacher the checkpoint's backbone with softmax and mmdet's padding;
 stage 2: the whole detector, backbone from stage 1 and every other part from the checkpoint); the dry run says the
-route and each stage's cost in images, stage 1 runs on the demo scenes, and its teacher computes mmdet's backbone at a
-padded size; bad input is one line naming the value, before any run.
+route and each stage's cost in images, stage 1 runs on the demo scenes (its work dir then refuses another recipe's
+stage 1), its teacher computes mmdet's backbone at a padded size, and stage 2 starts from stage 1's backbone and the
+checkpoint's neck and heads; bad input is one line naming the value, before any run.
 """
 import os.path as osp
 import pickle
@@ -18,6 +19,7 @@ import torch
 from softfree_mm.engine import chain_run
 from softfree_mm.engine import task_route as tr
 from softfree_mm.engine import warm_start as ws
+from softfree_mm.engine.errors import UsageError
 
 from tests.helpers import ROOT, load_tool, main_as_command
 from tests.helpers.stages import stages_as_run
@@ -46,12 +48,14 @@ def user(tmp_path_factory):
     from softfree_mm.engine.demo_data import make_demo_data
     home = tmp_path_factory.mktemp('task_route')
     data = make_demo_data(str(home / 'data'), only=('coco', ))
-    mmdet_cfg = osp.join(osp.dirname(mmdet.__file__), '.mim', 'configs', 'swin', 'mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py')
+    mmdet_cfg = osp.join(osp.dirname(mmdet.__file__), '.mim', 'configs', 'swin',
+                         'mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py')
     (home / 'user_maskrcnn_swin_t.py').write_text(
         f'_base_ = {mmdet_cfg!r}\ndata_root = {osp.join(data, "coco") + "/"!r}\n'
         "metainfo = dict(classes=tuple(f'digit_{d}' for d in range(10)))\n" + WIDTH +
-        "train_pipeline = [dict(type='LoadImageFromFile'), dict(type='LoadAnnotations', with_bbox=True, with_mask=True),"
-        "\n                  dict(type='Resize', scale=(200, 150), keep_ratio=True), dict(type='PackDetInputs')]\n"
+        "train_pipeline = [dict(type='LoadImageFromFile'),\n"
+        "                  dict(type='LoadAnnotations', with_bbox=True, with_mask=True),\n"
+        "                  dict(type='Resize', scale=(200, 150), keep_ratio=True), dict(type='PackDetInputs')]\n"
         'train_dataloader = dict(batch_size=2, num_workers=0, persistent_workers=False,\n'
         '                        dataset=dict(data_root=data_root, metainfo=metainfo, pipeline=train_pipeline))\n')
     config = home / 'user_maskrcnn_swin_t_poly3.py'
@@ -134,6 +138,8 @@ def test_an_mmdet_swin_mask_rcnn_goes_through_the_dry_run_and_stage_1_whose_teac
 
     assert chain_run.execute(p, probe, checkpoint, launch=launch, say=lambda *a, **k: None) == 3
     assert chain_run.run_state(p, 0).state == 'done' and len(ran) == 2
+    with pytest.raises(UsageError, match="holds another run than this command's stage 1 .*model.train"):
+        chain_run.probe(_plan(user, batch_scale='keep', recipe='transfer-blocks'))  # its work dir: another recipe's
 
     with DefaultScope.overwrite_default_scope('mmdet'):
         stage1, stage2 = (MODELS.build(chain_run.run_config(r).model) for r in p.runs)
