@@ -47,7 +47,7 @@ def main(argv=None):
     from softfree_mm.analysis.attention_maps import query_map
 
     probe.check_checkpoint(args.checkpoint)
-    cfg = probe.load_config(args.config, args.cfg_options)
+    cfg = probe.load_checked(args.config, args.cfg_options)
     sample = probe.load_image(cfg, args.image)
     ih, iw = sample['inputs'].shape[-2:]
     xy = tuple(args.query) if args.query else (iw / 2, ih / 2)

@@ -229,7 +229,8 @@ def main(argv=None):
     cr.release_for(plan, probe, fetch_it=False)  # a release of another architecture: one line before any run
     from softfree_mm.engine.route_report import route_lines
     print('\n'.join(route_lines(plan)), flush=True)
-    print('\n'.join(cr.report(plan, probe)), flush=True)
+    from softfree_mm.engine.chain_report import report
+    print('\n'.join(report(plan, probe)), flush=True)
     if args.dry_run:
         return 0
     if args.submit:

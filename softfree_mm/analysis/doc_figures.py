@@ -24,6 +24,7 @@ class Section(NamedTuple):
 def warm_start_grid(root: str) -> str:
     """docs/warm_start.md's tables of the warm-start grid (tools/analysis/warm_start_grid.py)."""
     from . import warm_start_report as wr
+    from .warm_start_rows import summarise
     out = osp.join(root, RESULTS, 'warm_start')
     rows = read_csv(osp.join(out, 'classifiers.csv'))
     for r in rows:
@@ -32,7 +33,7 @@ def warm_start_grid(root: str) -> str:
     with open(osp.join(out, 'groups.json')) as f:
         groups = json.load(f)
     result = dict(rows=rows, detectors=detectors)
-    table = wr.compute_line(result) + '\n\n' + wr.markdown(wr.summarise(rows), detectors, groups)
+    table = wr.compute_line(result) + '\n\n' + wr.markdown(summarise(rows), detectors, groups)
     made = [osp.join(out, n) for n in ('accuracy.png', 'recipes.png', 'transfer_curves.png')
             if osp.isfile(osp.join(out, n))]
     return wr.docs_section(table, 'results/warm_start', made)
@@ -52,12 +53,13 @@ def task_study(root: str) -> str:
     """docs/study.md's detection and segmentation tables (tools/analysis/task_study.py)."""
     from . import task_curves as tc
     from . import task_study as ts
+    from . import task_study_report as tsr
     rows = ts.read_rows(osp.join(root, RESULTS, 'task_study', 'runs.csv'))
-    summary = ts.summarise(rows)
+    summary = tsr.summarise(rows)
     curves = [c for recs in [[dict(zip(tc.IDENTITY, k), **r) for r in v] for k, v in
                              tc.read_curves(osp.join(root, RESULTS, 'task_study', 'curves.csv')).items()]
               for c in recs]
-    return ts.docs_section(summary, 'results/task_study', tc.seg_profiles(rows, curves, ts.FLOOR_MACC))
+    return tsr.docs_section(summary, 'results/task_study', tc.seg_profiles(rows, curves, tsr.FLOOR_MACC))
 
 
 def patch_oracle(root: str) -> str:
@@ -166,14 +168,14 @@ def readme_studies(root: str) -> str:
 
 def _sections() -> List[Section]:
     from . import recipe_rule as rr
-    from . import task_study as ts
+    from . import task_study_report as tsr
     from . import warm_start_report as wr
     from .benchmark import cost_report as cr
     return [
         Section('README.md', cr.HEADLINE_BEGIN, cr.HEADLINE_END, cost_headline, 'Headline figures'),
         Section('docs/warm_start.md', rr.BEGIN, rr.END, recipe_rule, 'The recipe rule, version 2'),
         Section('docs/warm_start.md', wr.BEGIN, wr.END, warm_start_grid, 'The evidence at small scale'),
-        Section('docs/study.md', ts.BEGIN, ts.END, task_study, 'Detection and segmentation'),
+        Section('docs/study.md', tsr.BEGIN, tsr.END, task_study, 'Detection and segmentation'),
         Section('docs/study.md', *TASK_LAYER_STATS, task_layer_stats,
                 'Why x^3 / sqrt(N) collapses in segmentation'),
         Section('docs/study.md', *PATCH_ORACLE, patch_oracle, "XCiT's weak segmentation"),

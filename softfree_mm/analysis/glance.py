@@ -143,9 +143,10 @@ def plot(rows: List[dict], path: str) -> None:
 
 def inputs(root: str):
     from . import task_study as ts
+    from . import task_study_report as tsr
     from .committed_csv import RESULTS, read_csv
     study = read_csv(osp.join(root, RESULTS, 'study', 'runs.csv'))
-    return study, ts.summarise(ts.read_rows(osp.join(root, RESULTS, 'task_study', 'runs.csv')))
+    return study, tsr.summarise(ts.read_rows(osp.join(root, RESULTS, 'task_study', 'runs.csv')))
 
 
 def forest_stale(root: str) -> bool:

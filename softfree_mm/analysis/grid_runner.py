@@ -138,6 +138,21 @@ class Runner:
             row.update(status='failed', error='no checkpoint written')
         return self._finish(key, row)
 
+    def from_classifier(self, key: str, config_text: str, seed: int, classifier: dict) -> dict:
+        """A detector / segmentor started from a classifier run: trained (its backbone from the classifier's
+        checkpoint), then tested (``key + '/test'``); the test's result with both runs' seconds. A classifier that
+        did not finish: 'not run' where it was not run (report only), else 'failed' naming its error."""
+        if classifier.get('status') == 'not run':
+            return dict(status='not run', error='', key=key)
+        if classifier.get('status') != 'ok':
+            return dict(status='failed', error=f'no classifier: {classifier.get("error")}', key=key)
+        trained = self.train(key, config_text, [f'randomness.seed={seed}',
+                                                f'model.backbone.init_cfg.checkpoint={classifier["checkpoint"]}'])
+        if trained.get('status') != 'ok':
+            return trained
+        tested = self.test(key + '/test', config_text, trained['checkpoint'], [f'randomness.seed={seed}'])
+        return dict(tested, wall_s=(trained.get('wall_s') or 0) + (tested.get('wall_s') or 0))
+
     def test(self, key: str, config_text: str, checkpoint: str, options: Sequence[str] = ()) -> dict:
         got, rec = self.held(key, config_text, options, checkpoint)
         if got is not None or self.report_only:

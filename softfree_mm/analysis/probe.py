@@ -19,7 +19,7 @@ from ..engine.errors import UsageError, short_error
 SPLITS = ('train', 'val', 'test')
 
 
-def load_config(config: str, cfg_options: Optional[dict] = None):
+def load_checked(config: str, cfg_options: Optional[dict] = None):
     """The checked config (kernels, model types); its default scope becomes the current one."""
     from mmengine.registry import init_default_scope
 

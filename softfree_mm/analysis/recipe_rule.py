@@ -55,7 +55,7 @@ def grid_scores(rows: Iterable[dict], backbone: str, recipe: str, budget: int,
     """(kernel, seed) -> top-1 of the grid's warm starts of ``backbone`` with ``recipe`` at ``budget`` iterations,
     trained with the recipe's own stage-1 groups (the groups comparison's other rows left out); rows without a recipe
     name are ``default``'s."""
-    from .warm_start_report import own_groups
+    from .warm_start_rows import own_groups
     out = {}
     for r in rows:
         if r.get('backbone') != backbone or r.get('start') != 'transfer' or int(r.get('iters') or 0) != budget:

@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence
 from ..attention import kernel_label
 from . import grid_identity as gi
 from .stats import mean_std
-from .sweep import child_config, json_records, newest_scalars, safe_name, train_one
+from .sweep import child_config, json_records, newest_scalars, safe_name, timing, train_one
 
 RESULT = 'result.json'
 METRIC = 'accuracy/top1'
@@ -85,13 +85,7 @@ def read_scalars(path: str, metric: str = METRIC) -> dict:
         out['top1_best'], out['best_iter'] = best[1], best[0]
     if train:
         out['loss_final'] = train[-1]['loss']
-    times = [r['time'] for r in train if 'time' in r]
-    if times:
-        rest = times[1:] if len(times) > 1 else times
-        out['s_per_iter'] = sum(rest) / len(rest)
-    mem = [r['memory'] for r in train if 'memory' in r]
-    if mem:
-        out['cuda_memory_mib'] = float(max(mem))
+    out.update(timing(train))
     return out
 
 

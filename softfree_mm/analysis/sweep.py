@@ -17,6 +17,7 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 from ..attention import kernel_label, normalize_cfg
+from .rss import reset_peak, status_kib
 
 METRIC_PREFERENCE = ('accuracy/top1', 'mIoU', 'coco/bbox_mAP', 'coco/segm_mAP', 'aAcc')
 NOT_METRICS = ('step', 'time', 'data_time', 'lr', 'base_lr', 'memory', 'epoch', 'iter')
@@ -36,25 +37,23 @@ def safe_name(label: str) -> str:
     return re.sub(r'[^A-Za-z0-9_.=-]+', '_', label)
 
 
-def _peak_rss_reset() -> bool:
-    """Reset this process's peak resident set size (Linux: VmHWM), True when it could be done."""
-    try:
-        with open('/proc/self/clear_refs', 'w') as f:
-            f.write('5')
-        return True
-    except OSError:
-        return False
-
-
 def _peak_rss_mib() -> Optional[float]:
-    try:
-        with open('/proc/self/status') as f:
-            for line in f:
-                if line.startswith('VmHWM:'):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return None
+    kib = status_kib('self', 'VmHWM')
+    return None if kib is None else kib / 1024.0
+
+
+def timing(train: Sequence[dict]) -> dict:
+    """From a run's training records (mmengine's scalars.json): s_per_iter (the mean iteration time, the first left
+    out where there are more) and cuda_memory_mib (the largest logged), each only where logged."""
+    out = {}
+    times = [r['time'] for r in train if 'time' in r]
+    if times:
+        rest = times[1:] if len(times) > 1 else times
+        out['s_per_iter'] = sum(rest) / len(rest)
+    mem = [r['memory'] for r in train if 'memory' in r]
+    if mem:
+        out['cuda_memory_mib'] = float(max(mem))
+    return out
 
 
 def train_one(train_py: str, config_path: str, work_dir: str, cfg_options: Sequence[str] = (),
@@ -72,7 +71,7 @@ def train_one(train_py: str, config_path: str, work_dir: str, cfg_options: Seque
         spec = importlib.util.spec_from_file_location('softfree_sweep_train', train_py)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
-        reset = _peak_rss_reset()
+        reset = reset_peak()
         cpu0 = _cpu_self()
         err = io.StringIO()
         try:
@@ -133,13 +132,7 @@ def read_log(path: str, metric: Optional[str] = None) -> dict:
             val.append(rec)
     out = dict(metric_name=metric, metric=None, s_per_iter=None, cuda_memory_mib=None,
                iters=max((r['step'] for r in train), default=0))
-    times = [r['time'] for r in train if 'time' in r]
-    if times:
-        rest = times[1:] if len(times) > 1 else times
-        out['s_per_iter'] = sum(rest) / len(rest)
-    mem = [r['memory'] for r in train if 'memory' in r]
-    if mem:
-        out['cuda_memory_mib'] = float(max(mem))
+    out.update(timing(train))
     if val:
         last = val[-1]
         name = metric or next((m for m in METRIC_PREFERENCE if m in last), None) or next(

@@ -45,7 +45,7 @@ def measure(entry: dict, sizes: Sequence[int], num_images: int, split: str = 'va
     """layer_stats' per-layer means over ``num_images`` of the model's own ``split`` at each size, as FIELDS rows."""
     from . import probe
     from .layer_stats import layer_stats, summarise
-    cfg = probe.load_config(entry['config'])
+    cfg = probe.load_checked(entry['config'])
     ds = probe.build_dataset(cfg, split, entry['config'])
     if entry['checkpoint'] == 'none':  # the initialisation (init_weights), torch seeded by the row's seed
         torch.manual_seed(int(entry['seed']))

@@ -17,7 +17,7 @@ from ..engine.warm_start import DEFAULT, RECIPES, SCALES, Recipe, finetune_setti
 from .grid_runner import RESULT, Runner, kernel_cfg, kernel_config, top1  # noqa: F401  (the runner both grids take)
 from .sweep import safe_name
 from .warm_start_keep import Kept, row_key
-from .warm_start_report import SCRATCH_ITERS, read_detectors, transfer_curves
+from .warm_start_rows import SCRATCH_ITERS, read_detectors, transfer_curves
 
 
 def backbone_of(config: str) -> dict:
@@ -229,17 +229,8 @@ class Plan:
 
     def detector(self, kernel: str, start_kind: str, seed: int, classifier: dict) -> dict:
         key = f'det/{safe_name(kernel)}/{start_kind}/seed{seed}'
-        if classifier.get('status') == 'not run':  # --report-only
-            return dict(status='not run', error='', key=key)
-        if classifier.get('status') != 'ok':
-            return dict(status='failed', error=f'no classifier: {classifier.get("error")}', key=key)
-        cfg = kernel_config(osp.join(self.root, DETECTOR), kernel_cfg(kernel))
-        opts = [f'randomness.seed={seed}', f'model.backbone.init_cfg.checkpoint={classifier["checkpoint"]}']
-        trained = self.r.train(key, cfg, opts)
-        if trained.get('status') != 'ok':
-            return trained
-        tested = self.r.test(key + '/test', cfg, trained['checkpoint'], [f'randomness.seed={seed}'])
-        return dict(tested, wall_s=(trained.get('wall_s') or 0) + (tested.get('wall_s') or 0))
+        return self.r.from_classifier(key, kernel_config(osp.join(self.root, DETECTOR), kernel_cfg(kernel)), seed,
+                                      classifier)
 
 
 def _row(run: dict, **fields) -> dict:

@@ -79,19 +79,16 @@ _PARSED: Dict[tuple, object] = {}
 
 
 def load_config(config: str):
-    """``Config.fromfile(config)``, parsed once per file version (a copy each call: the caller may change it)."""
+    """``config_checks.read_config(config)``, parsed once per file version (a copy each call: the caller may change
+    it)."""
     import copy
 
-    from mmengine.config import Config
+    from .config_checks import read_config
     if not osp.isfile(config):
-        raise UsageError(f'{config}: no such config file')
+        read_config(config)  # the one-line error
     key = (osp.abspath(config), os.stat(config).st_mtime_ns)
     if key not in _PARSED:
-        try:
-            _PARSED[key] = Config.fromfile(config)
-        except Exception as e:  # noqa: BLE001  (a syntax error, a missing base, a bad import: one line)
-            from .errors import short_error
-            raise UsageError(f'{config}: the config cannot be read ({short_error(e, 240)})') from None
+        _PARSED[key] = read_config(config)
     return copy.deepcopy(_PARSED[key])
 
 

@@ -20,13 +20,19 @@ DATALOADERS = {'train': ('train_dataloader', ), 'val': ('val_dataloader', ), 'te
 EVALUATORS = {'val': 'val_evaluator', 'test': 'test_evaluator'}
 
 
-def load_config(path: str, cfg_options: Optional[dict] = None) -> Config:
+def read_config(path: str) -> Config:
+    """``Config.fromfile(path)``; a missing file or one mmengine cannot parse is a UsageError naming it."""
     if not osp.isfile(path):
         raise UsageError(f'config file not found: {path}')
     try:
-        cfg = Config.fromfile(path)
+        return Config.fromfile(path)
     except Exception as e:  # mmengine reports syntax errors, missing bases and duplicate keys in many types
         raise UsageError(f'cannot read config {path}: {short_error(e)}') from None
+
+
+def load_config(path: str, cfg_options: Optional[dict] = None) -> Config:
+    """The config with ``cfg_options`` merged, of a task these tools run (its default scope checked)."""
+    cfg = read_config(path)
     if cfg_options:
         try:
             cfg.merge_from_dict(cfg_options)

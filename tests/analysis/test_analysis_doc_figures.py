@@ -175,7 +175,8 @@ def test_the_warm_start_target_is_decided_by_the_interval_never_the_mean():
 def test_a_start_with_seeds_at_chance_and_seeds_that_train_shows_the_median_and_the_count():
     """Scratch 65.5, 63.7, 11.8, 37.4, 68.0 (one seed at chance): the median 63.7 and '1 of 5 at chance', not
     49.3 ± 24.4; a start where no seed or every seed is at chance keeps its mean ± std."""
-    from softfree_mm.analysis.warm_start_report import markdown, summarise
+    from softfree_mm.analysis.warm_start_report import markdown
+    from softfree_mm.analysis.warm_start_rows import summarise
     def row(s, start, top1):
         return dict(backbone='pvt', kernel='poly', seed=s, start=start, iters=300 if start == 'scratch' else 0,
                     transfer_iters=0, groups='', top1=top1, status='ok', source='grid')

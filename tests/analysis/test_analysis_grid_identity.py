@@ -41,9 +41,9 @@ def _same_bytes(out, committed, names):
 
 def _no_plots(monkeypatch):
     """The plots are drawn from the CSVs compared here; drawing them is left out (time)."""
-    from softfree_mm.analysis import study_plots, task_curves, task_study, warm_start_report
+    from softfree_mm.analysis import study_plots, task_curves, task_study_report, warm_start_report
     for module, name, value in ((study_plots, 'plot_accuracy', None), (study_plots, 'plot_norms', None),
-                                (task_study, 'plot', None), (task_curves, 'plot_seg', None),
+                                (task_study_report, 'plot', None), (task_curves, 'plot_seg', None),
                                 (warm_start_report, 'plots', []), (warm_start_report, 'recipes_plot', None)):
         monkeypatch.setattr(module, name, lambda *a, _v=value, **k: _v)
 

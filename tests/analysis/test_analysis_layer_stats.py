@@ -46,7 +46,7 @@ def test_the_measures_equal_the_formula_on_the_captured_inputs():
     from softfree_mm.analysis import probe
     from softfree_mm.analysis.layer_stats import call_layer_stats, resized
     from softfree_mm.engine.hooks import AttentionCapture
-    cfg = probe.load_config(CONFIG, {'model.backbone.attn_cfg.type': 'poly'})
+    cfg = probe.load_checked(CONFIG, {'model.backbone.attn_cfg.type': 'poly'})
     torch.manual_seed(0)
     model = probe.build_model(cfg, 'none', CONFIG)
     ds = probe.build_dataset(cfg, 'val', CONFIG)

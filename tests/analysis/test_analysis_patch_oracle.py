@@ -65,7 +65,7 @@ def test_the_tool_on_the_demo_scenes_equals_a_loop_by_loop_oracle(tmp_path, caps
     lines = out.read_text().splitlines()
     assert lines[0] == ','.join(po.FIELDS) and len(lines) == 3
     got = {int(r.split(',')[0]): float(r.split(',')[1]) for r in lines[1:]}
-    ds = probe.build_dataset(probe.load_config(config), 'val', config)
+    ds = probe.build_dataset(probe.load_checked(config), 'val', config)
     gts = [s['data_samples'].gt_sem_seg.data.squeeze(0).numpy().astype('int64') for _, s in
            probe.dataset_samples(ds, 6)]
     assert got[1] == 100.0

@@ -12,6 +12,7 @@ import pytest
 
 from softfree_mm.analysis import task_curves as tc
 from softfree_mm.analysis import task_study as ts
+from softfree_mm.analysis import task_study_report as tsr
 from softfree_mm.analysis.warm_start import Runner
 
 from tests.helpers import ROOT
@@ -82,11 +83,11 @@ def test_curves_come_from_the_log_only_where_the_work_dirs_run_gave_the_row_else
     assert {(c['seed'], c['loss']) for c in curves} == {(0, 1.0), (1, 7.0)}
     # written by the study's outputs, read back the same; the segmentors' table and plot made from them
     out = tmp_path / 'out'
-    ts.write_outputs(rows, str(out), curves=curves)
+    tsr.write_outputs(rows, str(out), curves=curves)
     back = tc.read_curves(str(out / 'curves.csv'))
     assert back == {tc.identity(rows[0]): new[tc.identity(rows[0])], **kept}
     assert (out / 'seg_curves.png').stat().st_size > 0
-    profiles = tc.seg_profiles(rows, curves, ts.FLOOR_MACC)
+    profiles = tc.seg_profiles(rows, curves, tsr.FLOOR_MACC)
     assert [(p['seed'], p['floor'], p['final']) for p in profiles] == [(0, False, 1.0), (1, False, 7.0)]
     table = tc.seg_markdown(profiles).splitlines()
     # 200 logged iterations: no loss at 500 and later; the lowest window ends at 110 (the first full one)

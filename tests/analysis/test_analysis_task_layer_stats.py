@@ -14,6 +14,7 @@ import torch
 
 from softfree_mm.analysis import task_layer_stats as tl
 from softfree_mm.analysis import task_study as ts
+from softfree_mm.analysis import task_study_report as tsr
 from softfree_mm.analysis.grid_runner import kernel_cfg, kernel_config
 from softfree_mm.analysis.sweep import safe_name
 from softfree_mm.analysis.warm_start import Runner
@@ -31,7 +32,7 @@ def _run(root, key, config_text, **fields):
         f.write(config_text)
     ckpt = osp.join(folder, 'weights.pth')
     torch.manual_seed(0)
-    cfg = probe.load_config(config, {'model.backbone.init_cfg.type': 'Scratch'})  # random weights, no file
+    cfg = probe.load_checked(config, {'model.backbone.init_cfg.type': 'Scratch'})  # random weights, no file
     torch.save(dict(state_dict=probe.build_model(cfg, 'none', config).state_dict()), ckpt)
     with open(osp.join(folder, 'result.json'), 'w') as f:
         json.dump(dict(status='ok', error='', key=key, checkpoint=ckpt, **fields), f)
@@ -64,7 +65,7 @@ def test_a_rows_classifier_and_segmentor_measured_at_each_size_on_their_own_imag
     study = ts.Study(Runner(work, ROOT, jobs=1, echo=lambda m: None, report_only=True), ROOT, [0], ['pvt'],
                      ['seg'], ['poly:degree=3'], echo=lambda m: None)
     # seed 0's row is the work dir's run (mIoU 8.3); a row saying 50.0 was made by another run: not measured
-    entries = tl.models_of(study, [_row(0, 8.3), dict(_row(0, 50.0), seed=0)], ts.FLOOR_MACC)
+    entries = tl.models_of(study, [_row(0, 8.3), dict(_row(0, 50.0), seed=0)], tsr.FLOOR_MACC)
     assert [(e['model'], e['floor'], osp.basename(e['config']), e['checkpoint'] == 'none') for e in entries] == [
         ('init', True, 'scratch_pvt_poly_degree=3_seed0.py', True),
         ('classifier', True, 'scratch_pvt_poly_degree=3_seed0.py', False),
@@ -95,7 +96,7 @@ def test_init_is_measured_for_rows_from_scratch_only(work):
     study = ts.Study(Runner(work, ROOT, jobs=1, echo=lambda m: None, report_only=True), ROOT, [0], ['pvt'],
                      ['seg'], ['poly:degree=3'], echo=lambda m: None)
     row = dict(_row(0, 8.3), start='transfer', recipe='transfer-final-75')
-    assert all(e['model'] != 'init' for e in tl.models_of(study, [row], ts.FLOOR_MACC))
+    assert all(e['model'] != 'init' for e in tl.models_of(study, [row], tsr.FLOOR_MACC))
 
 
 def test_largest_and_median_gain_by_hand():
@@ -112,7 +113,7 @@ def test_largest_and_median_gain_by_hand():
 
 def test_the_tool_keeps_what_its_out_holds_and_refuses_bad_input(work, tmp_path, capsys):
     runs = tmp_path / 'runs.csv'
-    ts.write_outputs([_row(0, 8.3)], str(tmp_path / 'ts'))
+    tsr.write_outputs([_row(0, 8.3)], str(tmp_path / 'ts'))
     os.rename(tmp_path / 'ts' / 'runs.csv', runs)
     out = tmp_path / 'layer_stats.csv'
     call = main_as_command(load_tool('analysis/task_layer_stats'), capsys)

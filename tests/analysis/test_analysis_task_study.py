@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from softfree_mm.analysis import task_study as ts
+from softfree_mm.analysis import task_study_report as tsr
 from softfree_mm.analysis.warm_start import Runner
 
 from tests.helpers import ROOT
@@ -36,7 +37,7 @@ ROWS = [
 
 
 def test_paired_differences_intervals_and_table_by_hand_with_a_failed_seed_and_an_unfit_kernel():
-    summary = ts.summarise(ROWS)
+    summary = tsr.summarise(ROWS)
     poly = next(e for e in summary if e['kernel'] == 'poly:degree=3')
     # seeds 0 and 2 pair up (seed 1 failed): -0.04 and +0.02
     d = [.46 - .50, .47 - .45]
@@ -59,7 +60,7 @@ def test_paired_differences_intervals_and_table_by_hand_with_a_failed_seed_and_a
     soft = next(e for e in summary if e['kernel'] == 'soft:landmark_ratio=2')
     assert (soft['n'], soft['unfit'], soft['failed']) == (0, 3, 0)
 
-    table = ts.markdown(summary)
+    table = tsr.markdown(summary)
     assert '| `poly:degree=3` | scratch | scratch-300 | 2 (1 failed) | 71.0 | 0.465 ± 0.007 | 0.305 ± 0.007 | ' \
            f'{mean_cell(-0.01, poly_std)}, 1 of 2 seeds above; 95 % [{-0.01 - half_of(poly_std, 2):+.3f}, ' \
            f'{-0.01 + half_of(poly_std, 2):+.3f}]: no difference detectable at n = 2, half-width ' \
@@ -67,7 +68,7 @@ def test_paired_differences_intervals_and_table_by_hand_with_a_failed_seed_and_a
     assert '| `soft:landmark_ratio=2` | scratch | scratch-300 | 0 | does not fit: boom: it broke |' in table
     assert '| `linear` | scratch | scratch-300 | 3 | 71.0 | 55.3 ± 1.5 | -4.7 ± 0.6, 0 of 3 seeds above; 95 % ' \
            '[-6.1, -3.2]: excludes zero | 0 of 3 |' in table
-    lines = ts.within_and_extremes(summary)
+    lines = tsr.within_and_extremes(summary)
     assert any(line.startswith('pvt seg mIoU: no difference from softmax detectable (the interval holds zero): none; '
                                'interval excludes zero: linear (scratch) -4.67') for line in lines), lines
     assert any(line.startswith('pvt det bbox_mAP: no difference from softmax detectable (the interval holds zero): '
@@ -78,8 +79,8 @@ def test_a_paired_mean_that_cancels_to_rounding_error_reads_as_zero():
     """Seeds whose differences cancel give a float mean like -1.85e-17: the lines say +0, not an exponent."""
     d = [0.48 - 0.49, 0.347 - 0.34, 0.5 - 0.497]
     assert sum(d) / 3 != 0 and abs(sum(d) / 3) < 1e-15
-    assert ts._signed(sum(d) / 3) == '+0'
-    assert (ts._signed(0.0961), ts._signed(-35.63), ts._signed(-0.0137)) == ('+0.0961', '-35.6', '-0.0137')
+    assert tsr._signed(sum(d) / 3) == '+0'
+    assert (tsr._signed(0.0961), tsr._signed(-35.63), tsr._signed(-0.0137)) == ('+0.0961', '-35.6', '-0.0137')
 
 
 def mean_cell(mean, std):
@@ -93,14 +94,14 @@ def half_of(std, n):
 def test_outputs_csv_summary_plot_and_the_docs_section_between_markers(tmp_path):
     docs = tmp_path / 'study.md'
     docs.write_text('# Study\n\nsome text\n')
-    ts.write_outputs(ROWS, str(tmp_path / 'out'), str(docs))
+    tsr.write_outputs(ROWS, str(tmp_path / 'out'), str(docs))
     text = docs.read_text()
-    assert text.count(ts.BEGIN) == 1 and '## Detection and segmentation' in text and 'some text' in text
+    assert text.count(tsr.BEGIN) == 1 and '## Detection and segmentation' in text and 'some text' in text
     assert '![detection and segmentation per kernel, seeds and means](out/task_study.png)' in text
-    ts.write_outputs(ROWS[:6], str(tmp_path / 'out'), str(docs))  # again: the section is replaced, not added
+    tsr.write_outputs(ROWS[:6], str(tmp_path / 'out'), str(docs))  # again: the section is replaced, not added
     again = docs.read_text()
-    assert again.count(ts.BEGIN) == 1 and again.count('## Detection and segmentation') == 1
-    assert 'linear' not in again.split(ts.BEGIN)[1]
+    assert again.count(tsr.BEGIN) == 1 and again.count('## Detection and segmentation') == 1
+    assert 'linear' not in again.split(tsr.BEGIN)[1]
     rows = ts.read_rows(str(tmp_path / 'out' / 'runs.csv'))
     assert [r['seed'] for r in rows] == [0, 1, 2, 0, 1, 2] and rows[0]['bbox_mAP'] == 0.5
     assert (tmp_path / 'out' / 'task_study.png').stat().st_size > 10000
@@ -170,7 +171,7 @@ def test_the_finished_rows_of_an_earlier_runs_csv_are_kept_and_nothing_of_them_r
             _row('seg', 'softmax', 7, mIoU=61.0), _row('seg', 'linear', 0, 'failed')]
     for r in keep:
         r['source'] = 'study'
-    ts.write_outputs(keep[:4], str(tmp_path / 'out'))
+    tsr.write_outputs(keep[:4], str(tmp_path / 'out'))
     kept = ts.read_rows(str(tmp_path / 'out' / 'runs.csv'))
 
     def study(keep_rows, starts):
@@ -246,11 +247,11 @@ def test_collapses_are_counted_and_the_starts_compared_with_each_other_by_hand()
     rows = [*[_row('seg', 'softmax', s, mIoU=60.0, mAcc=70.0) for s in (0, 1, 2)],
             *[_row('seg', 'linear', s, mIoU=50.0 + s, mAcc=9.0 if s == 1 else 60.0) for s in (0, 1, 2)],
             *[_row('seg', 'linear', s, start='transfer', mIoU=51.0 + 3 * s, mAcc=60.0) for s in (0, 1, 2)]]
-    summary = ts.summarise(rows)
+    summary = tsr.summarise(rows)
     scratch = next(e for e in summary if e['kernel'] == 'linear' and e['start'] == 'scratch')
-    assert ts.floor_seeds(scratch) == 1
-    assert '| 1 of 3 |' in ts.markdown(summary)
-    (line, ) = ts.starts_compared(summary)
+    assert tsr.floor_seeds(scratch) == 1
+    assert '| 1 of 3 |' in tsr.markdown(summary)
+    (line, ) = tsr.starts_compared(summary)
     assert line.startswith('pvt seg linear: transfer: ') and line.endswith(
         'minus scratch: mIoU +3.0 [-2.0, +8.0] (95 %, n = 3 seeds)'), line
 
@@ -264,8 +265,8 @@ def test_a_layout_on_anothers_classifiers_is_compared_with_it_seed_by_seed_by_ha
             *[row('pvt', 'poly:degree=3', s, v, m) for s, v, m in ((0, 8.0, 9.0), (1, 30.0, 40.0), (2, 8.3, 9.0))],
             *[row('pvt_n64', 'softmax', s, 50.0 - s) for s in (0, 1, 2)],
             *[row('pvt_n64', 'poly:degree=3', s, v, m) for s, v, m in ((0, 9.0, 9.0), (1, 34.0, 45.0), (2, 14.3, 20.0))]]
-    summary = ts.summarise(rows)
-    lines = ts.layouts_compared(summary)
+    summary = tsr.summarise(rows)
+    lines = tsr.layouts_compared(summary)
     assert len(lines) == 2, lines
     # softmax: n64 - pvt = -10, -12, -14: mean -12, std 2, half 4.3027 * 2 / sqrt(3) = 4.97
     assert lines[0] == ('pvt_n64 seg softmax (scratch) minus pvt: mIoU -12.0 [-17.0, -7.0] (95 %, n = 3 seeds); '
@@ -275,7 +276,7 @@ def test_a_layout_on_anothers_classifiers_is_compared_with_it_seed_by_seed_by_ha
     assert lines[1] == ('pvt_n64 seg poly:degree=3 (scratch) minus pvt: mIoU +3.7 [-2.6, +9.9] (95 %, n = 3 seeds); '
                         'its paired Δ mIoU vs softmax minus that in pvt +15.7 [+4.5, +26.9] (95 %, n = 3 seeds); '
                         'seeds at the floor 1 of 3 (in pvt: 2 of 3)'), lines[1]
-    section = ts.docs_section(summary, 'results')
+    section = tsr.docs_section(summary, 'results')
     assert 'the lines above 3 more; by chance alone about' in section and '- ' + lines[1] in section
 
 

@@ -102,3 +102,63 @@ def test_arm3_schedule_twice_as_long(tmp_path):
     assert [s['end'] for s in cfg.param_scheduler] == [30, 6000]
     assert cfg.default_hooks.checkpoint.interval == 6000
     assert cfg.optim_wrapper == base.optim_wrapper and cfg.train_dataloader == base.train_dataloader
+
+
+# ---------------------------------------------------------------------------------------------- the rule, by hand
+def _seg(layout, kernel, start, values, maccs=None):
+    maccs = maccs or [50.0] * len(values)
+    return [dict(layout=layout, task='seg', kernel=kernel, start=start, recipe=ts.recipe_of(layout, start), seed=s,
+                 cls_top1=70.0, status='ok', error='', mIoU=v, mAcc=a) for s, (v, a) in enumerate(zip(values, maccs))]
+
+
+FLOOR = 9.0  # an mAcc below the floor (one class of eleven)
+
+
+def _lines(rows):
+    from softfree_mm.analysis import collapse_arms as ca
+    from softfree_mm.analysis import task_study_report as tsr
+    return ca.lines(tsr.summarise(rows), tsr.floor_seeds, {})
+
+
+BASE = (_seg('pvt', 'softmax', 'scratch', [56.0, 56.0, 65.0, 61.0, 55.0])
+        + _seg('pvt', 'poly:degree=3', 'transfer', [12.0, 8.3, 8.3, 18.0, 8.3], [16, FLOOR, FLOOR, 27, FLOOR]))
+
+
+def test_the_rule_rescues_only_with_a_control_that_trains_and_no_seed_at_the_floor():
+    # the control: the arm's softmax minus the baseline's is -1, 0, +1, -1, 0 (holds zero): trains; x^3 at the
+    # floor in none, x^3 minus the arm's softmax -2, -1, 0, +3, -1 (holds zero): rescues
+    soft = [55.0, 56.0, 66.0, 60.0, 55.0]
+    rows = BASE + _seg('pvt_lowlr', 'softmax', 'scratch', soft) + _seg(
+        'pvt_lowlr', 'poly:degree=3', 'transfer', [53.0, 55.0, 66.0, 63.0, 54.0])
+    (line, ) = _lines(rows)
+    assert line.startswith('pvt_lowlr (pvt_lowlr), x^3 from transfer: the arm\'s softmax minus the baseline\'s -0.2 ')
+    assert '(trains)' in line and 'x^3 at the floor in 0 of 5 (baseline from transfer: 3)' in line
+    assert line.endswith(': rescues')
+
+
+def test_a_control_that_does_not_train_leaves_the_arm_inconclusive_whatever_x3_does():
+    soft = [40.0, 41.0, 50.0, 44.0, 39.0]  # 16 points below the baseline in every seed
+    rows = BASE + _seg('pvt_long', 'softmax', 'scratch', soft) + _seg(
+        'pvt_long', 'poly:degree=3', 'transfer', [8.3] * 5, [FLOOR] * 5)
+    (line, ) = _lines(rows)
+    assert '(does not train)' in line and line.endswith(': inconclusive')
+
+
+def test_as_many_seeds_at_the_floor_as_the_baseline_does_not_rescue_fewer_is_inconclusive():
+    soft = [55.0, 57.0, 64.0, 62.0, 55.0]
+    arm = _seg('pvt_fixn', 'softmax', 'scratch', soft)
+    three = _seg('pvt_fixn', 'poly:degree=3', 'transfer', [8.3, 8.3, 8.3, 40.0, 45.0], [FLOOR] * 3 + [50, 50])
+    (line, ) = _lines(BASE + arm + three)
+    assert 'x^3 at the floor in 3 of 5 (baseline from transfer: 3)' in line and line.endswith(': does not rescue')
+    # one seed at the floor, the others equal to softmax: the interval holds zero, but a seed at the floor is no rescue
+    one = _seg('pvt_fixn', 'poly:degree=3', 'transfer', [8.3, 57.0, 64.0, 62.0, 55.0], [FLOOR] + [50] * 4)
+    (line, ) = _lines(BASE + arm + one)
+    assert 'minus the arm\'s softmax -9.3 [-35.3, +16.6]' in line
+    assert 'floor in 1 of 5' in line and line.endswith(': inconclusive')
+
+
+def test_fewer_than_five_seeds_give_no_verdict():
+    rows = BASE + _seg('pvt_lowlr', 'softmax', 'scratch', [55.0, 56.0, 66.0]) + _seg(
+        'pvt_lowlr', 'poly:degree=3', 'transfer', [53.0, 55.0, 66.0])
+    (line, ) = _lines(rows)
+    assert line.endswith('no verdict yet: the rule is stated for 5 seeds, 3 finished')

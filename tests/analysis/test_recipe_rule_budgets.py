@@ -86,3 +86,14 @@ def test_windows_in_any_of_stages_1_to_3_are_windows_and_the_last_stage_alone_do
              ((False, False, False, False), 'windows'), (True, 'tokens'), (False, 'windows')]
     got = [(g, ld.layout_class(dict(type=family, global_window=g))) for g, _ in cases]
     assert got == cases
+
+
+def test_swin_per_block_global_window_counts_every_block_of_stages_1_to_3():
+    """Swin takes global_window per block as well (a stage's entry one value per block): a window in one block of
+    stages 1-3 is the windows' class (a non-empty tuple of False is not a global stage)."""
+    cases = [(((True, True), (True, True), (True, ) * 6, (False, False)), 'tokens'),
+             (((True, True), (True, False), True, True), 'windows'),
+             (((False, False), (False, False), (False, ) * 6, False), 'windows'),
+             ((True, True, (True, True, True, True, True, False), True), 'windows')]
+    got = [(g, ld.layout_class(dict(type='SoftFreeSwin', global_window=g))) for g, _ in cases]
+    assert got == cases

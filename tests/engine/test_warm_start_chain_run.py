@@ -23,7 +23,7 @@ import urllib.error
 import pytest
 import torch
 
-from softfree_mm.engine import chain_release, chain_run
+from softfree_mm.engine import chain_release, chain_report, chain_run
 from softfree_mm.engine import run_identity as identity
 from softfree_mm.engine import warm_start as ws
 from softfree_mm.engine.errors import UsageError
@@ -322,7 +322,7 @@ def test_other_libraries_are_shown_beside_a_resume_and_a_refusal_never_a_reason(
     pr = chain_run.probe(p)
     assert pr.first == 1  # resumed all the same
     assert f'resumes from {p.runs[1].work_dir}/iter_100.pth (made with other libraries, then -> now: torch 1.0.0 -> ' \
-           f'{now})' in '\n'.join(chain_run.report(p, pr))
+           f'{now})' in '\n'.join(chain_report.report(p, pr))
     other = chain_run.plan(_request(tmp_path, iters=3000), ROOT)
     with pytest.raises(UsageError, match=re.escape(f'(its run_identity.json; its libraries then -> now: torch 1.0.0 -> '
                                                    f'{now}')):

@@ -359,7 +359,7 @@ RULES = [('mask', False), ('zeros', True)]  # ours; mmdet's and the official det
 def test_window_masks_equal_a_mask_from_token_positions(hw, window, rule):
     """Every real query's row of the keep-mask, under either padding rule; an unshifted window's mask of ours is a
     key mask (nW, 1, 1, N): it only removes pad keys, so linear kernels keep their factorised order."""
-    from softfree_mm.models.backbones.swin import WindowGeometry
+    from softfree_mm.models.utils.windows import WindowGeometry
     pad_keys, always = rule
     geo = WindowGeometry(hw, window, 'cpu', pad_keys=pad_keys, always_shift=always)
     hp, wp = -(-hw[0] // window) * window, -(-hw[1] // window) * window
@@ -409,7 +409,7 @@ def _plain_attend(blk, x, geo):
 # v over the window, one factorised kernel; batch 2 (windows are batch-major)
 @pytest.mark.parametrize('kernel', ['softmax', dict(type='inline', local_residual='channel'), 'poly'])
 def test_gathered_windows_equal_plain_pad_roll_partition_in_outputs_and_every_gradient(kernel, monkeypatch):
-    from softfree_mm.models.backbones import swin
+    from softfree_mm.models.backbones import swin_layers
     torch.manual_seed(0)
     a = SoftFreeSwin(arch=dict(TINY), attn_cfg=kernel, drop_path_rate=0.0).train()
     randomize_(a, std=0.2)
@@ -417,7 +417,7 @@ def test_gathered_windows_equal_plain_pad_roll_partition_in_outputs_and_every_gr
     b.load_state_dict(a.state_dict())
     x = torch.randn(2, 3, 45, 83)  # grids 12x21, 6x11, 3x6, 2x3: padded and shifted, then one-window stages
     outs_a = a(x)
-    monkeypatch.setattr(swin.SwinBlock, '_attend', _plain_attend)
+    monkeypatch.setattr(swin_layers.SwinBlock, '_attend', _plain_attend)
     outs_b = b(x)
     g = [torch.randn_like(o) for o in outs_a]
     sum((o * gi).sum() for o, gi in zip(outs_a, g)).backward()
@@ -589,7 +589,7 @@ def test_window_layout_gathers_as_pad_roll_partition_and_back_with_exact_gradien
 
 
 def test_window_geometry_is_kept_across_passes_but_not_from_inference_mode():
-    from softfree_mm.models.backbones import swin
+    from softfree_mm.models.utils import windows as swin  # the geometries' cache
     model = SoftFreeSwin(arch=dict(TINY), drop_path_rate=0.0).train()
     x = torch.randn(1, 3, 45, 83)
     swin._GEOMETRIES.clear()
@@ -611,7 +611,7 @@ def test_the_windowed_grid_preset_tiles_its_grid_with_shifted_windows_and_no_sta
 
     from mmengine.config import Config
 
-    from softfree_mm.models.backbones.swin import SwinBlock
+    from softfree_mm.models.backbones.swin_layers import SwinBlock
     from tests.helpers.models import build_in
     root = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
     cfg = Config.fromfile(osp.join(root, 'configs', 'demo', 'study_swin_digits.py'))

@@ -196,7 +196,7 @@ def test_scratch_rows_are_the_studys_runs_unless_the_grid_needs_their_weights(tm
     warm start is taken against the row it reads."""
     import csv
     import json
-    from softfree_mm.analysis.warm_start_report import summarise
+    from softfree_mm.analysis.warm_start_rows import summarise
     study = tmp_path / 'runs.csv'
     fields = ['config', 'kernel', 'seed', 'status', 'top1_final', 'wall_s', 'cpu_s', 'error']
     with open(study, 'w', newline='') as f:
@@ -285,7 +285,8 @@ def test_dry_run_of_the_main_job_with_only_the_softmax_release_says_which_start_
 def test_the_table_gives_mean_std_and_the_difference_paired_by_seed_with_a_failed_seed():
     """Hand computation: scratch 70 / 60 / 80 on seeds 0-2; swap at 75 iterations 71 on seed 0, failed on seed 1, 77
     on seed 2: 74.0 ± 4.2 (sample std), paired differences +1 and -3: -1.0 ± 2.8, n = 2 shown."""
-    from softfree_mm.analysis.warm_start_report import markdown, summarise
+    from softfree_mm.analysis.warm_start_report import markdown
+    from softfree_mm.analysis.warm_start_rows import summarise
     rows = [dict(backbone='pvt', kernel='relu', seed=s, start='scratch', iters=300, transfer_iters=0, groups='',
                  top1=t, status='ok', source='study') for s, t in ((0, 70.0), (1, 60.0), (2, 80.0))]
     rows += [dict(backbone='pvt', kernel='relu', seed=s, start='swap', iters=75, transfer_iters=0, groups='',
@@ -337,7 +338,8 @@ def test_the_default_recipe_rule_by_hand():
     """choose_default: pairs by (kernel, seed) against the default at the budget; a recipe whose paired mean is
     positive with its 95 % interval above zero replaces it; one that only meets the 1-point target where the default
     misses replaces it only if it loses on no kernel beyond that kernel's interval."""
-    from softfree_mm.analysis.warm_start_report import choose_default, t95
+    from softfree_mm.analysis.stats import t_quantile as t95
+    from softfree_mm.analysis.warm_start_rows import choose_default
 
     def rows(recipe, tops, start='transfer'):
         return [dict(backbone='pvt', kernel=k, seed=s, start=start, iters=75 if start == 'transfer' else 300,

@@ -182,7 +182,7 @@ def test_dry_run_lists_the_chain_with_its_work_dirs_reads_and_writes(config, pai
                                                'backbone starts from https://'),
     (['configs/transfer_xcit_s12_poly3.py'], 'configs/transfer_xcit_s12_poly3.py: a AttentionTransfer config; the warm '
                                              'start runs before a detection, segmentation or classification config'),
-    (['configs/no_such.py'], 'configs/no_such.py: no such config file'),
+    (['configs/no_such.py'], 'config file not found: configs/no_such.py'),
     (['configs/maskrcnn_xcit_s12_poly3.py', '--launcher', 'slurm'], '--launcher slurm needs --partition'),
     (['configs/maskrcnn_xcit_s12_poly3.py', '--gpus', '0'], '--gpus must be a positive number, got 0'),
     (['configs/maskrcnn_xcit_s12_poly3.py', '--iters', '1'], '--iters must be at least 2'),
@@ -199,7 +199,7 @@ def test_the_command_line_says_a_bad_input_in_one_line_and_exits_2():
     proc = subprocess.run([sys.executable, TOOL, 'configs/no_such.py', '--dry-run'], capture_output=True, text=True,
                           timeout=300, cwd=ROOT)
     assert proc.returncode == 2 and proc.stdout == ''
-    assert proc.stderr.strip() == 'error: configs/no_such.py: no such config file', proc.stderr
+    assert proc.stderr.strip() == 'error: config file not found: configs/no_such.py', proc.stderr
 
 
 def test_a_work_dir_holding_another_pairs_checkpoint_is_one_line(tmp_path):

@@ -40,7 +40,7 @@ def main(argv=None):
     from softfree_mm.analysis import probe
     from softfree_mm.engine.hooks.matrix_norms import call_stats
     from softfree_mm.engine.hooks import AttentionCapture, AttentionStatsHook
-    cfg = probe.load_config(args.config, args.cfg_options)
+    cfg = probe.load_checked(args.config, args.cfg_options)
     model = probe.build_model(cfg, 'none', args.config)
     backbone = getattr(model, 'backbone', model).train()
     torch.manual_seed(0)

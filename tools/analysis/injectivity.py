@@ -44,7 +44,7 @@ def main(argv=None):
     from softfree_mm.analysis.tables import write_csv
 
     probe.check_checkpoint(args.checkpoint)
-    cfg = probe.load_config(args.config, args.cfg_options)
+    cfg = probe.load_checked(args.config, args.cfg_options)
     ds = probe.build_dataset(cfg, args.split, args.config)
     model = probe.build_model(cfg, args.checkpoint, args.config)
     layers = probe.pick_layers(model, args.layer)

@@ -31,7 +31,7 @@ def main(argv=None):
     from softfree_mm.analysis import patch_oracle as po
     from softfree_mm.analysis import probe
     from softfree_mm.analysis.tables import write_csv
-    cfg = probe.load_config(args.config)
+    cfg = probe.load_checked(args.config)
     ds = probe.build_dataset(cfg, args.split, args.config)
     classes = (getattr(ds, 'metainfo', None) or {}).get('classes')
     if not classes:

@@ -41,6 +41,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     from softfree_mm.analysis import task_layer_stats as tl
     from softfree_mm.analysis import task_study as ts
+    from softfree_mm.analysis import task_study_report as tsr
     from softfree_mm.analysis.warm_start import Runner
     from softfree_mm.engine.errors import UsageError
     if bad := [m for m in args.models if m not in tl.MODELS]:
@@ -69,7 +70,7 @@ def main(argv=None):
     from softfree_mm.analysis.tables import write_csv
     done = read_csv(args.out) if osp.isfile(args.out) else []
     have = {tuple(str(r[k]) for k in (*tl.IDENTITY, 'model')) for r in done}
-    entries = tl.models_of(study, rows, ts.FLOOR_MACC, args.models)
+    entries = tl.models_of(study, rows, tsr.FLOOR_MACC, args.models)
     found = {tuple(str(e[k]) for k in tl.IDENTITY) for e in entries}
     for r in rows:
         if r['status'] == 'ok' and tuple(str(r[k]) for k in tl.IDENTITY) not in found:

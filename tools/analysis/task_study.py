@@ -70,6 +70,7 @@ def main(argv=None):
             fail(f"--keep-from {args.keep_from}: no such file (a runs.csv of this study, or '')")
         keep_from = ''
     from softfree_mm.analysis import task_study as ts
+    from softfree_mm.analysis import task_study_report as tsr
     from softfree_mm.analysis.warm_start import Runner
     from softfree_mm.engine.errors import UsageError
     layouts = args.layouts or list(ts.LAYOUTS)
@@ -99,9 +100,9 @@ def main(argv=None):
     curves = tc.merged(rows, study.curves(rows), kept_curves)
     docs = args.docs and (args.docs if osp.isabs(args.docs) else osp.join(ROOT, args.docs))
     kept_from = [osp.dirname(osp.abspath(f)) for f in (keep_from, det_from) if f]  # their versions.json
-    summary = ts.write_outputs(rows, osp.abspath(args.out), docs or None, root=osp.abspath(args.work_dir),
+    summary = tsr.write_outputs(rows, osp.abspath(args.out), docs or None, root=osp.abspath(args.work_dir),
                                curves=curves, kept_from=kept_from)
-    for line in ts.within_and_extremes(summary):
+    for line in tsr.within_and_extremes(summary):
         print(line, flush=True)
     return 0
 

@@ -19,6 +19,7 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..rss import reset_peak, status_kib
 from .cost_layouts import layout_backbone, layout_class, model_config
 
 COCO_ASPECT = 1333 / 800
@@ -42,23 +43,7 @@ def coco_size(short: int) -> Tuple[int, int]:
 
 # ---------------------------------------------------------------------------------------------- one case
 def _rss_kib(pid: int, field: str = 'VmRSS') -> int:
-    try:
-        with open(f'/proc/{pid}/status') as f:
-            for line in f:
-                if line.startswith(field + ':'):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def _reset_peak() -> bool:
-    try:
-        with open('/proc/self/clear_refs', 'w') as f:
-            f.write('5')
-        return True
-    except OSError:
-        return False
+    return status_kib(pid, field) or 0
 
 
 def measure_case(spec: dict) -> dict:
@@ -106,7 +91,7 @@ def measure_case(spec: dict) -> dict:
 
     run()  # warm-up
     base = _rss_kib(os.getpid())
-    _reset_peak()
+    reset_peak()
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()

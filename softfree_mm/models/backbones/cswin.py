@@ -14,7 +14,7 @@ from torch import nn
 
 from ...attention.fit import require_kernel_fit
 from ..attention import KernelAttention
-from ..utils.cfg import expand_attn_cfg, per_stage
+from ..utils.cfg import expand_attn_cfg, global_first_stages, per_stage
 from ..utils.mlp import Mlp
 from ..utils.tokens import PatchEmbed
 from ..utils.token_layout import TokenLayout
@@ -190,13 +190,6 @@ class CSWinStage(nn.Module):
         return x
 
 
-def _global(global_window) -> bool:
-    """Whether a ``global_window`` setting makes the attention global: stages 1-3 (the last always is)."""
-    if isinstance(global_window, (list, tuple)):
-        return all(global_window[:3])
-    return bool(global_window)
-
-
 @register_family
 class SoftFreeCSWin(StagedBackbone):
     """CSWin Transformer backbone with swappable attention kernels.
@@ -230,7 +223,7 @@ class SoftFreeCSWin(StagedBackbone):
                      'inline_cswin': dict(arch='inline_tiny', embed_dims=8, num_heads=(2, 2, 2, 2)),
                      'agent_cswin': dict(arch='agent_tiny', embed_dims=8, num_heads=(2, 2, 2, 2))},
         benchmark={'cswin_t': dict(arch='tiny')},
-        layout=lambda cfg: 'global tokens' if _global(cfg.get('global_window')) else 'stripes',
+        layout=lambda cfg: 'global tokens' if global_first_stages(cfg.get('global_window')) else 'stripes',
         # the official UperNet releases keep pad keys and pad no image before the stem
         downstream_padding={'cswin': dict(pad_keys='zeros', patch_grid='floor')})
 

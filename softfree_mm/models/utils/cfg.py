@@ -91,3 +91,16 @@ def is_cfg(cfg, kind: str, **fixed) -> bool:
     if not isinstance(cfg, dict) or cfg.get('type') != kind:
         return False
     return all(cfg.get(k, v) == v for k, v in fixed.items()) and set(cfg) <= {'type', 'requires_grad', *fixed}
+
+
+def _every(value) -> bool:
+    return all(_every(v) for v in value) if isinstance(value, (list, tuple)) else bool(value)
+
+
+def global_first_stages(global_window, stages: int = 3) -> bool:
+    """Whether a ``global_window`` setting makes the attention global in the first ``stages`` stages (in Swin and
+    CSWin the last stage's grid is one window at the pretraining size): one value for all, or one per stage, a stage's
+    entry one value or one per block (every block of those stages must be global)."""
+    if isinstance(global_window, (list, tuple)):
+        return all(_every(g) for g in global_window[:stages])
+    return bool(global_window)
