@@ -139,6 +139,11 @@ def carry_over(root: str) -> str:
     return _wrap(CARRY_OVER, co.lines(root))
 
 
+def task_route(root: str) -> str:
+    from . import task_route_rule as trr
+    return trr.section(root)
+
+
 def warm_cost(root: str) -> str:
     from . import findings as fd
     return _wrap(WARM_COST, fd.cost_lines(read_csv(osp.join(root, RESULTS, 'warm_start', 'cost_cpu.csv'))))
@@ -168,6 +173,7 @@ def readme_studies(root: str) -> str:
 
 def _sections() -> List[Section]:
     from . import recipe_rule as rr
+    from . import task_route_rule as trr
     from . import task_study_report as tsr
     from . import warm_start_report as wr
     from .benchmark import cost_report as cr
@@ -183,6 +189,7 @@ def _sections() -> List[Section]:
         Section('docs/warm_start.md', *WARM_FINDINGS, warm_findings, 'What holds'),
         Section('docs/warm_start.md', *WARM_COST, warm_cost, 'What stage 1 costs'),
         Section('docs/warm_start.md', *CARRY_OVER, carry_over, 'What carries from digits to ImageNet'),
+        Section('docs/warm_start.md', trr.BEGIN, trr.END, task_route, 'The task route at small scale'),
         Section('docs/study.md', *STUDY_TABLES, study_tables, 'Accuracy'),
         Section('docs/study.md', *STUDY_NORMS, study_norms, 'The norms during training'),
         Section('docs/study.md', *STUDY_FINDINGS, study_findings, 'What holds at this scale'),
