@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from ..engine.warm_start import RECIPES as RECIPES_BY_NAME
 from .study import error_cell
 from .sweep import safe_name
+from . import task_study_route as route
 from .grid_runner import Runner, kernel_cfg, kernel_config, top1
 from .warm_start import Plan
 
@@ -36,9 +37,10 @@ class Layout:
     def __init__(self, title: str, classifier: str, det: Optional[str], seg: str, kernels: Sequence[str],
                  starts: Sequence[str] = ('scratch', 'transfer'), warm: Sequence[str] = ('poly:degree=3', 'linear'),
                  recipe: Optional[str] = None, classifiers: Optional[str] = None,
-                 fixed_n: Optional[Sequence[int]] = None):
+                 fixed_n: Optional[Sequence[int]] = None, routed: Sequence[str] = ()):
         self.title, self.classifier, self.det, self.seg = title, classifier, det, seg
         self.kernels, self.starts, self.warm = list(kernels), list(starts), list(warm)
+        self.routed = list(routed)  # the kernels of the start 'task' (the task route: analysis/task_study_route.py)
         self.recipe = recipe
         # the layout whose classifier runs (same config) this one's detectors / segmentors start from
         self.classifiers = classifiers
@@ -79,8 +81,10 @@ LAYOUTS = OrderedDict(
                ['softmax', 'poly:degree=3', 'poly:degree=1', 'linear', 'relu', 'inline', 'soft:landmark_ratio=2',
                 'agent', 'poly:degree=3,qk_norm=True'],
                # x^3 with standardised q and k: the remedy "Why x^3 / sqrt(N) collapses in segmentation" tests, from
-               # both starts as x^3
-               warm=('poly:degree=3', 'poly:degree=3,qk_norm=True', 'linear'),
+               # both starts as x^3; InLine and agent from the ImageNet route too, beside the task route (issue 67)
+               starts=('scratch', 'transfer', 'task'),
+               warm=('poly:degree=3', 'poly:degree=3,qk_norm=True', 'linear', 'inline', 'agent'),
+               routed=('poly:degree=3', 'linear', 'inline', 'agent'),
                # its warm-start rows were made with transfer-final, token attention's default by the recipe rule's
                # version 1; the study keeps it so that later seeds pair with them (version 2 ships `transfer`)
                recipe='transfer-final'),
@@ -111,7 +115,9 @@ LAYOUTS = OrderedDict(
 # the starts' recipes, named in every row: the kernel study's from-scratch classifier, and the warm start's default
 # recipe in the layout (softfree_mm/engine/warm_start.py) at the budget the warm-start grid calls 25 % (75 iterations)
 # and its swap (the softmax classifier with the kernel swapped in, fine-tuned by the recipe's stage 2) at that budget
-RECIPES = {'scratch': 'scratch-300', 'swap': 'swap+ft-75 ({})', 'transfer': '{}-75'}
+# and the task route from the softmax detector / segmentor of the same seed, at the ImageNet route's images
+RECIPES = {'scratch': 'scratch-300', 'swap': 'swap+ft-75 ({})', 'transfer': '{}-75',
+           route.START: 'task ({}, equal images)'}
 
 
 def recipe_of(layout: str, start: str) -> str:
@@ -196,7 +202,9 @@ class Study:
         if key in cache:
             return cache[key]
         p, layout = self.plan, self.bb(layout)
-        if start == 'scratch' or kernel == REFERENCE:
+        if start == route.START:  # the task route's chain starts from the softmax classifier
+            run = self.classifier(layout, REFERENCE, 'scratch', seed, cache)
+        elif start == 'scratch' or kernel == REFERENCE:
             run = p.scratch(layout, kernel, seed)
         else:
             softmax = self.classifier(layout, REFERENCE, 'scratch', seed, cache)
@@ -257,7 +265,15 @@ class Study:
     def task_run(self, layout: str, task: str, kernel: str, start: str, seed: int, classifier: dict) -> dict:
         lay = self.layouts[layout]
         cfg = kernel_config(osp.join(self.root, lay.config(task)), lay.task_attn(kernel))
-        return self.r.from_classifier(self.task_key(layout, task, kernel, start, seed), cfg, seed, classifier)
+        key = self.task_key(layout, task, kernel, start, seed)
+        if start != route.START:
+            return self.r.from_classifier(key, cfg, seed, classifier)
+        # the softmax detector / segmentor of the seed (trained before any task-route run: Study.run)
+        softmax = self.r.done(self.task_key(layout, task, REFERENCE, 'scratch', seed))
+        if softmax is None and classifier.get('status') != 'ok':
+            softmax = dict(status=classifier.get('status'), error=f'no classifier: {classifier.get("error")}')
+        n = route.budget(osp.join(self.root, lay.classifier), osp.join(self.root, lay.config(task)))['iters']
+        return route.run(self.r, key, cfg, seed, softmax, RECIPES_BY_NAME[lay.default], n)
 
     def cases(self):
         """(layout, kernel, start) in the study's order; the fit errors of kernels a layout refuses."""
@@ -267,7 +283,8 @@ class Study:
                 err = fit_error(osp.join(self.root, lay.classifier), k)
                 if err:
                     unfit[(x, k)] = err
-                starts = ['scratch'] if k == REFERENCE else [s for s in lay.starts if s == 'scratch' or k in lay.warm]
+                starts = ['scratch'] if k == REFERENCE else [
+                    s for s in lay.starts if s == 'scratch' or (k in lay.routed if s == route.START else k in lay.warm)]
                 starts = [s for s in starts if self.starts is None or s in self.starts or k == REFERENCE]
                 out += [(x, k, s) for s in starts]
         return out, unfit
@@ -290,9 +307,15 @@ class Study:
             return list({(self.bb(t[0]), *t[1:]): t for t in ts}.values())
         self.r.map(lambda t: self.classifier(*t, cache), unique(t for t in todo if t in need and t[1] == REFERENCE))
         self.r.map(lambda t: self.classifier(*t, cache), unique(t for t in todo if t in need and t[1] != REFERENCE))
-        done = dict(zip(runs, self.r.map(
-            lambda t: self.task_run(t[0], t[1], t[2], t[3], t[4], cache[(self.bb(t[0]), t[2], t[3], t[4])]),
-            runs)))
+        # the task route's runs last, after the softmax detectors / segmentors they start from (run also where their
+        # rows are kept: the route reads their checkpoints in the work dir)
+        routed = [t for t in runs if t[3] == route.START]
+        first = [t for t in runs if t[3] != route.START]
+        first += list(dict.fromkeys((x, task, REFERENCE, 'scratch', seed) for x, task, _, _, seed in routed
+                                    if (x, task, REFERENCE, 'scratch', seed) not in first))
+        one = lambda t: self.task_run(*t, cache[(self.bb(t[0]), t[2], t[3], t[4])])  # noqa: E731
+        done = dict(zip(first, self.r.map(one, first)))
+        done.update(zip(routed, self.r.map(one, routed)))
         rows = []
         for x, k, s in cases:
             for seed in self.seeds:

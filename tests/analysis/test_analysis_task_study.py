@@ -140,7 +140,8 @@ def test_a_resumed_study_repeats_nothing_and_runs_only_what_did_not_finish(tmp_p
 
     def study():
         runner = Runner(runs, str(tools), jobs=1, echo=lambda m: None)
-        return ts.Study(runner, ROOT, [0], ['pvt'], ['seg'], ['softmax', 'linear'], echo=lambda m: None)
+        return ts.Study(runner, ROOT, [0], ['pvt'], ['seg'], ['softmax', 'linear'], starts=['scratch', 'transfer'],
+                        echo=lambda m: None)
 
     rows = study().run()
     assert not osp.exists(log), open(log).read()  # nothing ran: every run is read
@@ -211,7 +212,7 @@ def test_report_only_runs_nothing_and_a_row_whose_inputs_did_not_run_is_not_run_
     assert not osp.exists(log), open(log).read()
     assert [(r['kernel'], r['start'], r['status'], r['mIoU']) for r in rows] == [
         ('softmax', 'scratch', 'ok', 60.0), ('linear', 'scratch', 'not run', None),
-        ('linear', 'transfer', 'not run', None)]
+        ('linear', 'transfer', 'not run', None), ('linear', 'task', 'not run', None)]
 
 
 def test_a_kernel_the_layout_refuses_is_a_row_with_its_fit_error():
@@ -302,3 +303,70 @@ def test_a_layout_that_shares_anothers_classifiers_runs_none_of_its_own_and_only
     assert call.split()[1] == config and 'model.backbone.init_cfg.checkpoint=softmax.pth' in call
     assert 'semfpn_pvt_v2_b0_digits_n64.py' in open(config).read()
     assert not osp.exists(osp.join(runs, 'scratch', 'pvt_n64'))
+
+
+def test_the_task_routes_budget_is_the_imagenet_routes_images_by_hand():
+    """The ImageNet route's warm start (75 x 32 digit crops) plus the detector's / segmentor's schedule (400 / 3000
+    iterations x 4), as iterations at the task config's batch of 4."""
+    from softfree_mm.analysis import task_study_route as route
+    lay = ts.LAYOUTS['pvt']
+    det = route.budget(osp.join(ROOT, lay.classifier), osp.join(ROOT, lay.det))
+    seg = route.budget(osp.join(ROOT, lay.classifier), osp.join(ROOT, lay.seg))
+    assert (det['images'], det['iters']) == (75 * 32 + 400 * 4, 1000)
+    assert (seg['images'], seg['iters']) == (75 * 32 + 3000 * 4, 3600)
+    assert ts.recipe_of('pvt', 'task') == 'task (transfer-final, equal images)'
+
+
+def test_the_task_routes_runs_read_the_softmax_model_of_their_seed_and_their_stages_budgets(tmp_path, monkeypatch):
+    """Start 'task': stage 1 (attention transfer, teacher the softmax segmentor of the same seed) then stage 2 (its
+    backbone stage 1's checkpoint, its neck and head the softmax segmentor's) at the recipe's split of 3600
+    iterations; a finished stage is not run again, a finished row runs nothing."""
+    from mmengine.config import Config
+    monkeypatch.setattr(ts, 'fit_error', lambda config, kernel: '')  # both fit (its own test builds them)
+    tools, runs, log = tmp_path / 'tools', str(tmp_path / 'runs'), str(tmp_path / 'calls.log')
+    tools.mkdir()
+    for name in ('train.py', 'test.py'):
+        (tools / name).write_text(FAKE_TOOL.replace("sys.argv[:2]", "sys.argv").format(log=log))
+    softmax = osp.join(runs, 'seg/pvt/softmax/scratch/seed1/iter_3000.pth')
+    _finished(runs, 'scratch/pvt/softmax/seed1', checkpoint='softmax_cls.pth', top1_final=70.0)
+    _finished(runs, 'seg/pvt/softmax/scratch/seed1', checkpoint=softmax)
+    _finished(runs, 'seg/pvt/softmax/scratch/seed1/test', metrics=dict(mIoU=60.0, aAcc=90.0, mAcc=70.0))
+
+    def study():
+        runner = Runner(runs, str(tools), jobs=1, echo=lambda m: None)
+        return ts.Study(runner, ROOT, [1], ['pvt'], ['seg'], ['softmax', 'linear'], starts=['task'],
+                        echo=lambda m: None).run()
+
+    key = 'seg/pvt/linear/task-transfer-final/seed1'
+    rows = study()
+    (call, ) = open(log).read().splitlines()  # stage 1 (the fake tool fails it): nothing else
+    stage1_key = 'seg/pvt/linear/task-transfer-final-stage1/seed1'  # beside stage 2's folder, not inside it
+    stage1 = osp.join(runs, stage1_key, 'seg_pvt_linear_task-transfer-final-stage1_seed1.py')
+    assert call.split()[1] == stage1 and 'randomness.seed=1' in call
+    cfg = Config.fromfile(stage1)
+    assert cfg.model.type == 'AttentionTransfer' and cfg.model.teacher.init_cfg.checkpoint == softmax
+    assert cfg.model.teacher.attn_cfg == dict(type='softmax') and cfg.model.backbone.attn_cfg['type'] == 'linear'
+    assert cfg.train_cfg.max_iters == 1200 and cfg.warm_start.route == 'task'
+    (row, ) = [r for r in rows if r['start'] == 'task']
+    assert (row['kernel'], row['status'], row['recipe'], row['cls_top1']) == (
+        'linear', 'failed', 'task (transfer-final, equal images)', 70.0)
+    assert row['error'].startswith('stage 1: ') and 'the fake tool ran' in row['error']
+
+    os.remove(log)
+    _finished(runs, stage1_key, checkpoint='stage1.pth')
+    study()
+    (call, ) = open(log).read().splitlines()  # stage 2 alone: stage 1 finished
+    stage2 = osp.join(runs, key, 'seg_pvt_linear_task-transfer-final_seed1.py')
+    assert call.split()[1] == stage2 and 'model.backbone.init_cfg.checkpoint=stage1.pth' in call
+    cfg = Config.fromfile(stage2)
+    assert cfg.train_cfg.max_iters == 2400 and cfg.model.backbone.attn_cfg['type'] == 'linear'
+    assert cfg.model.decode_head.init_cfg == dict(type='Pretrained', checkpoint=softmax, prefix='decode_head.')
+    assert cfg.model.neck.init_cfg['checkpoint'] == softmax
+
+    os.remove(log)
+    _finished(runs, key, checkpoint='stage2.pth', wall_s=10.0)
+    _finished(runs, key + '/test', metrics=dict(mIoU=55.0, aAcc=90.0, mAcc=65.0), wall_s=1.0)
+    rows = study()
+    assert not osp.exists(log), open(log).read()  # finished: nothing runs again
+    (row, ) = [r for r in rows if r['start'] == 'task']
+    assert (row['status'], row['mIoU']) == ('ok', 55.0)

@@ -5,7 +5,7 @@ and the demo Semantic FPN (mIoU) from it; paired differences to softmax per seed
 
     python tools/analysis/task_study.py [--work-dir work_dirs/task_study] [--out docs/results/task_study]
         [--docs docs/study.md] [--layouts pvt xcit] [--tasks det seg] [--kernels K ...] [--seeds 0 1 2]
-        [--starts scratch swap transfer] [--det-from docs/results/warm_start/detectors.csv] [--jobs 2]
+        [--starts scratch swap transfer task] [--det-from docs/results/warm_start/detectors.csv] [--jobs 2]
         [--threads 1] [--keep-from docs/results/task_study/runs.csv] [--report-only]
 
 Layouts: pvt (configs/demo/study_pvt_v2_b0_digits.py, PVTv2-b0 without spatial reduction: token attention; its
@@ -13,7 +13,10 @@ detector configs/demo/maskrcnn_pvt_v2_b0_digits.py, segmentor configs/demo/semfp
 (configs/demo/study_xcit_t12_digits.py, XCiT-T12: channel attention; make demo's detector and segmentor). Starts:
 every kernel's own classifier from scratch (the kernel study's recipe: 300 iterations), and for x^3 and linear the
 warm start's default recipe in the layout (pvt: transfer-final, xcit: transfer; attention transfer from the softmax
-classifier of the same seed, then the fine-tune: 75 iterations in all, 25 %); on xcit also the swap (the softmax classifier, the kernel swapped in, fine-tuned 75). A
+classifier of the same seed, then the fine-tune: 75 iterations in all, 25 %); on xcit also the swap (the softmax classifier, the kernel swapped in, fine-tuned 75); on pvt also
+InLine and agent from the warm start, and the task route (start task, for x^3, linear, InLine and agent: the softmax
+detector / segmentor of the same seed made softmax-free by tools/warm_start.py --from-task's two stages, seeing the
+images the warm start and the detector's / segmentor's schedule see; softfree_mm/analysis/task_study_route.py). A
 ``recipe`` column names each row's. Every detector and segmentor sees the demo scenes at their own size (1x),
 as make demo's do. XCiT's detector rows are read from --det-from (the warm-start grid's; '' runs them again).
 Every run is tools/train.py / tools/test.py on a child config under --work-dir; a run that finished is never run
