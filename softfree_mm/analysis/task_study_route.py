@@ -13,8 +13,10 @@ written by the route's own functions (:func:`~softfree_mm.engine.task_route.task
 
 Both stages together see the images the ImageNet route is charged (:func:`budget`): the classifier's warm start
 (``WARM_ITERS`` iterations at the classifier's batch) and the task config's schedule, counted at the task config's
-batch. The stage configs are written under the work dir's ``task_route/`` (their text is each run's config).
+batch. The stage configs are written under the work dir's ``task_route/`` (their text is each run's config). A row's
+``cls_top1`` is the softmax classifier's, where the route's chain starts.
 """
+import functools
 import os.path as osp
 from typing import Dict, Tuple
 
@@ -23,6 +25,7 @@ WARM_ITERS = 75  # the ImageNet route's warm start in the study (its 'transfer' 
 FOLDER = 'task_route'  # under the work dir: the kernel configs and the stage configs the runs read
 
 
+@functools.lru_cache(maxsize=None)
 def schedule_images(config: str) -> Tuple[int, int]:
     """(images a step, iterations) of a study config's schedule (its train_cfg.max_iters)."""
     from mmengine.config import Config
