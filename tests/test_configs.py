@@ -336,7 +336,8 @@ def test_demo_configs_train_their_backbones_from_scratch_on_purpose_or_from_the_
             # `make demo`: the detector and the segmentor start from the demo classifier's checkpoint
             assert init.to_dict() == dict(type='Pretrained', checkpoint='work_dirs/demo/pretrain/epoch_2.pth',
                                           prefix='backbone.'), init
-        elif name in ('maskrcnn_pvt_v2_b0_digits.py', 'semfpn_pvt_v2_b0_digits.py', 'semfpn_pvt_v2_b0_digits_n64.py'):
+        elif name in ('maskrcnn_pvt_v2_b0_digits.py', 'semfpn_pvt_v2_b0_digits.py', 'semfpn_pvt_v2_b0_digits_n64.py',
+                      'semfpn_pvt_v2_b0_digits_lowlr.py', 'semfpn_pvt_v2_b0_digits_long.py'):
             # the detection and segmentation study: from the study's classifier, which the study passes
             assert init.type == 'Pretrained' and init.prefix == 'backbone.', init
         elif name == 'maskrcnn_xcit_t12_poly3_warm_demo.py':  # the warm start's stage 2 at demo scale

@@ -240,9 +240,13 @@ def test_train_py_alone_names_the_warm_start_command_first(tmp_path):
     proc = subprocess.run([sys.executable, *cmd, '--dry-run', '--work-root', str(tmp_path / 'w')],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.splitlines()[1].startswith(
+    out = proc.stdout.splitlines()
+    note = [i for i, ln in enumerate(out) if ln.startswith(
         "[warm-start] note: the warm start's default recipe here, `transfer`, was measured on the study's tiny "
-        "Swin with 4x4 shifted windows (windows) at the digits scale, not on SoftFreeCSWin's stripes"), proc.stdout
+        "Swin with 4x4 shifted windows (windows) at the digits scale, not on SoftFreeCSWin's stripes")]
+    # said once, before the runs are listed (after the route and what each stage costs)
+    first_run = next(i for i, ln in enumerate(out) if ln.startswith('[warm-start] 1/3 '))
+    assert len(note) == 1 and note[0] < first_run and out[0].startswith('[warm-start] route: '), proc.stdout
 
 
 def _softmax_classifier(work_dir, cwd):
