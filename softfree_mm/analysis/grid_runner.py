@@ -2,7 +2,6 @@
 ``tools/test.py`` process in its own folder under a work root, its result cached in the folder's result.json, so the
 same command resumes a stopped grid and never repeats a finished run; and the child configs that put a kernel into a
 study config."""
-import ast
 import json
 import os
 import os.path as osp
@@ -15,8 +14,7 @@ from typing import Optional, Sequence, Tuple
 
 from ..engine.errors import UsageError
 from . import grid_identity as gi
-from .study import read_scalars
-from .sweep import newest_scalars, safe_name, train_one
+from .sweep import newest_scalars, read_scalars, safe_name, train_one
 
 RESULT = 'result.json'
 
@@ -26,19 +24,6 @@ def kernel_config(base: str, kernel) -> str:
     start): one kernel config dict, or a list of them (one per stage; a list replaces the base's whole)."""
     attn = [dict(k) for k in kernel] if isinstance(kernel, (list, tuple)) else dict(_delete_=True, **kernel)
     return f"_base_ = {base!r}\nmodel = dict(backbone=dict(attn_cfg={attn!r}))\n"
-
-
-def kernel_cfg(label: str) -> dict:
-    """'poly:degree=3' -> dict(type='poly', degree=3) (the study's spelling)."""
-    name, _, args = label.partition(':')
-    cfg = dict(type=name)
-    for item in filter(None, args.split(',')):
-        k, v = item.split('=', 1)
-        try:
-            cfg[k] = ast.literal_eval(v)
-        except (ValueError, SyntaxError):  # a plain word ('conv')
-            cfg[k] = v
-    return cfg
 
 
 class Runner:
@@ -66,15 +51,17 @@ class Runner:
         return None
 
     def _env(self):
+        if self.threads is None:  # torch's default
+            return None
         return dict(os.environ, OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads))
 
-    def _fresh(self, key: str, config_text: str):
+    def _fresh(self, key: str, config_text: str, name: Optional[str] = None):
         """(the run's folder, emptied: a run that did not finish starts again; its child config written there)."""
         wd = self.folder(key)
         if osp.isdir(wd):
             shutil.rmtree(wd)
         os.makedirs(wd)
-        cfg = osp.join(wd, f'{safe_name(key)}.py')
+        cfg = osp.join(wd, name or f'{safe_name(key)}.py')
         with open(cfg, 'w') as f:
             f.write(config_text)
         return wd, cfg
@@ -86,16 +73,16 @@ class Runner:
         self.echo(f'[warm-start] {key}: {row["status"]}' + (f' ({row.get("error")})' if row['status'] != 'ok' else ''))
         return row
 
-    def held(self, key: str, config_text: str, options: Sequence[str] = (), checkpoint: Optional[str] = None
-             ) -> Tuple[Optional[dict], Optional[dict]]:
+    def held(self, key: str, config_text: str, options: Sequence[str] = (), checkpoint: Optional[str] = None,
+             name: Optional[str] = None) -> Tuple[Optional[dict], Optional[dict]]:
         """(the folder's finished result, or None: run it; the run's record, None where not computed yet). A folder
         whose run_identity.json is another run's is refused (UsageError); a finished one without it (made before run
-        identities) is its key's run, as before."""
+        identities) is its key's run, as before. ``name``: the child config's file name (default: the key's)."""
         if self.refused:
             raise UsageError(self.refused)
         wd, rec = self.folder(key), None
         if osp.isfile(osp.join(wd, gi.ri.FILE)):
-            rec = gi.record(config_text, options, checkpoint, f'{safe_name(key)}.py')
+            rec = gi.record(config_text, options, checkpoint, name or f'{safe_name(key)}.py')
             try:
                 gi.check(wd, rec)
             except UsageError as e:
@@ -109,21 +96,31 @@ class Runner:
         return got, rec
 
     def _begin(self, key: str, config_text: str, options: Sequence[str], checkpoint: Optional[str],
-               rec: Optional[dict]):
+               rec: Optional[dict], name: Optional[str] = None):
         """The run's folder emptied, its child config and run_identity.json written: (folder, config, identity)."""
-        rec = rec or gi.record(config_text, options, checkpoint, f'{safe_name(key)}.py')
-        wd, cfg = self._fresh(key, config_text)
+        rec = rec or gi.record(config_text, options, checkpoint, name or f'{safe_name(key)}.py')
+        wd, cfg = self._fresh(key, config_text, name)
         return wd, cfg, gi.begin(wd, rec)
 
-    def train(self, key: str, config_text: str, options: Sequence[str] = ()) -> dict:
-        got, rec = self.held(key, config_text, options)
+    def train(self, key: str, config_text: str, options: Sequence[str] = (), name: Optional[str] = None,
+              log: str = 'run.log', in_process: bool = False, read=None) -> dict:
+        """Train one run unless its folder holds its result (report only: 'not run'). ``name``: the child config's
+        file name (default: the key's); ``log``: the process's output; ``in_process``: in this process (one
+        visualizer per run); ``read(row, res, folder)``: the study's own row from the runner's and train_one's
+        (returns it). A run killed by a signal writes no result: the next call runs it again."""
+        got, rec = self.held(key, config_text, options, name=name)
+        if got is not None and not self.report_only:
+            self.echo(f'[grid] {key}: finished before ({got.get("status")}), not trained again')
         if got is not None or self.report_only:
             return got or dict(status='not run', key=key)
-        wd, cfg, ident = self._begin(key, config_text, options, None, rec)
-        res = train_one(osp.join(self.tools, 'train.py'), cfg, wd, list(options), log_path=osp.join(wd, 'run.log'),
-                        env=self._env())
+        wd, cfg, ident = self._begin(key, config_text, options, None, rec, name)
+        opts = list(options)
+        if in_process:  # one visualizer instance per run in one process (not part of the run's identity)
+            opts.append(f'visualizer.name=run_{safe_name(key)}_{os.getpid()}_{time.time_ns()}')
+        res = train_one(osp.join(self.tools, 'train.py'), cfg, wd, opts, in_process=in_process, log_path=osp.join(wd, log),
+                        env=None if in_process else self._env())
         row = dict(status='ok' if res['returncode'] == 0 else 'failed', error=res['error'], wall_s=res['seconds'],
-                   cpu_s=res['cpu_s'], identity=ident)
+                   cpu_s=res.get('cpu_s'), identity=ident)
         log = newest_scalars(wd)
         if log:
             row['log'] = log
@@ -136,6 +133,10 @@ class Runner:
                 row['checkpoint'] = f.read().strip()
         if row['status'] == 'ok' and not row.get('checkpoint'):
             row.update(status='failed', error='no checkpoint written')
+        if read is not None:
+            row = read(row, res, wd)
+        if res['returncode'] < 0:  # killed by a signal: no result, so that the next call runs it again
+            return dict(row, key=key)
         return self._finish(key, row)
 
     def from_classifier(self, key: str, config_text: str, seed: int, classifier: dict) -> dict:
@@ -179,7 +180,10 @@ class Runner:
         return self._finish(key, row)
 
     def map(self, fn, items):
-        """``fn`` over ``items``, ``jobs`` at a time (threads that each wait on one process)."""
+        """``fn`` over ``items``, ``jobs`` at a time (threads that each wait on one process; one: in this thread,
+        as an in-process run needs)."""
+        if self.jobs == 1:
+            return [fn(item) for item in items]
         with ThreadPoolExecutor(max_workers=self.jobs) as pool:
             return list(pool.map(fn, items))
 

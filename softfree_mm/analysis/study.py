@@ -9,20 +9,16 @@ kept by its key). Every number comes from the run's own log: ``vis_data/scalars.
 top-1, the training records' loss and time) and ``vis_data/attention_stats.json`` (AttentionStatsHook's norms per
 layer). A kernel the backbone refuses, or a run that fails, is a 'failed' row with the error's last line.
 """
-import json
 import math
-import os
 import os.path as osp
 import re
-import shutil
-import time
 from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence
 
 from ..attention import kernel_label
 from . import grid_identity as gi
 from .stats import mean_std
-from .sweep import child_config, json_records, newest_scalars, safe_name, timing, train_one
+from .sweep import child_config, json_records, newest_scalars, read_scalars, safe_name
 
 RESULT = 'result.json'
 METRIC = 'accuracy/top1'
@@ -68,27 +64,6 @@ def describe(spec) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- logs
-def read_scalars(path: str, metric: str = METRIC) -> dict:
-    """A run's scalars.json -> top1_final, top1_best, best_iter, loss_final, s_per_iter (mean logged time after
-    the first training record), cuda_memory_mib, iters (last logged training step), val (list of (step, top-1))."""
-    train, val = [], []
-    for rec in json_records(path):
-        if 'loss' in rec:
-            train.append(rec)
-        elif metric in rec:
-            val.append((rec['step'], rec[metric]))
-    out = dict(top1_final=None, top1_best=None, best_iter=None, loss_final=None, s_per_iter=None,
-               cuda_memory_mib=None, iters=max((r['step'] for r in train), default=0), val=val)
-    if val:
-        out['top1_final'] = val[-1][1]
-        best = max(val, key=lambda sv: sv[1])  # the first of equal maxima
-        out['top1_best'], out['best_iter'] = best[1], best[0]
-    if train:
-        out['loss_final'] = train[-1]['loss']
-    out.update(timing(train))
-    return out
-
-
 def read_norm_curves(path: str, prefix: str = 'attn') -> List[dict]:
     """AttentionStatsHook's attention_stats.json -> one row per (step, layer): rows (N), keys, fro, jac (None
     when the kernel has no score map) and both divided by sqrt(rows)."""
@@ -110,134 +85,102 @@ def read_norm_curves(path: str, prefix: str = 'attn') -> List[dict]:
 
 
 # ---------------------------------------------------------------------------------------------- runs
+def config_name(config: str) -> str:
+    """A study config's name: its file's ('study_pvt_v2_b0_digits'); the runs' folders and rows are named by it."""
+    return osp.splitext(osp.basename(config))[0]
+
+
+def _run(config: str, spec, seed: int, cfg_options: Sequence[str], key: str):
+    """(the runner's key, the child config's text and file name, the options) of a study run."""
+    name, label = config_name(config), safe_name(kernel_label(spec))
+    return (f'{name}/{label}/seed{seed}', child_config(config, spec, key), f'{name}__{label}.py',
+            list(cfg_options) + [f'randomness.seed={seed}'])
+
+
 def run_dir(work_root: str, config: str, spec, seed: int) -> str:
-    name = osp.splitext(osp.basename(config))[0]
-    return osp.join(work_root, name, safe_name(kernel_label(spec)), f'seed{seed}')
+    return osp.join(work_root, config_name(config), safe_name(kernel_label(spec)), f'seed{seed}')
 
 
 def run_record(config: str, spec, seed: int, cfg_options: Sequence[str] = (),
                key: str = 'model.backbone.attn_cfg') -> dict:
     """The record of a study run (:mod:`.grid_identity`): its child config with the seed and the options, as
     tools/train.py reads it (the visualizer's name an in-process run adds is not part of a run)."""
-    name = osp.splitext(osp.basename(config))[0]
-    return gi.record(child_config(config, spec, key), list(cfg_options) + [f'randomness.seed={seed}'],
-                     name=f'{name}__{safe_name(kernel_label(spec))}.py')
+    _, text, file, opts = _run(config, spec, seed, cfg_options, key)
+    return gi.record(text, opts, name=file)
 
 
-def held(config: str, spec, seed: int, work_root: str, cfg_options: Sequence[str] = (),
+def held(config: str, spec, seed: int, work_root, cfg_options: Sequence[str] = (),
          key: str = 'model.backbone.attn_cfg') -> Optional[dict]:
     """The run's record where its folder has a run_identity.json that is this run's; None where it has none (no
-    folder, or one made before run identities); another run's: a UsageError naming the keys that differ."""
-    wd = run_dir(work_root, config, spec, seed)
-    if not osp.isfile(osp.join(wd, gi.ri.FILE)):
-        return None
-    rec = run_record(config, spec, seed, cfg_options, key)
-    gi.check(wd, rec, 'the study')
-    return rec
+    folder, or one made before run identities); another run's: a UsageError naming the keys that differ.
+    ``work_root``: the study's folder, or its :class:`~.grid_runner.Runner`."""
+    from .grid_runner import Runner
+    runner = work_root if isinstance(work_root, Runner) else Runner(work_root, '', echo=lambda m: None)
+    rkey, text, file, opts = _run(config, spec, seed, cfg_options, key)
+    return runner.held(rkey, text, opts, name=file)[1]
 
 
-def run_one(config: str, spec, seed: int, work_root: str, train_py: str, cfg_options: Sequence[str] = (),
-            key: str = 'model.backbone.attn_cfg', in_process: bool = False, echo=None,
-            threads: Optional[int] = None) -> dict:
-    """Train one (config, kernel, seed) unless its result.json exists; its row (also written to result.json).
-    ``threads``: the torch (OpenMP / MKL) threads of the training process (None: torch's default)."""
-    name = osp.splitext(osp.basename(config))[0]
-    label = kernel_label(spec)
-    wd = run_dir(work_root, config, spec, seed)
-    done = osp.join(wd, RESULT)
-    rec = held(config, spec, seed, work_root, cfg_options, key)  # another run's folder: refused here
-    if osp.isfile(done):
-        with open(done) as f:
-            row = json.load(f)
-        if echo:
-            echo(f'[study] {name} {label} seed {seed}: finished before ({row["status"]}), not trained again'
-                 + ('' if rec else ' (made before run identities: kept by its key)'))
+def _row(config: str, spec, seed: int, runner, in_process: bool):
+    """``Runner.train``'s ``read``: the study's row of a finished training (RUN_FIELDS) from the runner's."""
+    def read(got: dict, res: dict, wd: str) -> dict:
+        ok = res['returncode'] == 0
+        row = dict(config=config_name(config), kernel=kernel_label(spec), seed=seed, status='ok' if ok else 'failed',
+                   threads=None if in_process else runner.threads, identity=got.get('identity'),
+                   error='' if ok else (res['error'] or f'exit status {res["returncode"]}'), wall_s=res['seconds'],
+                   cpu_s=res.get('cpu_s'), top1_final=None, top1_best=None, best_iter=None, loss_final=None,
+                   s_per_iter=None, peak_mem_mib=None, mem_kind='', iters=0, log='',
+                   checkpoint=got.get('checkpoint'))
+        log = newest_scalars(wd)
+        if log:
+            scal = read_scalars(log)
+            row.update({k: scal[k] for k in ('top1_final', 'top1_best', 'best_iter', 'loss_final', 's_per_iter',
+                                             'iters')})
+            row['log'] = osp.relpath(log, runner.root)
+            if scal['cuda_memory_mib'] is not None:
+                row.update(peak_mem_mib=scal['cuda_memory_mib'], mem_kind='CUDA max allocated')
+        if ok and row['top1_final'] is None:
+            row.update(status='failed', error=f'the run wrote no {METRIC} record')
+        if row['peak_mem_mib'] is None and res.get('peak_rss_mib') is not None and ok:
+            row.update(peak_mem_mib=res['peak_rss_mib'], mem_kind='peak RSS of the training process')
+        runner.echo(f'[study] {row["config"]} {row["kernel"]} seed {seed}: {row["status"]} '
+                    + (f'top-1 {row["top1_final"]:.1f}' if row['status'] == 'ok' else row['error']))
         return row
-    if osp.isdir(wd):  # a run that did not finish: start it again from nothing
-        shutil.rmtree(wd)
-    os.makedirs(wd)
-    child = osp.join(wd, f'{name}__{safe_name(label)}.py')
-    with open(child, 'w') as f:
-        f.write(child_config(config, spec, key))
-    ident = gi.begin(wd, rec or run_record(config, spec, seed, cfg_options, key))
-    opts = list(cfg_options) + [f'randomness.seed={seed}']
-    if in_process:  # one visualizer instance per run in one process
-        opts.append(f'visualizer.name=study_{safe_name(label)}_{seed}_{os.getpid()}_{time.time_ns()}')
-    if echo:
-        echo(f'[study] {name} {label} seed {seed} ...')
-    env = None
-    if threads and not in_process:
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    res = train_one(train_py, child, wd, opts, in_process, osp.join(wd, 'train.log'), env=env)
-    ok = res['returncode'] == 0
-    row = dict(config=name, kernel=label, seed=seed, status='ok' if ok else 'failed', threads=threads, identity=ident,
-               error='' if ok else (res['error'] or f'exit status {res["returncode"]}'), wall_s=res['seconds'],
-               cpu_s=res.get('cpu_s'), top1_final=None, top1_best=None, best_iter=None, loss_final=None,
-               s_per_iter=None, peak_mem_mib=None, mem_kind='', iters=0, log='')
-    log = newest_scalars(wd)
-    if log:
-        got = read_scalars(log)
-        row.update({k: got[k] for k in ('top1_final', 'top1_best', 'best_iter', 'loss_final', 's_per_iter',
-                                         'iters')})
-        row['log'] = osp.relpath(log, work_root)
-        if got['cuda_memory_mib'] is not None:
-            row.update(peak_mem_mib=got['cuda_memory_mib'], mem_kind='CUDA max allocated')
-    if ok and row['top1_final'] is None:
-        row.update(status='failed', error=f'the run wrote no {METRIC} record')
-    if row['peak_mem_mib'] is None and res.get('peak_rss_mib') is not None and ok:
-        row.update(peak_mem_mib=res['peak_rss_mib'], mem_kind='peak RSS of the training process')
-    if res['returncode'] >= 0:  # killed by a signal: no result, so that the next study trains it again
-        with open(done, 'w') as f:
-            json.dump(row, f, indent=1)
-    if echo:
-        echo(f'[study] {name} {label} seed {seed}: {row["status"]} '
-             + (f'top-1 {row["top1_final"]:.1f}' if row['status'] == 'ok' else row['error']))
-    return row
+    return read
 
 
-def study(configs: Sequence[str], kernels: Sequence, seeds: Sequence[int], work_root: str, train_py: str,
-          cfg_options: Sequence[str] = (), key: str = 'model.backbone.attn_cfg', in_process: bool = False,
-          echo=None, jobs: int = 1, threads: Optional[int] = None, kept=None) -> List[dict]:
+def run_one(config: str, spec, seed: int, runner, cfg_options: Sequence[str] = (),
+            key: str = 'model.backbone.attn_cfg', in_process: bool = False) -> dict:
+    """Train one (config, kernel, seed) through ``runner`` (:class:`~.grid_runner.Runner`) unless its folder holds
+    its result; its row (also written to result.json there). A report-only runner: the finished row, or 'not run'."""
+    rkey, text, file, opts = _run(config, spec, seed, cfg_options, key)
+    got = runner.train(rkey, text, opts, name=file, log='train.log', in_process=in_process,
+                       read=_row(config, spec, seed, runner, in_process))
+    if got.get('status') == 'not run':
+        return dict(got, config=config_name(config), kernel=kernel_label(spec), seed=seed)
+    return got
+
+
+def study(configs: Sequence[str], kernels: Sequence, seeds: Sequence[int], runner, cfg_options: Sequence[str] = (),
+          key: str = 'model.backbone.attn_cfg', in_process: bool = False, kept=None) -> List[dict]:
     """Every (config, kernel, seed), one row each, listed config-major, then kernel, then seed. Trained seed by
-    seed (so that a study stopped part way has whole seeds of the grid), ``jobs`` training processes at a time
-    with ``threads`` torch threads each; a run ``kept`` has (``KeptStudy.get``) is its row, not trained."""
-    if jobs < 1 or (jobs > 1 and in_process):
-        raise ValueError(f'study: jobs must be >= 1, and 1 when training in this process; got jobs={jobs}')
+    seed (so that a study stopped part way has whole seeds of the grid), the runner's ``jobs`` processes at a time;
+    a run ``kept`` has (``KeptStudy.get``) is its row, not trained; a folder that holds another run is refused
+    (UsageError) before anything trains."""
+    if in_process and runner.jobs != 1:
+        raise ValueError(f'study: jobs must be 1 when training in this process; got jobs={runner.jobs}')
     grid = [(ci, ki, s) for s in seeds for ci in range(len(configs)) for ki in range(len(kernels))]
-    for ci, ki, s in grid:  # a folder that holds another run is refused before anything trains
-        held(configs[ci], kernels[ki], s, work_root, cfg_options, key)
+    for ci, ki, s in grid:
+        held(configs[ci], kernels[ki], s, runner, cfg_options, key)
 
     def one(task):
         ci, ki, s = task
-        got = kept.get(osp.splitext(osp.basename(configs[ci]))[0], kernel_label(kernels[ki]), s) if kept else None
+        got = kept.get(config_name(configs[ci]), kernel_label(kernels[ki]), s) if kept else None
         if got is not None:
             return got
-        return run_one(configs[ci], kernels[ki], s, work_root, train_py, cfg_options, key, in_process, echo,
-                       threads)
+        return run_one(configs[ci], kernels[ki], s, runner, cfg_options, key, in_process)
 
-    if jobs == 1:
-        done = {task: one(task) for task in grid}
-    else:
-        from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(max_workers=jobs) as pool:  # each thread waits on one training process
-            done = dict(zip(grid, pool.map(one, grid)))
+    done = dict(zip(grid, runner.map(one, grid)))
     return [done[(ci, ki, s)] for ci in range(len(configs)) for ki in range(len(kernels)) for s in seeds]
-
-
-def finished(configs: Sequence[str], kernels: Sequence, seeds: Sequence[int], work_root: str,
-             cfg_options: Sequence[str] = (), key: str = 'model.backbone.attn_cfg') -> List[dict]:
-    """The rows of the grid's runs that have their result.json (nothing is trained), in the study's order; a folder
-    that holds another run than this study's (its run_identity.json) is refused, not reported."""
-    out = []
-    for c in configs:
-        for k in kernels:
-            for s in seeds:
-                path = osp.join(run_dir(work_root, c, k, s), RESULT)
-                if osp.isfile(path):
-                    held(c, k, s, work_root, cfg_options, key)
-                    with open(path) as f:
-                        out.append(json.load(f))
-    return out
 
 
 def norm_curves(rows: List[dict], work_root: str) -> List[dict]:

@@ -212,3 +212,24 @@ def series(rows: List[dict]) -> Dict[str, Dict[str, list]]:
         out[k] = {key: [next((r[key] for r in rows if r['config'] == c and r['kernel'] == k and r['status'] == 'ok'),
                              None) for c in configs] for key in ('metric', 's_per_iter', 'peak_mem_mib')}
     return out
+
+
+def read_scalars(path: str, metric: str = 'accuracy/top1') -> dict:
+    """A run's scalars.json -> top1_final, top1_best, best_iter, loss_final, s_per_iter (mean logged time after
+    the first training record), cuda_memory_mib, iters (last logged training step), val (list of (step, top-1))."""
+    train, val = [], []
+    for rec in json_records(path):
+        if 'loss' in rec:
+            train.append(rec)
+        elif metric in rec:
+            val.append((rec['step'], rec[metric]))
+    out = dict(top1_final=None, top1_best=None, best_iter=None, loss_final=None, s_per_iter=None,
+               cuda_memory_mib=None, iters=max((r['step'] for r in train), default=0), val=val)
+    if val:
+        out['top1_final'] = val[-1][1]
+        best = max(val, key=lambda sv: sv[1])  # the first of equal maxima
+        out['top1_best'], out['best_iter'] = best[1], best[0]
+    if train:
+        out['loss_final'] = train[-1]['loss']
+    out.update(timing(train))
+    return out

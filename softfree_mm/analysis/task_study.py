@@ -17,7 +17,8 @@ from ..engine.warm_start import RECIPES as RECIPES_BY_NAME
 from .study import error_cell
 from .sweep import safe_name
 from . import task_study_route as route
-from .grid_runner import Runner, kernel_cfg, kernel_config, top1
+from ..attention import Kernel
+from .grid_runner import Runner, kernel_config, top1
 from .warm_start import Plan
 
 TASKS = ('det', 'seg')
@@ -51,7 +52,7 @@ class Layout:
     def task_attn(self, kernel: str):
         """The detector's / segmentor's attn_cfg for a kernel label: its config, or with ``fixed_n`` a poly kernel
         whose c is 1/sqrt(N) as one config per stage with c = fixed_n[i] ** -0.5 (other kernels unchanged)."""
-        cfg = kernel_cfg(kernel)
+        cfg = Kernel(kernel).cfg
         if not self.fixed_n or cfg['type'] != 'poly' or cfg.get('scale', 'sqrt_n') != 'sqrt_n':
             return cfg
         return [dict(cfg, scale=n ** -0.5) for n in self.fixed_n]
@@ -153,7 +154,7 @@ def fit_error(config: str, kernel: str) -> str:
 
     from ..registry import MODELS
     cfg = Config.fromfile(config).model.backbone.to_dict()
-    cfg.update(attn_cfg=kernel_cfg(kernel), init_cfg=None)
+    cfg.update(attn_cfg=Kernel(kernel).cfg, init_cfg=None)
     try:
         with DefaultScope.overwrite_default_scope('softfree_mm'):
             MODELS.build(cfg)
@@ -174,7 +175,8 @@ class Study:
         self.starts = list(starts) if starts else None
         self.r, self.root, self.seeds, self.tasks, self.echo = runner, root, list(seeds), list(tasks), echo
         self.layouts = OrderedDict((x, LAYOUTS[x]) for x in layouts)
-        self.kernels = {x: [k for k in lay.kernels if kernels is None or k in kernels or k == REFERENCE]
+        # the kernels parsed once, here (the study's edge): every run below reads their configs
+        self.kernels = {x: [Kernel(k) for k in lay.kernels if kernels is None or k in kernels or k == REFERENCE]
                         for x, lay in self.layouts.items()}
         self.det_rows = read_detector_rows(det_from) if det_from else {}
         # finished rows of an earlier runs.csv (the committed outputs, when the work dir is gone): never run again

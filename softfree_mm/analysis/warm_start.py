@@ -14,7 +14,8 @@ import os.path as osp
 from typing import Dict, List, Optional, Sequence
 
 from ..engine.warm_start import DEFAULT, RECIPES, SCALES, Recipe, finetune_settings, stage_settings
-from .grid_runner import RESULT, Runner, kernel_cfg, kernel_config, top1  # noqa: F401  (the runner both grids take)
+from ..attention import Kernel
+from .grid_runner import RESULT, Runner, kernel_config, top1  # noqa: F401  (the runner both grids take)
 from .sweep import safe_name
 from .warm_start_keep import Kept, row_key
 from .warm_start_rows import SCRATCH_ITERS, read_detectors, transfer_curves
@@ -144,11 +145,14 @@ class Plan:
         # the other recipes measured against it, on the kernels of RECIPE_KERNELS (or recipe_kernels)
         self.recipes = [RECIPES[r] for r in recipes if r != recipe]
         self.recipe_kernels = dict(RECIPE_KERNELS if recipe_kernels is None else recipe_kernels)
-        self.ablation_kernel, self.det_kernels = ablation_kernel, list(det_kernels)
+        # the kernels parsed once, here (the grid's edge): every run below reads their configs
+        self.ablation_kernel, self.det_kernels = Kernel(ablation_kernel), [Kernel(k) for k in det_kernels]
+        self.recipe_kernels = {bb: [Kernel(k) for k in ks] for bb, ks in self.recipe_kernels.items()}
         # an earlier grid's detectors.csv (read here: a bad file is refused before any run): its rows are kept, the
         # detectors are not run again
         self.det_rows = read_detectors(det_from) if det_from else None
-        self.backbones = backbones or {bb: BACKBONES[bb] for bb in DEFAULT_BACKBONES}
+        self.backbones = {bb: (cfg, [Kernel(k) for k in ks])
+                          for bb, (cfg, ks) in (backbones or {b: BACKBONES[b] for b in DEFAULT_BACKBONES}).items()}
         # an earlier grid's finished rows (--keep-from), kept instead of run again; its teachers are checked to be
         # the ones new runs get (softfree_mm/analysis/warm_start_keep.py)
         self.kept = Kept(keep_from) if keep_from else None
@@ -187,31 +191,31 @@ class Plan:
         key = f'scratch/{bb}/{safe_name(kernel)}/seed{seed}'
         if self.teachers_only and not self.needs_checkpoint(bb, kernel):
             return dict(status='not run', error='--teachers-only', key=key)
-        return self.r.train(key, kernel_config(self.base(bb), kernel_cfg(kernel)), [f'randomness.seed={seed}'])
+        return self.r.train(key, kernel_config(self.base(bb), Kernel(kernel).cfg), [f'randomness.seed={seed}'])
 
     def teacher(self, bb: str, seed: int) -> dict:
         """The softmax classifier of ``seed`` trained (again) for its weights: where its row was kept, the same
         top-1 or a refusal (Kept.check_teacher)."""
         key = f'scratch/{bb}/softmax/seed{seed}'
-        run = self.r.train(key, kernel_config(self.base(bb), kernel_cfg('softmax')), [f'randomness.seed={seed}'])
+        run = self.r.train(key, kernel_config(self.base(bb), Kernel('softmax').cfg), [f'randomness.seed={seed}'])
         if self.kept is not None:
             self.kept.check_teacher(bb, seed, run)
         return run
 
     def swap(self, bb: str, kernel: str, seed: int, softmax: dict) -> dict:
         key = f'swap/{bb}/{safe_name(kernel)}/seed{seed}'
-        return self.r.test(key, kernel_config(self.base(bb), kernel_cfg(kernel)), softmax['checkpoint'],
+        return self.r.test(key, kernel_config(self.base(bb), Kernel(kernel).cfg), softmax['checkpoint'],
                            [f'randomness.seed={seed}'])
 
     def finetune(self, key: str, bb: str, kernel: str, seed: int, iters: int, start: str, release: str) -> dict:
-        return self.r.train(key, finetune_config(self.base(bb), kernel_cfg(kernel), iters, start, release,
+        return self.r.train(key, finetune_config(self.base(bb), Kernel(kernel).cfg, iters, start, release,
                                                  self.recipe), [f'randomness.seed={seed}'])
 
     def transfer(self, bb: str, kernel: str, seed: int, budget: int, groups, softmax: dict,
                  recipe: Optional[Recipe] = None) -> dict:
         recipe = dataclasses.replace(recipe or self.recipe, groups=tuple(groups))
         key = f'transfer/{bb}/{safe_name(kernel)}/{"+".join(groups)}{stage1_tag(recipe)}/{budget}/seed{seed}'
-        return self.r.train(key, transfer_config(self.base(bb), kernel_cfg(kernel), budget, softmax['checkpoint'],
+        return self.r.train(key, transfer_config(self.base(bb), Kernel(kernel).cfg, budget, softmax['checkpoint'],
                                                  recipe), [f'randomness.seed={seed}'])
 
     def transfer_finetune(self, bb, kernel, seed, budget, groups, stage1: dict, softmax: dict,
@@ -223,13 +227,13 @@ class Plan:
             return dict(status='not run', error='', key=key)
         if stage1.get('status') != 'ok':
             return dict(status='failed', error=f'stage 1 failed: {stage1.get("error")}', key=key)
-        return self.r.train(key, finetune_config(self.base(bb), kernel_cfg(kernel),
+        return self.r.train(key, finetune_config(self.base(bb), Kernel(kernel).cfg,
                                                  budget - recipe.stage_iters(budget)[0], stage1['checkpoint'],
                                                  softmax['checkpoint'], recipe), [f'randomness.seed={seed}'])
 
     def detector(self, kernel: str, start_kind: str, seed: int, classifier: dict) -> dict:
         key = f'det/{safe_name(kernel)}/{start_kind}/seed{seed}'
-        return self.r.from_classifier(key, kernel_config(osp.join(self.root, DETECTOR), kernel_cfg(kernel)), seed,
+        return self.r.from_classifier(key, kernel_config(osp.join(self.root, DETECTOR), Kernel(kernel).cfg), seed,
                                       classifier)
 
 

@@ -126,8 +126,33 @@ def kernel_label(cfg: Union[str, dict]) -> str:
     return f"{cfg['type']}:{args}" if args else cfg['type']
 
 
+
+class Kernel(str):
+    """A kernel in the tools' syntax, parsed once: the label itself (a ``str``, so rows, keys and CSV cells keep it as
+    they are: 'poly:degree=3') with its config (:attr:`cfg`: ``dict(type='poly', degree=3)``). A study makes its
+    kernels at its edge (``Kernel(label)``); the modules they pass read :attr:`cfg` and never parse the label again
+    (``Kernel(k)`` of a Kernel is ``k`` itself). A bad label: ValueError naming it and the syntax."""
+
+    def __new__(cls, label):
+        if isinstance(label, Kernel):
+            return label
+        if not isinstance(label, str) or not label or label.startswith(':'):
+            raise ValueError(f'kernel {label!r}: expected a label name[:arg=value,...] such as poly:degree=3')
+        self = super().__new__(cls, label)
+        spec = parse_kernel(label)
+        self._cfg = dict(type=spec) if isinstance(spec, str) else spec
+        return self
+
+    @property
+    def cfg(self) -> dict:
+        """The kernel config (a fresh dict: the caller may change it)."""
+        return dict(self._cfg)
+
+    def __reduce__(self):  # pickled / copied as its label, parsed again on the other side
+        return Kernel, (str(self), )
+
 # Kernel families register themselves on import.
 from . import softmax, poly, pointwise, linear, inline, soft, synthesizer, extra, agent  # noqa: E402,F401
 
-__all__ = ['ATTENTION', 'AttentionKernel', 'ScoreMap', 'build_attention', 'list_attentions', 'kernel_arguments',
+__all__ = ['ATTENTION', 'AttentionKernel', 'Kernel', 'ScoreMap', 'build_attention', 'list_attentions', 'kernel_arguments',
            'kernel_class', 'kernel_label', 'normalize_cfg', 'parse_kernel']

@@ -16,6 +16,7 @@ import shutil
 
 import pytest
 
+from softfree_mm.attention import Kernel
 from softfree_mm.analysis import grid_identity as gi
 from softfree_mm.analysis import grid_runner
 from softfree_mm.analysis import study as st
@@ -116,7 +117,7 @@ def test_the_kernel_study_refuses_another_runs_folder_before_training_and_keeps_
                                                                                         capsys):
     def boom(*a, **k):
         raise AssertionError('trained')
-    monkeypatch.setattr(st, 'train_one', boom)
+    monkeypatch.setattr(grid_runner, 'train_one', boom)
     work, spec = str(tmp_path / 'runs'), dict(type='linear')
     wd = st.run_dir(work, XCIT, spec, 0)
     gi.begin(wd, st.run_record(XCIT, spec, 0, ['optim_wrapper.optimizer.lr=0.002']))
@@ -124,7 +125,7 @@ def test_the_kernel_study_refuses_another_runs_folder_before_training_and_keeps_
     with open(osp.join(wd, st.RESULT), 'w') as f:
         json.dump(row, f)
     with pytest.raises(UsageError) as e:  # before any run of the grid trains (seed 1's would come first)
-        st.study([XCIT], [spec], [1, 0], work, 'train.py', in_process=True)
+        st.study([XCIT], [spec], [1, 0], grid_runner.Runner(work, 'tools', jobs=1), in_process=True)
     message = str(e.value)
     assert '\n' not in message and message.startswith(wd) and 'optim_wrapper.optimizer.lr: 0.002 -> 0.001' in message
     assert 'another --work-dir' in message
@@ -135,16 +136,17 @@ def test_the_kernel_study_refuses_another_runs_folder_before_training_and_keeps_
     # the same run's folder (its run_identity.json equal): kept, not trained
     gi.begin(wd, st.run_record(XCIT, spec, 0))
     said = []
-    assert st.study([XCIT], [spec], [0], work, 'train.py', in_process=True, echo=said.append) == [row]
-    assert said == ['[study] study_xcit_t12_digits linear seed 0: finished before (ok), not trained again']
+    runner = grid_runner.Runner(work, 'tools', jobs=1, echo=said.append)
+    assert st.study([XCIT], [spec], [0], runner, in_process=True) == [row]
+    assert said == ['[grid] study_xcit_t12_digits/linear/seed0: finished before (ok), not trained again']
     # a folder made before run identities (no run_identity.json): kept by its key, as before, and said so
     os.remove(osp.join(wd, ri.FILE))
-    assert st.study([XCIT], [spec], [0], work, 'train.py', in_process=True, echo=said.append) == [row]
-    assert said[-1].endswith('(made before run identities: kept by its key)')
+    assert st.study([XCIT], [spec], [0], runner, in_process=True) == [row]
+    assert any(m.startswith(f'[grid] {wd}: made before run identities') and 'kept by its key' in m for m in said)
 
 
 def _runner(tmp_path, monkeypatch, trained):
-    def fake_train(train_py, config, work_dir, options, log_path=None, env=None):
+    def fake_train(train_py, config, work_dir, options, in_process=False, log_path=None, env=None):
         trained.append((work_dir, ri.read(work_dir)))  # its identity is written before it trains
         return dict(returncode=1, seconds=0.0, cpu_s=0.0, error='fake: not trained')
     monkeypatch.setattr(grid_runner, 'train_one', fake_train)
@@ -159,7 +161,7 @@ def test_the_grids_runner_writes_identities_keeps_equal_refuses_other_runs_and_t
     from softfree_mm.analysis.warm_start import transfer_config
     trained = []
     runner = _runner(tmp_path, monkeypatch, trained)
-    text = grid_runner.kernel_config(XCIT, grid_runner.kernel_cfg('softmax'))
+    text = grid_runner.kernel_config(XCIT, Kernel('softmax').cfg)
     teacher = runner.train('scratch/xcit/softmax/seed0', text, ['randomness.seed=0'])
     (wd, held), = trained
     assert wd == runner.folder('scratch/xcit/softmax/seed0') and held is not None
@@ -171,7 +173,7 @@ def test_the_grids_runner_writes_identities_keeps_equal_refuses_other_runs_and_t
     assert len(trained) == 1  # kept, not trained
     # a run that starts from the teacher: its record holds the teacher's
     key = 'transfer/xcit/linear/kernel+qkv/75/seed0'
-    stage1 = transfer_config(XCIT, grid_runner.kernel_cfg('linear'), 75, osp.join(wd, 'iter_300.pth'))
+    stage1 = transfer_config(XCIT, Kernel('linear').cfg, 75, osp.join(wd, 'iter_300.pth'))
     runner.train(key, stage1, ['randomness.seed=0'])
     assert trained[-1][1]['record']['config']['model']['teacher']['init_cfg']['checkpoint'] == \
         ri.run_start(held['record'])

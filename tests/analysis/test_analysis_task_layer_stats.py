@@ -15,7 +15,8 @@ import torch
 from softfree_mm.analysis import task_layer_stats as tl
 from softfree_mm.analysis import task_study as ts
 from softfree_mm.analysis import task_study_report as tsr
-from softfree_mm.analysis.grid_runner import kernel_cfg, kernel_config
+from softfree_mm.analysis.grid_runner import kernel_config
+from softfree_mm.attention import Kernel
 from softfree_mm.analysis.sweep import safe_name
 from softfree_mm.analysis.warm_start import Runner
 
@@ -53,7 +54,7 @@ def _row(seed, miou):
 def work(tmp_path_factory):
     root = str(tmp_path_factory.mktemp('task_runs'))
     lay = ts.LAYOUTS['pvt']
-    kernel = kernel_cfg('poly:degree=3')
+    kernel = Kernel('poly:degree=3').cfg
     _run(root, 'scratch/pvt/poly_degree=3/seed0', kernel_config(osp.join(ROOT, lay.classifier), kernel),
          top1_final=70.0)
     _run(root, 'seg/pvt/poly_degree=3/scratch/seed0', kernel_config(osp.join(ROOT, lay.config('seg')), kernel))

@@ -38,28 +38,13 @@ import time
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 from _cli import ROOT, Parser, fail, kernel_specs, run  # noqa: E402
 
-CONFIGS = ('configs/demo/study_xcit_t12_digits.py', 'configs/demo/study_pvt_v2_b0_digits.py')
 KERNELS = ('softmax', 'poly:degree=3', 'poly:degree=3,scale=1.0', 'poly:degree=1', 'relu', 'linear', 'inline',
            'inline:local_residual=False', 'soft:landmark_ratio=2', 'synthesizer')
-from softfree_mm.analysis.study import TITLES  # noqa: E402  (the tables' titles, one definition)
-
-
-def val_images(config, options):
-    """Images in the config's validation set (None when the set cannot be built here)."""
-    from mmengine.registry import init_default_scope
-    from softfree_mm.engine import config_checks
-    cfg = config_checks.load_config(config, options)
-    try:
-        init_default_scope(cfg.get('default_scope', 'mmpretrain'))
-        from mmpretrain.registry import DATASETS
-        return len(DATASETS.build(cfg.val_dataloader.dataset))
-    except Exception:  # noqa: BLE001  (the table then states no standard error)
-        return None
 
 
 def main(argv=None):
     p = Parser(__doc__)
-    p.add_argument('--configs', nargs='+', default=[osp.join(ROOT, c) for c in CONFIGS], metavar='CONFIG')
+    p.add_argument('--configs', nargs='+', default=None, metavar='CONFIG', help='default: the committed study\'s')
     p.add_argument('--kernels', nargs='+', default=list(KERNELS), help='kernel specs: name or name:arg=value,...')
     p.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2])
     p.add_argument('--key', default='model.backbone.attn_cfg', help='where the kernel config lives')
@@ -72,17 +57,13 @@ def main(argv=None):
     p.add_argument('--cfg-options', nargs='+', default=[], metavar='KEY=VALUE', help='applied to every run')
     p.add_argument('--keep-from', default='', help="an earlier study's --out folder: keep its finished runs")
     args = p.parse_args(argv)
-    if len(set(args.seeds)) != len(args.seeds):
-        fail(f'--seeds {args.seeds}: each seed once')
-    if any(s < 0 for s in args.seeds):
-        fail(f'--seeds {args.seeds}: seeds are ints >= 0')
     if args.in_process:
         args.jobs = 1
-    if args.jobs < 1:
-        fail(f'--jobs {args.jobs}: at least 1')
-    if args.threads is not None and args.threads < 1:
-        fail(f'--threads {args.threads}: at least 1')
-    threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
+    from softfree_mm.analysis import study_engine as engine
+    threads = args.threads if args.threads is not None else max(1, (os.cpu_count() or 1) // max(1, args.jobs))
+    opts = engine.Options(work_dir=args.work_dir, out=args.out or osp.join(args.work_dir, 'results'),
+                          seeds=args.seeds, jobs=args.jobs, threads=None if args.in_process else threads, keep_from=args.keep_from or None,
+                          report_only=args.report_only)  # seeds, jobs and threads checked here
     from mmengine.config import DictAction
     options = {}
     for item in args.cfg_options:
@@ -95,6 +76,8 @@ def main(argv=None):
     specs = kernel_specs(args.kernels)
     if not args.key or any(not part.isidentifier() for part in args.key.split('.')):
         fail(f'--key must be a dotted path of names such as model.backbone.attn_cfg, got {args.key!r}')
+    from softfree_mm.analysis.study_report import CONFIGS
+    args.configs = args.configs or [osp.join(ROOT, c) for c in CONFIGS]
     names = [osp.splitext(osp.basename(c))[0] for c in args.configs]
     if len(set(names)) != len(names):
         fail(f'--configs: two configs with the same file name ({names}); the run folders are named by it')
@@ -109,63 +92,18 @@ def main(argv=None):
         if not any(h.get('type') == 'AttentionStatsHook' for h in cfg.get('custom_hooks', [])):
             fail(f'{config}: no AttentionStatsHook in custom_hooks (the study records the norm curves with it)')
 
-    from softfree_mm.analysis import study as st
-    from softfree_mm.analysis import study_plots
-    from softfree_mm.analysis.tables import write_csv
-    from softfree_mm.attention import kernel_label
-    kept = None
-    if args.keep_from:
-        from softfree_mm.analysis.study_keep import KeptStudy
-        if not osp.isdir(args.keep_from):
-            fail(f"--keep-from {args.keep_from}: no such folder (an earlier study's --out folder, or '')")
-        kept = KeptStudy(args.keep_from)
-    train_py = osp.join(ROOT, 'tools', 'train.py')
-    out = args.out or osp.join(args.work_dir, 'results')
-    os.makedirs(out, exist_ok=True)
+    if args.keep_from and not osp.isdir(args.keep_from):
+        fail(f"--keep-from {args.keep_from}: no such folder (an earlier study's --out folder, or '')")
+    from softfree_mm.analysis.studies import KERNEL_STUDY
+    opts.extra.update(configs=args.configs, specs=specs, key=args.key, cfg_options=args.cfg_options,
+                      cfg_options_dict=options, in_process=args.in_process)
     start = time.time()
-    if args.report_only:
-        rows = [kept.get(osp.splitext(osp.basename(c))[0], kernel_label(k), s) if kept else None
-                for c in args.configs for k in specs for s in args.seeds]
-        rows = [r for r in rows if r] + st.finished(args.configs, specs, args.seeds, args.work_dir,
-                                                    args.cfg_options, args.key)
-        print(f'{len(rows)} of {len(args.configs) * len(specs) * len(args.seeds)} runs have finished')
-    else:
-        rows = st.study(args.configs, specs, args.seeds, args.work_dir, train_py, args.cfg_options, key=args.key,
-                        in_process=args.in_process, echo=lambda m: print(m, flush=True), jobs=args.jobs,
-                        threads=None if args.in_process else threads, kept=kept)
-    curves = st.norm_curves([r for r in rows if not (kept and kept.get(r['config'], r['kernel'], r['seed']))],
-                            args.work_dir)
-    if kept is not None:  # the kept runs outside the selection too, and their curves
-        rows, curves = kept.merged(rows, curves)
-        specs = kernel_specs(list(dict.fromkeys(r['kernel'] for r in rows)))
-        names = list(dict.fromkeys(r['config'] for r in rows))
-    descriptions = {kernel_label(s): st.describe(s) for s in specs}
-    summary = st.summarise(rows, descriptions)
-    paths = {osp.splitext(osp.basename(c))[0]: c for c in list(args.configs) + [osp.join(ROOT, c) for c in CONFIGS]}
-    n_val = {n: val_images(paths[n], options) if n in paths else None for n in names}
-    write_csv(osp.join(out, 'runs.csv'), rows, st.RUN_FIELDS)
-    write_csv(osp.join(out, 'norm_curves.csv'), curves, st.CURVE_FIELDS)
-    from softfree_mm.analysis.grid_identity import write_identities
-    write_identities(out, [('runs.csv', rows, st.KEY)])  # the rows runs with an identity made (none: no file)
-    from softfree_mm.engine.versions import write_versions
-    write_versions(out, [args.keep_from] if args.keep_from else [])  # versions.json: this run's, the kept rows'
-    write_csv(osp.join(out, 'summary.csv'), summary, ('config', 'kernel', 'what', 'n', 'failed', 'top1_final',
-                                                       'top1_final_std', 'top1_best', 'top1_best_std', 'loss_final',
-                                                       'loss_final_std', 'delta_paired', 'delta_paired_std',
-                                                       'seeds_paired', 'seeds_above', 's_per_iter', 'peak_mem_mib',
-                                                       'error'))
-    table = st.markdown(summary, n_val, TITLES)
-    with open(osp.join(out, 'table.md'), 'w') as f:
-        f.write(table)
-    study_plots.plot_accuracy(rows, summary, osp.join(out, 'accuracy.png'), TITLES)
-    labels = [kernel_label(s) for s in specs]
-    for name in names:
-        study_plots.plot_norms(curves, name, labels, osp.join(out, f'norms_{name}.png'), descriptions,
-                               TITLES.get(name, name))
-    print(table)
+    tables, lines = engine.run(KERNEL_STUDY, opts, ROOT, echo=lambda m: print(m, flush=True))
+    rows = tables['rows']
+    print(*lines, sep='\n')
     ok = sum(r['status'] == 'ok' for r in rows)
     print(f'{ok} of {len(rows)} runs trained; this call took {time.time() - start:.0f} s (runs trained in all: '
-          f'{sum(r["wall_s"] or 0 for r in rows):.0f} s wall); wrote {out}/')
+          f'{sum(r["wall_s"] or 0 for r in rows):.0f} s wall); wrote {opts.out}/')
     return 0 if ok or (args.report_only and rows) else 1
 
 
