@@ -12,9 +12,10 @@ returns what the tool prints.
 :func:`run` is the engine: the options checked and the kernels parsed once (:class:`Options`), the runner made
 once, the plan, and with ``report_only`` the runs the selection declares that have not finished named in one line and
 left out of the outputs (the outputs hold what finished, so a report of the committed outputs writes them again byte
-for byte), then the outputs.
+for byte), then the outputs (their folder made).
 """
 from dataclasses import dataclass, field
+import os
 import os.path as osp
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -116,4 +117,5 @@ def run(decl: Declaration, options: Options, root: str, echo: Callable[[str], No
     tables = decl.plan(ctx)
     if options.report_only:
         tables = finished_only(decl, tables, echo)
+    os.makedirs(options.out, exist_ok=True)
     return tables, decl.write(ctx, tables)

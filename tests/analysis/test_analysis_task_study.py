@@ -227,7 +227,7 @@ def test_a_kernel_the_layout_refuses_is_a_row_with_its_fit_error():
     (['--tasks', 'cls'], "unknown task 'cls'; known: det, seg"),
     (['--layouts', 'xcit', '--kernels', 'inline'], "unknown kernel 'inline' for xcit; known: softmax, poly:degree=3, "
                                                    'linear'),
-    (['--seeds', '1', '1'], '--seeds [1, 1]: distinct ints >= 0'),
+    (['--seeds', '1', '1'], '--seeds 1 1: distinct ints >= 0, at least one'),
     (['--det-from', 'no/such.csv'], "--det-from no/such.csv: no such file (the warm-start grid's detectors.csv, "
                                      "or '')"),
     (['--keep-from', 'no/such.csv'], "--keep-from no/such.csv: no such file (a runs.csv of this study, or '')"),

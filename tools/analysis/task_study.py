@@ -60,10 +60,11 @@ def main(argv=None):
                                                      "(default: --out's, when it exists; '': none)")
     p.add_argument('--report-only', action='store_true', help='run nothing; report the finished runs')
     args = p.parse_args(argv)
-    if len(set(args.seeds)) != len(args.seeds) or any(s < 0 for s in args.seeds):
-        fail(f'--seeds {args.seeds}: distinct ints >= 0')
-    if args.jobs < 1 or args.threads < 1:
-        fail(f'--jobs {args.jobs} / --threads {args.threads}: each >= 1')
+    from softfree_mm.analysis import study_engine as engine
+    docs = args.docs and (args.docs if osp.isabs(args.docs) else osp.join(ROOT, args.docs))
+    opts = engine.Options(work_dir=args.work_dir, out=args.out, docs=docs or None, seeds=args.seeds,
+                          kernels=args.kernels, jobs=args.jobs, threads=args.threads,
+                          report_only=args.report_only)  # checked here, the kernels parsed once
     det_from = args.det_from and (args.det_from if osp.isabs(args.det_from) else osp.join(ROOT, args.det_from))
     if det_from and not osp.isfile(det_from):
         fail(f"--det-from {args.det_from}: no such file (the warm-start grid's detectors.csv, or '')")
@@ -73,42 +74,15 @@ def main(argv=None):
             fail(f"--keep-from {args.keep_from}: no such file (a runs.csv of this study, or '')")
         keep_from = ''
     from softfree_mm.analysis import task_study as ts
-    from softfree_mm.analysis import task_study_report as tsr
-    from softfree_mm.analysis.warm_start import Runner
-    from softfree_mm.engine.errors import UsageError
+    from softfree_mm.analysis.studies import TASK_STUDY
     layouts = args.layouts or list(ts.LAYOUTS)
-    try:
-        ts.check_names(layouts, args.kernels, args.tasks or ts.TASKS, args.starts)
-    except UsageError as e:
-        fail(str(e))
-    runner = Runner(osp.abspath(args.work_dir), osp.join(ROOT, 'tools'), args.jobs, args.threads,
-                    echo=lambda m: print(m, flush=True), report_only=args.report_only)
-    try:
-        keep = ts.read_rows(keep_from) if keep_from else []
-    except (KeyError, ValueError) as e:
-        fail(f'--keep-from {keep_from}: not a runs.csv of this study ({type(e).__name__}: {e})')
-    if keep:
-        print(f'[task-study] keeping the finished rows of {keep_from} '
-              f'({sum(r["status"] == "ok" and r["source"] == "study" for r in keep)} of {len(keep)}): not run again',
-              flush=True)
-    study = ts.Study(runner, ROOT, args.seeds, layouts, args.tasks or ts.TASKS, args.kernels, det_from or None,
-                     args.starts, keep=keep, echo=lambda m: print(m, flush=True))
-    from softfree_mm.analysis import task_curves as tc
-    curves_from = osp.join(osp.dirname(keep_from), 'curves.csv') if keep_from else ''
-    try:
-        kept_curves = tc.read_curves(curves_from) if curves_from else {}
-    except (KeyError, ValueError) as e:
-        fail(f'{curves_from}: {e}')
-    rows = study.run()
-    curves = tc.merged(rows, study.curves(rows), kept_curves)
-    docs = args.docs and (args.docs if osp.isabs(args.docs) else osp.join(ROOT, args.docs))
-    kept_from = [osp.dirname(osp.abspath(f)) for f in (keep_from, det_from) if f]  # their versions.json
-    summary = tsr.write_outputs(rows, osp.abspath(args.out), docs or None, root=osp.abspath(args.work_dir),
-                               curves=curves, kept_from=kept_from)
-    for line in tsr.within_and_extremes(summary):
+    ts.check_names(layouts, args.kernels, args.tasks or ts.TASKS, args.starts)  # a UsageError: one line
+    opts.keep_from = keep_from or None
+    opts.extra.update(layouts=layouts, tasks=args.tasks or ts.TASKS, starts=args.starts, det_from=det_from or None)
+    _, lines = engine.run(TASK_STUDY, opts, ROOT, echo=lambda m: print(m, flush=True))
+    for line in lines:
         print(line, flush=True)
     return 0
-
 
 if __name__ == '__main__':
     sys.exit(run(main))

@@ -81,12 +81,12 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.cost:
         return cost(args)
-    if len(set(args.seeds)) != len(args.seeds) or any(s < 0 for s in args.seeds):
-        fail(f'--seeds {args.seeds}: distinct ints >= 0')
+    from softfree_mm.analysis import study_engine as engine
+    docs = args.docs and (args.docs if osp.isabs(args.docs) else osp.join(ROOT, args.docs))
+    opts = engine.Options(work_dir=args.work_dir, out=args.out, docs=docs or None, seeds=args.seeds,
+                          jobs=args.jobs, threads=args.threads, report_only=args.report_only)  # checked here
     if any(b < 3 for b in args.budgets) or sorted(args.budgets) != args.budgets:
         fail(f'--budgets {args.budgets}: increasing iteration counts >= 3')
-    if args.jobs < 1 or args.threads < 1:
-        fail(f'--jobs {args.jobs} / --threads {args.threads}: each >= 1')
     ablation = args.ablation_seeds if args.ablation_seeds is not None else args.seeds
     if not set(ablation) <= set(args.seeds):
         fail(f'--ablation-seeds {ablation}: a subset of --seeds {args.seeds}')
@@ -107,7 +107,6 @@ def main(argv=None):
     if bad or len(set(args.recipes)) != len(args.recipes):
         fail(f'--recipes {args.recipes}: distinct names of {", ".join(RECIPES)}')
     from softfree_mm.analysis import warm_start as ws
-    from softfree_mm.analysis.warm_start_report import write_outputs
     backbones = args.backbones or list(ws.DEFAULT_BACKBONES)
     if not backbones or len(set(backbones)) != len(backbones) or any(b not in ws.BACKBONES for b in backbones):
         fail(f'--backbones {" ".join(backbones)}: distinct names of {", ".join(ws.BACKBONES)}')
@@ -116,18 +115,13 @@ def main(argv=None):
         fail(f'--kernels {" ".join(args.kernels)}: kernels of the backbones {" ".join(backbones)}')
     chosen = {b: (ws.BACKBONES[b][0], [k for k in ws.BACKBONES[b][1] if not args.kernels or k in args.kernels])
               for b in backbones}
-    runner = ws.Runner(osp.abspath(args.work_dir), osp.join(ROOT, 'tools'), args.jobs, args.threads,
-                       echo=lambda m: print(m, flush=True), report_only=args.report_only)
-    plan = ws.Plan(runner, ROOT, args.seeds, args.budgets, recipe=args.recipes[0], recipes=args.recipes[1:],
-                   scratch_from=scratch_from or None, ablation_seeds=ablation, det_from=det_from or None,
-                   keep_from=keep_from or None, backbones=chosen,
-                   echo=lambda m: print(m, flush=True), teachers_only=args.teachers_only)
-    result = ws.run_grid(plan)
-    docs = args.docs and (args.docs if osp.isabs(args.docs) else osp.join(ROOT, args.docs))
-    read_from = [keep_from] + [osp.dirname(f) for f in (det_from, scratch_from) if f]  # their versions.json
-    write_outputs(result, osp.abspath(args.out), plan, docs or None, kept_from=[f for f in read_from if f])
+    from softfree_mm.analysis.studies import WARM_START_GRID
+    opts.keep_from = keep_from or None
+    opts.extra.update(budgets=args.budgets, recipes=args.recipes, scratch_from=scratch_from or None,
+                      ablation_seeds=ablation, det_from=det_from or None, backbones=chosen,
+                      teachers_only=args.teachers_only)
+    engine.run(WARM_START_GRID, opts, ROOT, echo=lambda m: print(m, flush=True))
     return 0
-
 
 def cost(args):
     import csv
