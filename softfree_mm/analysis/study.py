@@ -1,6 +1,7 @@
 """A kernel study: a grid of (config, kernel, seed) runs trained through tools/train.py, tabulated from their logs.
 
-Each run is :mod:`.sweep`'s child config (the kernel set at ``key``) trained with ``randomness.seed`` set, in a
+Each run is :mod:`.sweep`'s child config (the kernel set at ``key``) trained with ``randomness.seed`` set, through the
+grids' :class:`~.grid_runner.Runner` (the one engine's: :mod:`.study_engine`, declared in :mod:`.studies`), in a
 folder ``<work_root>/<config>/<kernel>/seed<S>/``; when it ends its row goes to ``result.json`` there, and a run
 with that file is not trained again (a folder without it, left by a run that was killed, is emptied and trained
 anew). The folder's ``run_identity.json`` says which run it holds (:mod:`.grid_identity`: the resolved child config
