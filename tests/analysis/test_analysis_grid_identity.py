@@ -221,3 +221,20 @@ def test_identities_csv_names_the_rows_runs_with_an_identity_made_and_kept_rows_
     gi.write_identities(str(ws), [('classifiers.csv', [dict(first, identity='b' * 64)], CLASSIFIER_KEY)])
     key = row_key(*(first[k] for k in CLASSIFIER_KEY))
     assert Kept(str(ws)).run(key)['identity'] == 'b' * 64
+
+
+def test_records_made_from_several_threads_at_once_in_a_fresh_process():
+    """A grid's runner asks for run records from its threads (--jobs 2, a report-only run at once); the first reads
+    of a config at the same time failed inside pkg_resources ('Expected str, Requirement, or Distribution') in about
+    one process of three before grid_identity read one config at a time."""
+    import subprocess
+    import sys
+    code = ('from concurrent.futures import ThreadPoolExecutor\n'
+            'from softfree_mm.analysis import grid_identity as gi, grid_runner\n'
+            f'text = grid_runner.kernel_config({osp.join(ROOT, "configs/demo/semfpn_pvt_v2_b0_digits.py")!r}, '
+            "{'type': 'softmax'})\n"
+            'with ThreadPoolExecutor(6) as pool:\n'
+            "    recs = list(pool.map(lambda i: gi.record(text, [f'randomness.seed={i}']), range(6)))\n"
+            "print(len({r['config']['randomness']['seed'] for r in recs}))\n")
+    proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.split() == ['6'], proc.stderr[-2000:]
