@@ -52,7 +52,7 @@ def _task_plan(ctx: Context) -> Tables:
     o = ctx.options
     try:
         keep = ts.read_rows(o.keep_from) if o.keep_from else []
-    except (KeyError, ValueError) as e:
+    except (KeyError, ValueError, UsageError) as e:
         raise UsageError(f'--keep-from {o.keep_from}: not a runs.csv of this study ({type(e).__name__}: {e})')
     if keep:
         ctx.echo(f'[task-study] keeping the finished rows of {o.keep_from} '

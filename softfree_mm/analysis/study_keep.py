@@ -12,9 +12,8 @@ import os.path as osp
 from typing import Dict, List, Tuple
 
 from ..engine.errors import UsageError
-from .grid_identity import Identities
 from .study import CURVE_FIELDS, KEY, RUN_FIELDS
-from .tables import read_csv
+from .kept import read_kept
 
 INTS = ('seed', 'best_iter', 'iters', 'threads', 'step')
 TEXT = ('config', 'kernel', 'status', 'mem_kind', 'error', 'log', 'layer')
@@ -34,7 +33,7 @@ def _typed(row: dict) -> dict:
 
 def _read(path: str, fields, what: str) -> List[dict]:
     where = f'--keep-from {osp.dirname(path)}: its {what} (not the kernel study\'s outputs?)'
-    return [_typed(r) for r in read_csv(path, fields, where)]
+    return read_kept(path, KEY, fields, where, _typed)
 
 
 class KeptStudy:
@@ -44,14 +43,13 @@ class KeptStudy:
         runs = osp.join(folder, 'runs.csv')
         if not osp.isfile(runs):
             raise UsageError(f'--keep-from {folder}: no runs.csv there (an earlier study\'s --out folder)')
-        made = Identities(folder)
         self.rows: Dict[Tuple[str, str, int], dict] = {
-            (r['config'], r['kernel'], r['seed']): dict(r, identity=made.get('runs.csv', r, KEY))
-            for r in _read(runs, RUN_FIELDS, 'runs.csv')}
+            (r['config'], r['kernel'], r['seed']): r for r in _read(runs, RUN_FIELDS, 'runs.csv')}
         self.curves: Dict[Tuple[str, str, int], List[dict]] = {}
         path = osp.join(folder, 'norm_curves.csv')
         if osp.isfile(path):
             for c in _read(path, CURVE_FIELDS, 'norm_curves.csv'):
+                c.pop('identity', None)  # a curve is its run's (the run's row holds the identity)
                 self.curves.setdefault((c['config'], c['kernel'], c['seed']), []).append(c)
 
     def get(self, config: str, kernel: str, seed: int):

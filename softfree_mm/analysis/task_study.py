@@ -8,7 +8,6 @@ grid's runner (:class:`softfree_mm.analysis.warm_start.Runner`): a finished run 
 again, so the same command resumes a stopped study. XCiT's detector rows can be read from the warm-start grid's
 detectors.csv instead of run again (``det_from``).
 """
-import csv
 import os.path as osp
 from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -386,15 +385,12 @@ def _num(v):
 
 def read_rows(path: str) -> List[dict]:
     """runs.csv back as rows (numbers as floats, seeds as ints, blanks as None); a row a run with an identity made
-    has it (``identity``, from identities.csv beside the file)."""
-    from .grid_identity import Identities
-    made = Identities(osp.dirname(osp.abspath(path)))
-    rows = []
-    with open(path, newline='') as f:
-        for r in csv.DictReader(f):
-            row = dict(r, seed=int(r['seed']))
-            for k in ('cls_top1', 'wall_s', *METRICS['det'], *METRICS['seg']):
-                row[k] = _num(r.get(k))
-            row['identity'] = made.get(osp.basename(path), row, KEY)
-            rows.append(row)
-    return rows
+    has it (``identity``, from identities.csv beside the file). A file without the key columns: a UsageError."""
+    from .kept import read_kept
+
+    def typed(r):
+        row = dict(r, seed=int(r['seed']))
+        for k in ('cls_top1', 'wall_s', *METRICS['det'], *METRICS['seg']):
+            row[k] = _num(r.get(k))
+        return row
+    return read_kept(path, KEY, (*KEY, 'status', 'source'), path, typed)

@@ -8,8 +8,6 @@ transfer's counted in them; then the demo's Mask R-CNN from each start. Every ru
 ``tools/test.py`` on a child config in a process of its own; a finished run (its result.json) is not run again.
 """
 import dataclasses
-import json
-import os
 import os.path as osp
 from typing import Dict, List, Optional, Sequence
 

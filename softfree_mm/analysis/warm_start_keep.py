@@ -13,8 +13,7 @@ import os.path as osp
 from typing import Dict, List, Optional, Tuple
 
 from ..engine.errors import UsageError
-from .grid_identity import Identities
-from .tables import read_csv
+from .kept import read_kept
 
 Key = Tuple[str, str, int, str, int, str, str]  # backbone, kernel, seed, start, iters, recipe, groups
 CLASSIFIER_KEY = ('backbone', 'kernel', 'seed', 'start', 'iters', 'recipe', 'groups')  # a classifiers.csv row's key
@@ -41,9 +40,10 @@ class Kept:
         path = osp.join(folder, 'classifiers.csv')
         if not osp.isfile(path):
             raise UsageError(f'--keep-from {folder}: no classifiers.csv there (an earlier grid\'s --out folder)')
-        rows = read_csv(path, NEEDED, f'--keep-from {folder}: its classifiers.csv (not a warm-start grid\'s?)')
+        # each with the identity a run made it with (none before identities)
+        rows = read_kept(path, CLASSIFIER_KEY, NEEDED,
+                         f'--keep-from {folder}: its classifiers.csv (not a warm-start grid\'s?)')
         self.folder = folder
-        self.identities = Identities(folder)  # the rows runs with an identity made (none before identities)
         ok = [r for r in rows if r['status'] == 'ok' and r['top1'] not in (None, '')]
         failed = [r for r in rows if r['status'] == 'failed']
         teachers = {(r['backbone'], int(r['seed'])) for r in ok if r['kernel'] == 'softmax' and r['start'] == 'scratch'}
@@ -69,8 +69,7 @@ class Kept:
         r = self.rows.get(key)
         if r is None:
             return None
-        identity = self.identities.get('classifiers.csv', r, CLASSIFIER_KEY)
-        made = {'identity': identity} if identity else {}
+        made = {'identity': r['identity']} if r.get('identity') else {}
         if r['status'] == 'failed':
             return dict(status='failed', error=r.get('error') or '', source=r.get('source') or 'grid', kept=True,
                         key='kept: ' + '/'.join(map(str, key)), **made)

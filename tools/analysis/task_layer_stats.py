@@ -58,7 +58,7 @@ def main(argv=None):
         fail(str(e))
     try:
         every = ts.read_rows(args.runs)
-    except (KeyError, ValueError) as e:
+    except (KeyError, ValueError, UsageError) as e:
         fail(f"--runs {args.runs}: not a runs.csv of the task study ({type(e).__name__}: {e})")
     rows = [r for r in every if r['layout'] == args.layout and r['task'] == 'seg'
             and (args.kernels is None or r['kernel'] in args.kernels)
