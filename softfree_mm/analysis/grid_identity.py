@@ -20,7 +20,6 @@ import csv
 import os
 import os.path as osp
 import tempfile
-import threading
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..engine import run_identity as ri
@@ -67,15 +66,11 @@ def start_of(path: str) -> Dict:
     return ri.release_start(osp.basename(path), ri.sha256_of(path) if osp.isfile(path) else None)
 
 
-_READING = threading.Lock()  # mmengine's config reading (pkg_resources' first use) is not thread-safe
-
-
 def record(config_text: str, options: Sequence[str] = (), checkpoint: Optional[str] = None,
            name: str = 'run.py') -> Dict:
-    """The record of a grid run (see the module's docstring). One at a time: a grid's runner asks from several
-    threads, and two first reads of a config at once fail inside pkg_resources."""
-    with _READING:
-        cfg = resolved(config_text, options, checkpoint, name)
+    """The record of a grid run (see the module's docstring); safe from a grid runner's threads (its config is
+    read through config_checks.read_config, one read at a time)."""
+    cfg = resolved(config_text, options, checkpoint, name)
     starts = {p: start_of(p) for p in ri.checkpoint_paths(cfg).values()}
     return ri.record(cfg, starts, WORLD_SIZE, ri.train_flags([]))
 

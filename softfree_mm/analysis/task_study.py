@@ -67,11 +67,11 @@ class Layout:
     def default(self) -> str:
         """The recipe of the study's warm starts in this layout: the one it names (what its committed rows were made
         with), else the package's default for the layout (softfree_mm/engine/layout_defaults.py)."""
-        from mmengine.config import Config
+        from ..engine.config_checks import read_config
 
         from ..engine.warm_start import default_recipe
         if not hasattr(self, '_default'):
-            self._default = self.recipe or default_recipe(Config.fromfile(self.classifier).model.backbone.to_dict())
+            self._default = self.recipe or default_recipe(read_config(self.classifier).model.backbone.to_dict())
         return self._default
 
 
@@ -148,11 +148,11 @@ def check_names(layouts: Sequence[str], kernels: Optional[Sequence[str]] = None,
 
 def fit_error(config: str, kernel: str) -> str:
     """'' when the layout's backbone takes ``kernel``, else its fit error's one line (the backbone is built)."""
-    from mmengine.config import Config
+    from ..engine.config_checks import read_config
     from mmengine.registry import DefaultScope
 
     from ..registry import MODELS
-    cfg = Config.fromfile(config).model.backbone.to_dict()
+    cfg = read_config(config).model.backbone.to_dict()
     cfg.update(attn_cfg=Kernel(kernel).cfg, init_cfg=None)
     try:
         with DefaultScope.overwrite_default_scope('softfree_mm'):

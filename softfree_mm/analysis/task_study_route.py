@@ -28,8 +28,8 @@ FOLDER = 'task_route'  # under the work dir: the kernel configs and the stage co
 @functools.lru_cache(maxsize=None)
 def schedule_images(config: str) -> Tuple[int, int]:
     """(images a step, iterations) of a study config's schedule (its train_cfg.max_iters)."""
-    from mmengine.config import Config
-    cfg = Config.fromfile(config)
+    from ..engine.config_checks import read_config
+    cfg = read_config(config)
     return int(cfg.train_dataloader.batch_size), int(cfg.train_cfg.max_iters)
 
 

@@ -20,8 +20,8 @@ from .warm_start_rows import SCRATCH_ITERS, read_detectors, transfer_curves
 
 
 def backbone_of(config: str) -> dict:
-    from mmengine.config import Config
-    return Config.fromfile(config).model.backbone.to_dict()
+    from ..engine.config_checks import read_config
+    return read_config(config).model.backbone.to_dict()
 
 
 # ---------------------------------------------------------------------------------------------- child configs

@@ -14,13 +14,13 @@ def step_cost(transfer_config: str, batch: int = 8, steps: int = 3, device: str 
     random weights (the release is not needed to time it). ``recipe``: time stage 1 as that recipe trains it (its
     loss and what trains; the learning rates do not change a step's cost), the config's own recipe when None.
     Returns dict(recipe, transfer_s, classifier_s, ratio, ...)."""
-    from mmengine.config import Config
+    from ..engine.config_checks import read_config
     from mmengine.registry import DefaultScope
 
     from softfree_mm.engine.device import _replace_syncbn
-    cfg = Config.fromfile(transfer_config)
+    cfg = read_config(transfer_config)
     name = osp.splitext(osp.basename(transfer_config))[0].replace('transfer_', 'cls_', 1)
-    cls_cfg = Config.fromfile(osp.join(osp.dirname(transfer_config), name + '.py'))
+    cls_cfg = read_config(osp.join(osp.dirname(transfer_config), name + '.py'))
     for c in (cfg, cls_cfg):
         _replace_syncbn(c.model)
     cfg.model.teacher.pop('init_cfg', None)

@@ -9,6 +9,7 @@ import importlib
 import importlib.util
 import os
 import os.path as osp
+import threading
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from mmengine.config import Config
@@ -20,12 +21,20 @@ DATALOADERS = {'train': ('train_dataloader', ), 'val': ('val_dataloader', ), 'te
 EVALUATORS = {'val': 'val_evaluator', 'test': 'test_evaluator'}
 
 
+# mmengine reads a config's ``mmdet::`` bases through pkg_resources and reloads that module on each read
+# (mmengine.utils.is_installed): a read in another thread at that moment meets two classes of one name ('Expected str,
+# Requirement, or Distribution'). The grids' runners read configs from their threads: one read at a time.
+_READING = threading.RLock()
+
+
 def read_config(path: str) -> Config:
-    """``Config.fromfile(path)``; a missing file or one mmengine cannot parse is a UsageError naming it."""
+    """``Config.fromfile(path)``, one read at a time in the process; a missing file or one mmengine cannot parse
+    is a UsageError naming it."""
     if not osp.isfile(path):
         raise UsageError(f'config file not found: {path}')
     try:
-        return Config.fromfile(path)
+        with _READING:
+            return Config.fromfile(path)
     except Exception as e:  # mmengine reports syntax errors, missing bases and duplicate keys in many types
         raise UsageError(f'cannot read config {path}: {short_error(e)}') from None
 

@@ -48,7 +48,6 @@ def layout_backbone(layout: str, kernel: str) -> Tuple[Optional[dict], str, str]
     """(backbone config, the config it comes from, '') of ``kernel`` in ``layout``: the kernel's own detection
     config's backbone where it has one, else softmax's with the kernel in place; with the layout's settings over it.
     Where the layout does not take the kernel: (None, config, the build error's line)."""
-    from mmengine.config import Config
     from mmengine.registry import DefaultScope
 
     from ...registry import MODELS
@@ -67,12 +66,12 @@ def layout_backbone(layout: str, kernel: str) -> Tuple[Optional[dict], str, str]
 
 def _layout_cfg(layout: str, kernel: str) -> Tuple[dict, str]:
     """(backbone config, the config file it comes from) of ``kernel`` in ``layout``, not built."""
-    from mmengine.config import Config
+    from ...engine.config_checks import read_config
     base, form = KERNEL_FORMS.get(kernel, (kernel, None))
     bb, extra = COST_LAYOUTS[layout]
     own = osp.join(_root(), 'configs', f'maskrcnn_{bb}_{base}.py')
     source = own if osp.isfile(own) else osp.join(_root(), 'configs', f'maskrcnn_{bb}_softmax.py')
-    cfg = _plain(Config.fromfile(source).model.backbone)
+    cfg = _plain(read_config(source).model.backbone)
     if source != own:
         cfg['attn_cfg'] = dict(KERNEL_CFGS[base])
     if form is not None:
@@ -115,7 +114,7 @@ def _with_form(attn_cfg, kernel_type: str, form: dict):
 
 def model_config(task: str, backbone: str, kernel: str):
     """The whole model of configs/<task>_<backbone>_<kernel>.py, without pretrained starts, BN for SyncBN."""
-    from mmengine.config import Config
-    cfg = Config.fromfile(osp.join(_root(), 'configs', f'{task}_{backbone}_{kernel}.py'))
+    from ...engine.config_checks import read_config
+    cfg = read_config(osp.join(_root(), 'configs', f'{task}_{backbone}_{kernel}.py'))
     model = _plain(cfg.model)
     return cfg, model
