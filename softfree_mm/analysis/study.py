@@ -163,25 +163,19 @@ def run_one(config: str, spec, seed: int, runner, cfg_options: Sequence[str] = (
 
 def study(configs: Sequence[str], kernels: Sequence, seeds: Sequence[int], runner, cfg_options: Sequence[str] = (),
           key: str = 'model.backbone.attn_cfg', in_process: bool = False, kept=None) -> List[dict]:
-    """Every (config, kernel, seed), one row each, listed config-major, then kernel, then seed. Trained seed by
-    seed (so that a study stopped part way has whole seeds of the grid), the runner's ``jobs`` processes at a time;
-    a run ``kept`` has (``KeptStudy.get``) is its row, not trained; a folder that holds another run is refused
-    (UsageError) before anything trains."""
+    """Every (config, kernel, seed), one row each, listed config-major, then kernel, then seed: the engine's cross
+    (:func:`.study_engine.cross`), trained seed by seed (so that a study stopped part way has whole seeds of the
+    grid), the runner's ``jobs`` processes at a time; a run ``kept`` has (``KeptStudy.get``) is its row, not trained;
+    a folder that holds another run is refused (UsageError) before anything trains."""
+    from .study_engine import cross
     if in_process and runner.jobs != 1:
         raise ValueError(f'study: jobs must be 1 when training in this process; got jobs={runner.jobs}')
-    grid = [(ci, ki, s) for s in seeds for ci in range(len(configs)) for ki in range(len(kernels))]
-    for ci, ki, s in grid:
-        held(configs[ci], kernels[ki], s, runner, cfg_options, key)
-
-    def one(task):
-        ci, ki, s = task
-        got = kept.get(config_name(configs[ci]), kernel_label(kernels[ki]), s) if kept else None
-        if got is not None:
-            return got
-        return run_one(configs[ci], kernels[ki], s, runner, cfg_options, key, in_process)
-
-    done = dict(zip(grid, runner.map(one, grid)))
-    return [done[(ci, ki, s)] for ci in range(len(configs)) for ki in range(len(kernels)) for s in seeds]
+    return cross(runner, dict(config=list(configs), kernel=list(kernels), seed=list(seeds)),
+                 lambda p: run_one(p['config'], p['kernel'], p['seed'], runner, cfg_options, key, in_process),
+                 pairing='seed',
+                 kept=(lambda p: kept.get(config_name(p['config']), kernel_label(p['kernel']), p['seed'])) if kept
+                 else None,
+                 check=lambda p: held(p['config'], p['kernel'], p['seed'], runner, cfg_options, key))
 
 
 def norm_curves(rows: List[dict], work_root: str) -> List[dict]:

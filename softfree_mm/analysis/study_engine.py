@@ -3,11 +3,17 @@ contributor adds (docs/contributing.md, "How to add a study").
 
 A study is a :class:`Declaration`: the row fields that name one of its runs (``axes``, the pairing unit among them),
 the numbers it compares (``metrics``), what pairs two runs (``pairing``), the module that states its rule (``rule``),
-and two functions. ``plan(ctx)`` makes or reads every run the selection names through ``ctx.runner``
-(:class:`.grid_runner.Runner`: one process per run, in a folder of its own, identified by its resolved config and
-its starts; a finished run is read, never run again, so the same command resumes a stopped study) and returns its
-tables (name -> rows). ``write(ctx, tables)`` writes the CSVs, tables, plots and the docs section from them and
-returns what the tool prints.
+how its runs are made, and ``write(ctx, tables)``, which writes the CSVs, tables, plots and the docs section and
+returns what the tool prints. Every run goes through ``ctx.runner`` (:class:`.grid_runner.Runner`: one process per
+run, in a folder of its own, identified by its resolved config and its starts; a finished run is read, never run
+again, so the same command resumes a stopped study).
+
+How its runs are made: ``one(ctx, point)``, one run of a point of the axes' cross (``{axis: value}``), and the engine
+plans the grid (:func:`cross`: the axes' values from the options, every point once, trained with the pairing unit
+outermost so that a study stopped part way has whole units, the runner's jobs at a time; its rows are the table
+``rows``); or ``plan(ctx)``, a study whose later runs depend on what earlier ones gave (the task study's detectors
+start from its classifiers, the warm-start grid skips the seeds whose teacher failed), which returns its tables
+(name -> rows) and may call :func:`cross` for each of its stages.
 
 :func:`run` is the engine: the options checked and the kernels parsed once (:class:`Options`), the runner made
 once, the plan, and with ``report_only`` the runs the selection declares that have not finished named in one line and
@@ -15,6 +21,7 @@ left out of the outputs (the outputs hold what finished, so a report of the comm
 for byte), then the outputs (their folder made).
 """
 from dataclasses import dataclass, field
+import itertools
 import os
 import os.path as osp
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -29,15 +36,22 @@ Tables = Dict[str, List[dict]]
 
 @dataclass(frozen=True)
 class Declaration:
-    """A study: see the module's text. ``tables``: the names of ``plan``'s row lists (the first the runs')."""
+    """A study: see the module's text; ``one`` or ``plan``, not both. ``tables``: the names of the plan's row lists
+    (the first the runs')."""
     name: str
     axes: Tuple[str, ...]
     metrics: Tuple[str, ...]
     pairing: str
     rule: str
-    plan: Callable[['Context'], Tables]
     write: Callable[['Context', Tables], Any]
+    one: Optional[Callable[['Context', Dict[str, Any]], dict]] = None
+    plan: Optional[Callable[['Context'], Tables]] = None
     tables: Tuple[str, ...] = ('rows', )
+
+    def __post_init__(self):
+        if (self.one is None) == (self.plan is None):
+            raise ValueError(f'study {self.name!r}: give one(ctx, point) (the engine crosses the axes) or plan(ctx), '
+                             'not both or neither')
 
     def run_name(self, row: dict) -> str:
         """A row's run, by its axes ('pvt/seg/poly:degree=3/transfer/0')."""
@@ -95,6 +109,46 @@ class Context:
     echo: Callable[[str], None] = print
 
 
+def axis_values(ctx: Context) -> Dict[str, list]:
+    """Each declared axis's values, from the options: ``kernel`` the kernels, ``seed`` the seeds, any other axis
+    ``a`` the study's own option ``a + 's'`` (or ``a``); an axis with none is a UsageError naming it."""
+    out = {}
+    for a in ctx.study.axes:
+        extra = ctx.options.extra
+        v = dict(kernel=ctx.options.kernels, seed=ctx.options.seeds).get(a, extra.get(a + 's', extra.get(a)))
+        if not v:
+            raise UsageError(f'study {ctx.study.name!r}: its axis {a!r} has no values (give --{a}s)')
+        out[a] = list(v)
+    return out
+
+
+def cross(runner: Runner, values: Dict[str, Sequence], one: Callable[[Dict[str, Any]], dict],
+          pairing: Optional[str] = None, kept: Optional[Callable[[Dict[str, Any]], Optional[dict]]] = None,
+          check: Optional[Callable[[Dict[str, Any]], Any]] = None) -> List[dict]:
+    """Every point of the cross of ``values`` (axis -> its values, in the rows' order: the first axis outermost),
+    each run once through ``runner``: ``check(point)`` on every point before anything runs (a folder holding another
+    run is refused before any training), then ``kept(point)``'s row where it gives one (not run again), else
+    ``one(point)``'s, the axes' values (a kernel by its label) first; trained with ``pairing`` outermost, the
+    runner's jobs at a time."""
+    axes = list(values)
+    points = [dict(zip(axes, combo)) for combo in itertools.product(*(list(v) for v in values.values()))]
+    order = list(range(len(points)))
+    if pairing in values:
+        rank = {i: [x for x in values[pairing]].index(points[i][pairing]) for i in order}
+        order.sort(key=rank.__getitem__)
+    if check is not None:
+        for i in order:
+            check(points[i])
+
+    def run_one(i):
+        got = kept(points[i]) if kept is not None else None
+        if got is not None:
+            return got
+        return {**{a: str(v) if isinstance(v, Kernel) else v for a, v in points[i].items()}, **one(points[i])}
+    done = dict(zip(order, runner.map(run_one, order)))
+    return [done[i] for i in range(len(points))]
+
+
 def finished_only(decl: Declaration, tables: Tables, echo=print) -> Tables:
     """The tables without the rows of runs not finished (status 'not run'), each table's count said in one line."""
     out = dict(tables)
@@ -114,7 +168,10 @@ def run(decl: Declaration, options: Options, root: str, echo: Callable[[str], No
     runner = Runner(osp.abspath(options.work_dir), osp.join(root, 'tools'), options.jobs, options.threads,
                     echo=echo, report_only=options.report_only)
     ctx = Context(decl, options, runner, root, echo)
-    tables = decl.plan(ctx)
+    if decl.plan is not None:
+        tables = decl.plan(ctx)
+    else:
+        tables = dict(rows=cross(runner, axis_values(ctx), lambda p: decl.one(ctx, p), decl.pairing))
     if options.report_only:
         tables = finished_only(decl, tables, echo)
     os.makedirs(options.out, exist_ok=True)

@@ -103,6 +103,52 @@ def test_a_report_leaves_out_the_runs_not_finished_and_says_which(tmp_path):
     assert seen == [rows]
 
 
+def test_the_engine_crosses_the_declared_axes_and_trains_whole_pairing_units_first(tmp_path):
+    """A declaration with ``one``: every point of the axes' cross once, the values from the options (configs from the
+    study's own option), rows in the axes' order, runs with the pairing unit outermost, every point checked before
+    anything runs, a kept point's row not run again."""
+    calls = []
+
+    def one(ctx, p):
+        calls.append(('run', p['config'], str(p['kernel']), p['seed']))
+        assert isinstance(p['kernel'], Kernel)  # the parsed kernel reaches the run
+        return dict(status='ok', top1=float(p['seed']))
+
+    decl = engine.Declaration(name='toy', axes=('config', 'kernel', 'seed'), metrics=('top1', ), pairing='seed',
+                              rule='-', one=one, write=lambda ctx, tables: None)
+    opts = engine.Options(work_dir=str(tmp_path / 'w'), out=str(tmp_path / 'o'), kernels=['softmax', 'linear'],
+                          seeds=[1, 0], jobs=1, extra=dict(configs=['a', 'b']))
+    tables, _ = engine.run(decl, opts, ROOT, echo=lambda m: None)
+    names = [(r['config'], r['kernel'], r['seed']) for r in tables['rows']]
+    assert names == [(c, k, s) for c in 'ab' for k in ('softmax', 'linear') for s in (1, 0)]
+    assert [c[1:] for c in calls] == [(c, k, s) for s in (1, 0) for c in 'ab' for k in ('softmax', 'linear')]
+    assert all(type(r['kernel']) is str for r in tables['rows'])  # a row holds the label
+    # the study's kernel-study form: check on every point first (a refusal before anything runs), kept rows kept
+    calls.clear()
+    runner = engine.Runner(str(tmp_path / 'w'), 'tools', jobs=1, echo=lambda m: None)
+    values = dict(kernel=[Kernel('linear')], seed=[0, 1, 2])
+
+    def refuse(p):
+        calls.append(('check', p['seed']))
+        if p['seed'] == 2:
+            raise UsageError('seed 2: another run')
+    with pytest.raises(UsageError):
+        engine.cross(runner, values, lambda p: one(None, dict(p, config='a')), 'seed', check=refuse)
+    assert calls == [('check', 0), ('check', 1), ('check', 2)]
+    calls.clear()
+    rows = engine.cross(runner, values, lambda p: one(None, dict(p, config='a')), 'seed',
+                        kept=lambda p: dict(kernel='linear', seed=1, status='ok', top1=9.0) if p['seed'] == 1 else None)
+    assert [r['top1'] for r in rows] == [0.0, 9.0, 2.0] and [c[3] for c in calls] == [0, 2]
+    # an axis the options give no values; a declaration with both or neither of one and plan
+    bare = engine.Options(work_dir=str(tmp_path / 'w'), out=str(tmp_path / 'o'), kernels=['linear'])
+    with pytest.raises(UsageError, match="axis 'config' has no values"):
+        engine.run(decl, bare, ROOT, echo=lambda m: None)
+    for both in (dict(), dict(one=one, plan=lambda ctx: {})):
+        with pytest.raises(ValueError, match='one.*or plan'):
+            engine.Declaration(name='x', axes=('seed', ), metrics=(), pairing='seed', rule='-',
+                               write=lambda c, t: None, **both)
+
+
 @pytest.mark.parametrize('bad, words', [(dict(seeds=[0, 0]), '--seeds 0 0: distinct ints >= 0'),
                                         (dict(seeds=[-1]), '--seeds -1'), (dict(seeds=[]), 'at least one'),
                                         (dict(jobs=0), '--jobs 0: an int >= 1'),
