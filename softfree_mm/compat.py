@@ -9,6 +9,8 @@ import os
 import numpy as np
 import torch
 
+from .files import atomic_write
+
 APPLIED = []
 CHECKPOINT_SAFE_GLOBALS = []  # what allow_mmengine_checkpoint_types adds to torch's weights-only unpickler
 
@@ -168,35 +170,6 @@ def mmcv_ops_on_torchvision():
 
 
 # ----------------------------------------------------------------------------------- atomic checkpoints
-TMP_MARK = '.tmp-'  # a temporary file is '<final name>.tmp-<pid>' in the final file's folder
-
-
-def atomic_write(data: bytes, filepath: str) -> None:
-    """Write ``data`` to ``filepath`` so that the file is either the old one or the complete new one, whenever the
-    process dies: a temporary file in the same folder, flushed and fsynced, renamed over the final name."""
-    folder = os.path.dirname(os.path.abspath(filepath))
-    os.makedirs(folder, exist_ok=True)
-    tmp = f'{filepath}{TMP_MARK}{os.getpid()}'
-    try:
-        with open(tmp, 'wb') as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, filepath)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    try:  # the rename itself reaches the disk with the folder's entry
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
-
-
 def checkpoints_replace_atomically():
     """mmengine writes a checkpoint straight into its final file, and its CheckpointHook deletes the outdated ones
     (``max_keep_ckpts``, the previous best) BEFORE writing the new one: a job killed during the save kept no usable

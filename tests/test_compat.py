@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import softfree_mm  # noqa: F401  (applies the repairs)
-from softfree_mm import compat
+from softfree_mm import compat, files
 
 
 def _free_port():
@@ -124,12 +124,12 @@ def test_failed_atomic_write_leaves_the_previous_file_and_no_partial_one(tmp_pat
     seen = []
     _full_disk_for(monkeypatch, 'epoch_3', on_write=lambda: seen.append(path.read_bytes()))
     with pytest.raises(OSError, match='No space left'):
-        compat.atomic_write(new, str(path))
+        files.atomic_write(new, str(path))
     monkeypatch.undo()
     assert seen == [old]  # while the new bytes were written
     assert path.read_bytes() == old
     assert [p.name for p in tmp_path.iterdir()] == ['epoch_3.pth']
-    compat.atomic_write(new, str(path))
+    files.atomic_write(new, str(path))
     assert path.read_bytes() == new and [p.name for p in tmp_path.iterdir()] == ['epoch_3.pth']
 
 

@@ -17,10 +17,10 @@ import os
 import os.path as osp
 import socket
 import time
-import zipfile
 from contextlib import contextmanager
 from typing import Dict, Optional
 
+from ..files import download_torch_file
 from . import file_hash, run_identity
 from .errors import UsageError, short_error
 
@@ -72,31 +72,11 @@ def start_of(reference: str, work_root: str) -> Dict:
                                       file_hash.sha256_of(local) if local else None)
 
 
-def is_torch_file(path: str) -> bool:
-    """A file torch.load reads: a zip archive holding a ``data.pkl`` (torch's format since 1.6) or a pickle
-    (the legacy format)."""
-    with open(path, 'rb') as f:
-        head = f.read(2)
-    if head == b'PK':
-        try:
-            with zipfile.ZipFile(path) as z:
-                return any(n == 'data.pkl' or n.endswith('/data.pkl') for n in z.namelist())
-        except (zipfile.BadZipFile, OSError):
-            return False
-    return len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5
-
-
 def _download(url: str, dest: str) -> None:
-    import torch
-    tmp = f'{dest}.{os.getpid()}.part'  # one process downloads (under the lock); the name is its own anyway
-    torch.hub.download_url_to_file(url, tmp, progress=True)
-    if not is_torch_file(tmp):
-        os.remove(tmp)
-        raise UsageError(f'{url} did not give a checkpoint file (a web page came back): download it by hand and pass '
-                         f'--release FILE, or put it at {dest}')
-    sha = file_hash.digest(tmp)  # once, here: recorded beside the file
-    os.replace(tmp, dest)
-    file_hash.remember_sha256(dest, sha, url=url)
+    download_torch_file(url, dest, lambda: UsageError(
+        f'{url} did not give a checkpoint file (a web page came back): download it by hand and pass --release FILE, '
+        f'or put it at {dest}'))  # one process downloads (under the lock)
+    file_hash.remember_sha256(dest, file_hash.digest(dest), url=url)  # once, here: recorded beside the file
 
 
 def fetch(reference: str, work_root: str) -> str:

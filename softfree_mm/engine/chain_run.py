@@ -14,7 +14,6 @@
 """
 import os
 import os.path as osp
-import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -190,9 +189,6 @@ def plan(request: Request, root: str) -> Plan:
 
 
 # --------------------------------------------------------------------------------------------------- probe
-_CKPT = re.compile(r'^(iter|epoch)_(\d+)\.pth$')
-
-
 def target(cfg):
     """('iter' | 'epoch', the count the run ends at)."""
     loop = cfg.get('train_cfg', {}) or {}
@@ -204,7 +200,8 @@ def target(cfg):
 def progress(path: str, unit: str) -> Optional[int]:
     """The count a checkpoint reached: from its name (iter_N.pth, epoch_N.pth), else from its meta read with
     ``weights_only=True`` (nothing is executed)."""
-    m = _CKPT.match(osp.basename(path))
+    from ..models.converters.loading import CHECKPOINT_NAME
+    m = CHECKPOINT_NAME.match(osp.basename(path))
     if m and m.group(1) == unit:
         return int(m.group(2))
     from .checkpoints import read_meta

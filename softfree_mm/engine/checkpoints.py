@@ -28,7 +28,7 @@ def latest_checkpoint(work_dir: str, check: bool = True) -> Optional[str]:
 
 def remove_stale_temporaries(work_dir: str) -> List[str]:
     """Temporary checkpoint files left by a process that died while saving."""
-    from softfree_mm.compat import TMP_MARK
+    from softfree_mm.files import TMP_MARK
     gone = []
     for path in glob.glob(osp.join(work_dir, f'*{TMP_MARK}*')):
         pid = path.rsplit(TMP_MARK, 1)[-1]

@@ -8,6 +8,8 @@ import os.path as osp
 import re
 from typing import Dict, Optional
 
+from ..files import write_json
+
 SIDECAR = '.sha256.json'
 _MEMO: Dict[tuple, str] = {}
 
@@ -36,11 +38,8 @@ def remember_sha256(path: str, sha256: str, **extra) -> None:
     st = os.stat(path)
     _MEMO[(osp.abspath(path), st.st_size, st.st_mtime_ns)] = sha256
     data = dict(extra, size=st.st_size, mtime_ns=st.st_mtime_ns, sha256=sha256)
-    tmp = f'{path}{SIDECAR}.{os.getpid()}.part'
     try:
-        with open(tmp, 'w') as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(tmp, path + SIDECAR)
+        write_json(data, path + SIDECAR, indent=1, sort_keys=True)
     except OSError:
         pass
 

@@ -17,11 +17,11 @@ hash is computed once and kept beside it (:func:`sha256_of`, ``<file>.sha256.jso
 """
 import hashlib
 import json
-import os
 import os.path as osp
 import re
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from ..files import write_json
 from .errors import UsageError
 from .file_hash import SIDECAR, remember_sha256, sha256_of  # noqa: F401  (a release's start: its content hash)
 from .versions import LIBRARIES, version_changes, versions  # noqa: F401  (recorded beside the identity)
@@ -359,12 +359,8 @@ def write(work_dir: str, rec: Dict, **extra) -> str:
     """``work_dir/run_identity.json``: {'identity', 'record', 'versions'} and ``extra`` (e.g. adopted_from),
     written atomically."""
     data = dict(identity=identity(rec), record=rec, versions=versions(), **extra)
-    os.makedirs(work_dir, exist_ok=True)
     path = osp.join(work_dir, FILE)
-    tmp = f'{path}.{os.getpid()}.part'
-    with open(tmp, 'w') as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    write_json(data, path, indent=1, sort_keys=True)
     return path
 
 

@@ -7,6 +7,8 @@ import os.path as osp
 import re
 from typing import Dict, Mapping, Optional, Sequence
 
+from ..files import write_json
+
 LIBRARIES = (('torch', ('torch', )), ('torchvision', ('torchvision', )), ('mmengine', ('mmengine', )),
              ('mmcv', ('mmcv', 'mmcv-lite', 'mmcv-full')), ('mmdet', ('mmdet', )),
              ('mmseg', ('mmsegmentation', )), ('mmpretrain', ('mmpretrain', )), ('timm', ('timm', )),
@@ -78,8 +80,6 @@ def write_versions(folder: str, carried_from: Sequence[str] = ()) -> str:
     earlier runs: a resume, a test of its checkpoint; a study's folders whose rows it keeps). A set that differs from
     this one by softfree_mm's commit only is not kept. Written atomically; returns the path."""
     import json
-    import os
-    import tempfile
     now = versions()
     earlier = []
     for src in carried_from:
@@ -93,11 +93,6 @@ def write_versions(folder: str, carried_from: Sequence[str] = ()) -> str:
             if _library_set(entry) != _library_set(now) and entry not in earlier:
                 earlier.append(entry)
     out = dict(now, **({'earlier': earlier} if earlier else {}))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix='.versions_', suffix='.json', dir=folder)
-    with os.fdopen(fd, 'w') as f:
-        json.dump(out, f, indent=1)
-        f.write('\n')
     path = osp.join(folder, FILE)
-    os.replace(tmp, path)
+    write_json(out, path, newline=True, indent=1)
     return path

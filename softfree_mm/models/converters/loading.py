@@ -9,6 +9,7 @@ from urllib.parse import urlparse
 
 import torch
 
+from ...files import download_torch_file
 from .arch import check_arch
 from .detect import _is_nonpersistent, unwrap_state_dict
 
@@ -65,19 +66,13 @@ def fetch_release(url: str) -> str:
     os.makedirs(cache, exist_ok=True)
     drive = _drive_id(url)
     src = f'https://drive.usercontent.google.com/download?id={drive}&export=download&confirm=t' if drive else url
-    tmp = path + '.part'
-    torch.hub.download_url_to_file(src, tmp, progress=True)
-    with open(tmp, 'rb') as f:
-        head = f.read(2)
-    if head not in (b'PK', b'\x80\x02', b'\x80\x03', b'\x80\x04', b'\x80\x05'):  # zip or pickle: a torch file
-        os.remove(tmp)
-        raise ValueError(f'{url} did not give a checkpoint file (a web page came back); download it by hand and set '
-                         'model.backbone.init_cfg.checkpoint to the file')
-    os.replace(tmp, path)
+    download_torch_file(src, path, lambda: ValueError(
+        f'{url} did not give a checkpoint file (a web page came back); download it by hand and set '
+        'model.backbone.init_cfg.checkpoint to the file'))
     return path
 
 
-_CKPT = re.compile(r'^(?:iter|epoch)_(\d+)\.pth$')
+CHECKPOINT_NAME = re.compile(r'^(iter|epoch)_(\d+)\.pth$')  # mmengine's CheckpointHook's names: (unit, count)
 
 
 def checkpoints_in(work_dir: str):
@@ -95,10 +90,10 @@ def checkpoints_in(work_dir: str):
                 break
     counted = []
     for name in os.listdir(work_dir) if os.path.isdir(work_dir) else ():
-        m = _CKPT.match(name)
+        m = CHECKPOINT_NAME.match(name)
         if m:
             path = os.path.join(work_dir, name)
-            counted.append((int(m.group(1)), os.path.getmtime(path), path))
+            counted.append((int(m.group(2)), os.path.getmtime(path), path))
     found += [p for _, _, p in sorted(counted, reverse=True) if not any(os.path.samefile(p, q) for q in found)]
     return found
 
