@@ -14,7 +14,7 @@ import torch
 from .task_curves import IDENTITY
 
 FIELDS = (*IDENTITY, 'model', 'mIoU', 'floor', 'size', 'layer', 'images', 'rows', 'keys', 'fro_sqrt_n',
-          'score_rms', 'v_rms', 'out_rms', 'gain')
+          'score_rms', 'v_rms', 'out_rms', 'gain', 'stream_rms', 'branch_rms', 'branch_ratio')
 MODELS = ('init', 'classifier', 'segmentor')
 
 
@@ -70,9 +70,11 @@ def largest_gain(rows: Sequence[dict]) -> List[dict]:
         top = max(rs, key=lambda r: float(r['gain']) if r.get('gain') not in (None, '') else float('-inf'))
         mid = len(gains) // 2
         median = gains[mid] if len(gains) % 2 else (gains[mid - 1] + gains[mid]) / 2
+        ratios = [float(r['branch_ratio']) for r in rs if r.get('branch_ratio') not in (None, '')]
         out.append(dict(zip((*IDENTITY, 'model', 'size'), key), mIoU=rs[0]['mIoU'], floor=rs[0]['floor'],
                         top_layer=top['layer'], top_gain=float(top['gain']), median_gain=median,
-                        top_out_rms=float(top['out_rms']), top_score_rms=float(top['score_rms'])))
+                        top_out_rms=float(top['out_rms']), top_score_rms=float(top['score_rms']),
+                        max_branch_ratio=max(ratios) if ratios else None))
     return out
 
 
@@ -86,21 +88,23 @@ def markdown(summary: Sequence[dict], sizes: Optional[Sequence[int]] = None) -> 
     by = {}
     for e in summary:
         by.setdefault(tuple(e[k] for k in (*IDENTITY, 'model')), {})[int(e['size'])] = e
-    head = ['kernel', 'start', 'seed', 'model', 'segmentor mIoU', 'at the floor',
+    head = ['layout', 'kernel', 'start', 'seed', 'model', 'segmentor mIoU', 'at the floor',
             'layer of the largest gain (first size)'] + \
         [f'largest gain at {s} px' for s in sizes] + [f'its score RMS at {s} px' for s in sizes] + \
-        [f'median gain at {s} px' for s in sizes]
+        [f'median gain at {s} px' for s in sizes] + [f'largest branch / stream at {s} px' for s in sizes]
     lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
     for key, per in by.items():
         first = per[sizes[0]] if sizes[0] in per else next(iter(per.values()))
         d = dict(zip((*IDENTITY, 'model'), key))
         miou = first['mIoU']
-        cells = [f"`{d['kernel']}`", d['start'], str(d['seed']), d['model'],
+        cells = [d['layout'], f"`{d['kernel']}`", d['start'], str(d['seed']), d['model'],
                  '' if miou in (None, '') else f'{float(miou):.1f}', 'yes' if _bool(first['floor']) else 'no',
                  first['top_layer'].replace('backbone.', '')]
         cells += [f"{per[s]['top_gain']:.3g}" if s in per else '' for s in sizes]
         cells += [f"{per[s]['top_score_rms']:.3g}" if s in per else '' for s in sizes]
         cells += [f"{per[s]['median_gain']:.3g}" if s in per else '' for s in sizes]
+        cells += [f"{per[s]['max_branch_ratio']:.3g}" if s in per and per[s].get('max_branch_ratio') is not None
+                  else '' for s in sizes]
         lines.append('| ' + ' | '.join(cells) + ' |')
     return '\n'.join(lines) + '\n'
 
@@ -114,5 +118,7 @@ def section_lines(rows: Sequence[dict]) -> List[str]:
     summary = largest_gain(rows)
     sizes = sorted({int(e['size']) for e in summary})
     return ['Per run and model, the attention layers\' output gain over v (the RMS of the kernel\'s output over the '
-            'RMS of v, the mean over the images; every layer and measure is in '
+            'RMS of v, the mean over the images) and the largest ratio of an attention branch to the residual stream '
+            'it is added to (the RMS of the branch after its output projection over the RMS of the block\'s input; '
+            'blank where a row was measured before that column); every layer and measure is in '
             '[layer_stats.csv](results/task_study/layer_stats.csv)):', '', markdown(summary, sizes).rstrip()]

@@ -69,6 +69,37 @@ def test_the_measures_equal_the_formula_on_the_captured_inputs():
     assert got['fro_sqrt_n'] == pytest.approx(float((s ** 3 / 8).pow(2).sum(-1).sum(-1).sqrt().mean()) / 8, rel=1e-4)
 
 
+def test_the_residual_streams_scale_equals_the_blocks_computed_by_hand():
+    """The stream's and the branch's RMS of a layer (layer_stats' StreamScale hooks) equal those computed here by
+    running the stage's patch embedding and blocks by hand: the stream entering stages.0.blocks.1 and the attention
+    branch that block adds to it; the ratio is theirs; a layer outside any block list has none."""
+    from mmengine.dataset import pseudo_collate
+    from softfree_mm.analysis import probe
+    from softfree_mm.analysis.layer_stats import block_and_branch, layer_stats, resized
+    cfg = probe.load_checked(CONFIG, {'model.backbone.attn_cfg.type': 'poly'})
+    torch.manual_seed(0)
+    model = probe.build_model(cfg, 'none', CONFIG).eval()
+    ds = probe.build_dataset(cfg, 'val', CONFIG)
+    name, sample = next(probe.dataset_samples(ds, 1))
+    rows = {r['layer']: r for r in layer_stats(model, [(name, sample)], [64], jacobian=False)}
+    got = rows['backbone.stages.0.blocks.1.attn']
+    stage = model.backbone.stages[0]
+    with torch.no_grad():
+        x = resized(model.data_preprocessor(pseudo_collate([sample]), False), 64)['inputs']
+        x, hw = stage.patch_embed(x)
+        if stage.pos_embed is not None:
+            x = x + stage.positions(hw)
+        x = stage.blocks[0](x, hw)
+        branch = stage.blocks[1].attn(stage.blocks[1].norm1(x), hw)
+    rms = lambda t: float(t.double().pow(2).mean().sqrt())  # noqa: E731
+    assert got['stream_rms'] == pytest.approx(rms(x), rel=1e-5)
+    assert got['branch_rms'] == pytest.approx(rms(branch), rel=1e-5)
+    assert got['branch_ratio'] == pytest.approx(rms(branch) / rms(x), rel=1e-5)
+    assert all(r['stream_rms'] > 0 and r['branch_ratio'] > 0 for r in rows.values()) and len(rows) == 8
+    assert block_and_branch('stages.0.blocks.1.attn.w_msa') == ('stages.0.blocks.1', 'stages.0.blocks.1.attn')
+    assert block_and_branch('blocks.3.attn') == ('blocks.3', 'blocks.3.attn') and block_and_branch('attn') is None
+
+
 def test_bad_sizes_are_one_line(tmp_path):
     proc = subprocess.run([sys.executable, TOOL, CONFIG, 'none', '--sizes', '48'], capture_output=True, text=True,
                           timeout=120)

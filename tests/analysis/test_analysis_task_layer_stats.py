@@ -103,13 +103,16 @@ def test_init_is_measured_for_rows_from_scratch_only(work):
 def test_largest_and_median_gain_by_hand():
     base = dict(layout='pvt', task='seg', kernel='k', start='scratch', recipe='r', seed=0, model='segmentor',
                 mIoU=8.3, floor='True', size=64)
-    rows = [dict(base, layer=f'backbone.l{i}', gain=g, out_rms=10 * g, score_rms=g + 1)
-            for i, g in enumerate((0.5, 4.0, 1.0, 2.0))]
+    rows = [dict(base, layer=f'backbone.l{i}', gain=g, out_rms=10 * g, score_rms=g + 1, branch_ratio=r)
+            for i, (g, r) in enumerate(((0.5, 0.2), (4.0, 0.1), (1.0, 2.5), (2.0, '')))]
     (e,) = tl.largest_gain(rows)
-    assert (e['top_layer'], e['top_gain'], e['median_gain'], e['top_out_rms'], e['top_score_rms']) == (
-        'backbone.l1', 4.0, 1.5, 40.0, 5.0)
+    assert (e['top_layer'], e['top_gain'], e['median_gain'], e['top_out_rms'], e['top_score_rms'],
+            e['max_branch_ratio']) == ('backbone.l1', 4.0, 1.5, 40.0, 5.0, 2.5)
     table = tl.markdown([e]).splitlines()
-    assert table[2] == '| `k` | scratch | 0 | segmentor | 8.3 | yes | l1 | 4 | 5 | 1.5 |'
+    assert table[2] == '| pvt | `k` | scratch | 0 | segmentor | 8.3 | yes | l1 | 4 | 5 | 1.5 | 2.5 |'
+    # a row measured before the stream's columns: the cell is blank
+    (old,) = tl.largest_gain([{k: v for k, v in r.items() if k != 'branch_ratio'} for r in rows])
+    assert old['max_branch_ratio'] is None and tl.markdown([old]).splitlines()[2].endswith('| 1.5 |  |')
 
 
 def test_the_tool_keeps_what_its_out_holds_and_refuses_bad_input(work, tmp_path, capsys):
