@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Per attention layer of a trained model at several input sizes: the token count, ||A||_F and the score Jacobian's
-norm over sqrt(N), the RMS of the scores, of v and of the kernel's output, and the output's gain over v.
+norm over sqrt(N), the RMS of the scores, of v and of the kernel's output, and the output's gain over v; the RMS of
+the residual stream the layer's block adds its attention branch to, of that branch, and their ratio.
 
     python tools/analysis/layer_stats.py CONFIG CHECKPOINT [--sizes 64 128 256] [--split val] [--num-images 8]
         [--layer L] [--no-jacobian] [--out work_dirs/analysis/layer_stats] [--cfg-options K=V ...]
@@ -8,7 +9,7 @@ norm over sqrt(N), the RMS of the scores, of v and of the kernel's output, and t
 The same images (the split's first --num-images, through the config's pipeline and data preprocessor) resized to
 each --sizes side (0: as the pipeline gives them), so that one checkpoint is measured at the token counts of two
 tasks: a classifier at its own size and at its segmentor's. Writes PREFIX.csv (size, image, layer, rows, keys,
-fro_sqrt_n, jac_sqrt_n, score_rms, v_rms, out_rms, gain, note) and PREFIX_summary.csv (the mean over images per size
+fro_sqrt_n, jac_sqrt_n, score_rms, v_rms, out_rms, gain, stream_rms, branch_rms, branch_ratio, note) and PREFIX_summary.csv (the mean over images per size
 and layer), and prints the summary. CHECKPOINT 'none' measures the initialised model. Bad input: one line, exit
 status 2.
 """
