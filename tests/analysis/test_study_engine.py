@@ -21,7 +21,8 @@ RESULTS = osp.join(ROOT, 'docs', 'results')
 PLOT_DATA = {'study': {'accuracy.png': ('runs.csv', 'summary.csv'),
                        'norms_study_pvt_v2_b0_digits.png': ('norm_curves.csv', ),
                        'norms_study_xcit_t12_digits.png': ('norm_curves.csv', )},
-             'task_study': {'task_study.png': ('runs.csv', 'summary.csv'), 'seg_curves.png': ('curves.csv', 'runs.csv')},
+             'task_study': {'task_study.png': ('runs.csv', 'summary.csv'),
+                            'seg_curves.png': ('curves.csv', 'runs.csv')},
              'warm_start': {'accuracy.png': ('summary.csv', ), 'recipes.png': ('classifiers.csv', ),
                             'transfer_curves.png': ('transfer_curves.csv', )}}
 

@@ -9,9 +9,9 @@ the residual stream the layer's block adds its attention branch to, of that bran
 The same images (the split's first --num-images, through the config's pipeline and data preprocessor) resized to
 each --sizes side (0: as the pipeline gives them), so that one checkpoint is measured at the token counts of two
 tasks: a classifier at its own size and at its segmentor's. Writes PREFIX.csv (size, image, layer, rows, keys,
-fro_sqrt_n, jac_sqrt_n, score_rms, v_rms, out_rms, gain, stream_rms, branch_rms, branch_ratio, note) and PREFIX_summary.csv (the mean over images per size
-and layer), and prints the summary. CHECKPOINT 'none' measures the initialised model. Bad input: one line, exit
-status 2.
+fro_sqrt_n, jac_sqrt_n, score_rms, v_rms, out_rms, gain, stream_rms, branch_rms, branch_ratio, note) and
+PREFIX_summary.csv (the mean over images per size and layer), and prints the summary. CHECKPOINT 'none' measures the
+initialised model. Bad input: one line, exit status 2.
 """
 import os.path as osp
 import sys
