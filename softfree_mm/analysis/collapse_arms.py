@@ -61,7 +61,9 @@ def lines(summary: List[dict], floor_seeds, titles: Dict[str, str]) -> List[str]
                 out.append(f'{arm} ({titles.get(arm, arm)}), x^3 from {start}: no softmax control yet')
                 continue
             v = verdict(soft, base_softmax, x3, seg.get((BASELINE, KERNEL, start)), floor_seeds)
-            trains = 'trains' if v['control'].high is not None and v['control'].high >= 0 else 'does not train'
+            high = v['control'].high
+            trains = ('not judged: one seed gives no interval' if high is None else
+                      'trains' if high >= 0 else 'does not train')
             base = '' if v['base_floor'] is None else f" (baseline from {start}: {v['base_floor']})"
             said = (v['verdict'] if v['verdict'] else
                     f'no verdict yet: the rule is stated for {SEEDS} seeds, {v["n"]} finished')

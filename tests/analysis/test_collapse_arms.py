@@ -162,3 +162,11 @@ def test_fewer_than_five_seeds_give_no_verdict():
         'pvt_lowlr', 'poly:degree=3', 'transfer', [53.0, 55.0, 66.0])
     (line, ) = _lines(rows)
     assert line.endswith('no verdict yet: the rule is stated for 5 seeds, 3 finished')
+
+
+def test_one_seed_does_not_judge_the_control():
+    """One seed gives no interval: the control is neither said to train nor not to (it was 'does not train')."""
+    rows = BASE + _seg('pvt_fixn', 'softmax', 'scratch', [60.0]) + _seg('pvt_fixn', 'poly:degree=3', 'transfer', [8.4])
+    (line, ) = _lines(rows)
+    assert '(not judged: one seed gives no interval)' in line and 'does not train' not in line
+    assert line.endswith('no verdict yet: the rule is stated for 5 seeds, 1 finished')
