@@ -130,12 +130,15 @@ def cross(runner: Runner, values: Dict[str, Sequence], one: Callable[[Dict[str, 
     run is refused before any training), then ``kept(point)``'s row where it gives one (not run again), else
     ``one(point)``'s, the axes' values (a kernel by its label) first; trained with ``pairing`` outermost, the
     runner's jobs at a time."""
-    axes = list(values)
-    points = [dict(zip(axes, combo)) for combo in itertools.product(*(list(v) for v in values.values()))]
+    axes, values = list(values), {a: list(v) for a, v in values.items()}
+    for a, v in values.items():  # the same value twice would be two runs of one folder at once
+        twice = [x for i, x in enumerate(v) if x in v[:i]]
+        if twice:
+            raise UsageError(f'--{a}s: {twice[0]} given twice; each value once')
+    points = [dict(zip(axes, combo)) for combo in itertools.product(*values.values())]
     order = list(range(len(points)))
     if pairing in values:
-        rank = {i: [x for x in values[pairing]].index(points[i][pairing]) for i in order}
-        order.sort(key=rank.__getitem__)
+        order.sort(key=lambda i: values[pairing].index(points[i][pairing]))
     if check is not None:
         for i in order:
             check(points[i])

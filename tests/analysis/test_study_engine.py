@@ -140,7 +140,12 @@ def test_the_engine_crosses_the_declared_axes_and_trains_whole_pairing_units_fir
     rows = engine.cross(runner, values, lambda p: one(None, dict(p, config='a')), 'seed',
                         kept=lambda p: dict(kernel='linear', seed=1, status='ok', top1=9.0) if p['seed'] == 1 else None)
     assert [r['top1'] for r in rows] == [0.0, 9.0, 2.0] and [c[3] for c in calls] == [0, 2]
-    # an axis the options give no values; a declaration with both or neither of one and plan
+    # a value given twice (two runs of one folder at once); an axis the options give no values; a declaration with
+    # both or neither of one and plan
+    twice = engine.Options(work_dir=str(tmp_path / 'w'), out=str(tmp_path / 'o'), kernels=['linear', 'linear'],
+                           extra=dict(configs=['a']))
+    with pytest.raises(UsageError, match='--kernels: linear given twice'):
+        engine.run(decl, twice, ROOT, echo=lambda m: None)
     bare = engine.Options(work_dir=str(tmp_path / 'w'), out=str(tmp_path / 'o'), kernels=['linear'])
     with pytest.raises(UsageError, match="axis 'config' has no values"):
         engine.run(decl, bare, ROOT, echo=lambda m: None)
