@@ -127,8 +127,9 @@ def _signed(x: float) -> str:
 
 
 def within_and_extremes(summary: List[dict]) -> List[str]:
-    """Per layout and task: which rows are within the seeds' spread of softmax (the paired 95 % interval holds zero)
-    and the largest paired differences either way (one line each, for the note and the docs)."""
+    """Per layout and task: which rows are within the seeds' spread of softmax (the paired 95 % interval holds zero),
+    which have no interval yet (one seed), and the range of the paired differences (one line each, for the note and
+    the docs)."""
     lines = []
     for layout in dict.fromkeys(e['layout'] for e in summary):
         for task in dict.fromkeys(e['task'] for e in summary if e['layout'] == layout):
@@ -139,13 +140,19 @@ def within_and_extremes(summary: List[dict]) -> List[str]:
                 inside = [f"{e['kernel']} ({_start(e)})" for e in rows if e[f'd_{m}_within']]
                 outside = [f"{e['kernel']} ({_start(e)}) {_signed(e[f'd_{m}'])}" for e in rows
                            if e[f'd_{m}_within'] is False]
+                unjudged = [f"{e['kernel']} ({_start(e)})" for e in rows if e[f'd_{m}_within'] is None]
                 hi = max(rows, key=lambda e: e[f'd_{m}'])
                 lo = min(rows, key=lambda e: e[f'd_{m}'])
-                lines.append(f"{layout} {task} {m}: no difference from softmax detectable (the interval holds zero): "
-                             f"{', '.join(inside) or 'none'}; interval excludes zero: "
-                             f"{', '.join(outside) or 'none'}; largest paired difference "
-                             f"{_signed(hi[f'd_{m}'])} ({hi['kernel']}, {_start(hi)}) and {_signed(lo[f'd_{m}'])} "
-                             f"({lo['kernel']}, {_start(lo)})")
+                line = (f"{layout} {task} {m}: no difference from softmax detectable (the interval holds zero): "
+                        f"{', '.join(inside) or 'none'}; interval excludes zero: {', '.join(outside) or 'none'}")
+                if unjudged:
+                    line += f"; no interval (one seed): {', '.join(unjudged)}"
+                if hi is lo:
+                    line += f"; the paired difference {_signed(hi[f'd_{m}'])} ({hi['kernel']}, {_start(hi)})"
+                else:
+                    line += (f"; paired differences from {_signed(lo[f'd_{m}'])} ({lo['kernel']}, {_start(lo)}) to "
+                             f"{_signed(hi[f'd_{m}'])} ({hi['kernel']}, {_start(hi)})")
+                lines.append(line)
     return lines
 
 
@@ -277,7 +284,7 @@ def docs_section(summary: List[dict], out_rel: str, seg_profiles: Sequence[dict]
     lines = [BEGIN, '', markdown(summary).rstrip(), '',
              f'![detection and segmentation per kernel, seeds and means]({out_rel}/task_study.png)', '',
              'Against softmax, paired by seed (the 95 % interval over seeds; one that holds zero says no '
-             'difference is detectable at that n, not parity), and the largest paired differences:', '']
+             'difference is detectable at that n, not parity), and the range of the paired differences:', '']
     lines += [f'- {line}' for line in within_and_extremes(summary)]
     compared = starts_compared(summary)
     if compared:

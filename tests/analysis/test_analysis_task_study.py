@@ -75,6 +75,21 @@ def test_paired_differences_intervals_and_table_by_hand_with_a_failed_seed_and_a
                                'poly:degree=3 (scratch); interval excludes zero: none') for line in lines), lines
 
 
+def test_the_lines_name_a_one_seed_row_as_without_interval_and_give_the_range_of_differences():
+    """A row with one paired seed has no interval: the line says so rather than counting it in neither list; the
+    differences are given as a range from the lowest to the highest, one figure where one row is compared."""
+    rows = [_row('seg', 'softmax', s, mIoU=m) for s, m in ((0, 50.0), (1, 52.0), (2, 54.0))]
+    one = tsr.within_and_extremes(tsr.summarise(rows + [_row('seg', 'linear', 0, mIoU=40.0)]))
+    assert one == ['pvt seg mIoU: no difference from softmax detectable (the interval holds zero): none; interval '
+                   'excludes zero: none; no interval (one seed): linear (scratch); the paired difference -10 '
+                   '(linear, scratch)'], one
+    rows += [_row('seg', 'linear', s, mIoU=m) for s, m in ((0, 40.0), (1, 41.0), (2, 45.0))]
+    rows += [_row('seg', 'inline', s, mIoU=m) for s, m in ((0, 51.0), (1, 51.0), (2, 56.0))]
+    two = tsr.within_and_extremes(tsr.summarise(rows))
+    assert two[0].endswith('; paired differences from -10 (linear, scratch) to +0.667 (inline, scratch)'), two
+    assert 'no interval' not in two[0]
+
+
 def test_a_paired_mean_that_cancels_to_rounding_error_reads_as_zero():
     """Seeds whose differences cancel give a float mean like -1.85e-17: the lines say +0, not an exponent."""
     d = [0.48 - 0.49, 0.347 - 0.34, 0.5 - 0.497]
